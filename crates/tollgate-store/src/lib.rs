@@ -1,0 +1,1 @@
+//! Store traits, in-memory stores and the conformance suite.
