@@ -1,1 +1,238 @@
-//! digest
+//! The canonical binding digest (SC-13, SC-14, SR-5, TC-4).
+//!
+//! The digest is sha256 over a domain-separated, length-prefixed encoding of the binding's
+//! fields, where the config snapshot is encoded as canonical JSON (object keys sorted, no
+//! whitespace, numbers as serde_json prints them). Any change to session, intent, input
+//! revision, a version id, or any config value (temperature and tool choice included) changes
+//! the digest.
+
+use crate::config::CallConfig;
+use crate::ids::{InputRevision, Intent, SessionId};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::fmt;
+
+/// Domain separator of execution bindings.
+pub const BINDING_DOMAIN: &str = "tollgate/execution-binding/v1";
+
+/// A sha256 digest, shown as lower-case hex.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Digest256(pub [u8; 32]);
+
+impl Digest256 {
+    /// Lower-case hex.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// Parses lower- or upper-case hex.
+    ///
+    /// # Errors
+    /// Not 64 hex digits.
+    pub fn from_hex(text: &str) -> Result<Self, String> {
+        let bytes = hex::decode(text).map_err(|_| "digest is not hex".to_string())?;
+        let arr: [u8; 32] = bytes
+            .try_into()
+            .map_err(|_| "digest is not 32 bytes".to_string())?;
+        Ok(Self(arr))
+    }
+}
+
+impl fmt::Display for Digest256 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl Serialize for Digest256 {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> Deserialize<'de> for Digest256 {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Self::from_hex(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Hashes `parts` under `domain` with length prefixes, so no two part lists collide.
+pub fn domain_digest(domain: &str, parts: &[&[u8]]) -> Digest256 {
+    let mut h = Sha256::new();
+    h.update((domain.len() as u64).to_be_bytes());
+    h.update(domain.as_bytes());
+    for part in parts {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    Digest256(h.finalize().into())
+}
+
+/// Canonical JSON: keys sorted at every level, no insignificant whitespace.
+pub fn canonical_json(value: &serde_json::Value) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_canonical(value: &serde_json::Value, out: &mut String) {
+    match value {
+        serde_json::Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, key) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&serde_json::Value::String((*key).clone()).to_string());
+                out.push(':');
+                if let Some(v) = map.get(*key) {
+                    write_canonical(v, out);
+                }
+            }
+            out.push('}');
+        }
+        serde_json::Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// What an execution is bound to. Same key + same binding = replay; different = conflict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Binding {
+    /// Session.
+    pub session_id: SessionId,
+    /// Intent.
+    pub intent: Intent,
+    /// Input revision.
+    pub input_revision: InputRevision,
+    /// The whole config snapshot (versions, prices, caps, limits, temperature, tools, choice).
+    pub config: CallConfig,
+}
+
+impl Binding {
+    /// The config snapshot as a JSON value.
+    pub fn config_json(&self) -> serde_json::Value {
+        serde_json::to_value(&self.config).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The binding digest.
+    pub fn digest(&self) -> Digest256 {
+        let config = canonical_json(&self.config_json());
+        domain_digest(
+            BINDING_DOMAIN,
+            &[
+                self.session_id.as_str().as_bytes(),
+                self.intent.as_str().as_bytes(),
+                self.input_revision.as_str().as_bytes(),
+                config.as_bytes(),
+            ],
+        )
+    }
+
+    /// Names of the fields that differ from `other` (SC-14): `session_id`, `intent`,
+    /// `input_revision`, and `config.<key>` for each differing top-level config key (the
+    /// version ids appear as `config.policy_version` and so on).
+    pub fn differing_fields(&self, other: &Binding) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.session_id != other.session_id {
+            out.push("session_id".to_string());
+        }
+        if self.intent != other.intent {
+            out.push("intent".to_string());
+        }
+        if self.input_revision != other.input_revision {
+            out.push("input_revision".to_string());
+        }
+        let (a, b) = (self.config_json(), other.config_json());
+        if let (Some(a), Some(b)) = (a.as_object(), b.as_object()) {
+            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            for key in keys {
+                if a.get(key) != b.get(key) {
+                    out.push(format!("config.{key}"));
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::fixtures::text_config;
+    use crate::message::{Temperature, ToolChoice};
+
+    fn binding() -> Binding {
+        Binding {
+            session_id: SessionId::parse("s-1").unwrap_or_else(|_| unreachable!()),
+            intent: Intent::parse("summarize").unwrap_or_else(|_| unreachable!()),
+            input_revision: InputRevision::parse("r-1").unwrap_or_else(|_| unreachable!()),
+            config: text_config(),
+        }
+    }
+
+    #[test]
+    fn sc_14_any_binding_change_changes_the_digest_and_is_named() {
+        let base = binding();
+        let mut changed = base.clone();
+        changed.config.temperature = Temperature::parse("0.2").ok();
+        assert_ne!(base.digest(), changed.digest());
+        assert_eq!(base.differing_fields(&changed), ["config.temperature"]);
+
+        let mut changed = base.clone();
+        changed.input_revision = InputRevision::parse("r-2").unwrap_or_else(|_| unreachable!());
+        changed.config.policy_version =
+            crate::ids::VersionId::parse("policy-2").unwrap_or_else(|_| unreachable!());
+        assert_ne!(base.digest(), changed.digest());
+        assert_eq!(
+            base.differing_fields(&changed),
+            ["input_revision", "config.policy_version"]
+        );
+    }
+
+    #[test]
+    fn tc_4_absent_and_explicit_auto_tool_choice_differ() {
+        let mut a = binding();
+        a.config.kind = crate::state::CallKind::Step;
+        let mut b = a.clone();
+        b.config.tool_choice = Some(ToolChoice::Auto);
+        assert_ne!(a.digest(), b.digest());
+    }
+
+    #[test]
+    fn sc_13_equal_bindings_digest_equally() {
+        assert_eq!(binding().digest(), binding().digest());
+        let d = binding().digest();
+        assert_eq!(Digest256::from_hex(&d.to_hex()), Ok(d));
+    }
+
+    #[test]
+    fn canonical_json_sorts_keys_and_is_domain_separated() {
+        let v: serde_json::Value =
+            serde_json::from_str(r#"{"b":1,"a":{"d":[1,{"z":1,"y":2}],"c":null}}"#)
+                .unwrap_or_default();
+        assert_eq!(
+            canonical_json(&v),
+            r#"{"a":{"c":null,"d":[1,{"y":2,"z":1}]},"b":1}"#
+        );
+        assert_ne!(
+            domain_digest("a", &[b"bc"]),
+            domain_digest("a", &[b"b", b"c"])
+        );
+        assert_ne!(domain_digest("a", &[b"x"]), domain_digest("b", &[b"x"]));
+    }
+}

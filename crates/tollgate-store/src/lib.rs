@@ -1,1 +1,24 @@
-//! Store traits, in-memory stores and the conformance suite.
+//! Store traits of tollgate, their in-memory implementation, a fault-injecting wrapper, and the
+//! conformance suite every implementation must pass.
+//!
+//! The traits are split by capability (SC-50): the journal ([`ExecutionStore`]), results
+//! ([`ResultStore`]), the usage inbox ([`UsageInbox`]), governed settlements
+//! ([`SettlementStore`]), spend totals ([`SpendStore`]) and the append-only audit log
+//! ([`AuditLog`]). Operations that must be atomic across tables — claim with holds, settlement
+//! with spend, result and journal — are single methods, so each implementation can make them one
+//! transaction.
+#![warn(missing_docs)]
+
+pub mod audit;
+pub mod conformance;
+pub mod error;
+pub mod fault;
+pub mod logic;
+pub mod memory;
+pub mod record;
+pub mod traits;
+
+pub use error::{StoreError, StoreResult};
+pub use memory::MemoryStores;
+pub use record::*;
+pub use traits::*;

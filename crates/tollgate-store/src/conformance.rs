@@ -1,0 +1,659 @@
+//! The store conformance suite: one set of behaviours every store implementation must show.
+//!
+//! Each check is a public async function over a fresh store; [`store_conformance!`] instantiates
+//! all of them as `#[tokio::test]`s for a factory, so the in-memory and Postgres stores run the
+//! very same suite.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use crate::audit::verify_chain;
+use crate::error::StoreError;
+use crate::record::*;
+use crate::traits::*;
+use chrono::{DateTime, Duration, Utc};
+use std::sync::Arc;
+use tollgate_core::caps::{CapLevel, Caps};
+use tollgate_core::config::CallConfig;
+use tollgate_core::digest::Binding;
+use tollgate_core::ids::*;
+use tollgate_core::money::{Currency, Money, TokenPrices};
+use tollgate_core::state::{
+    CallKind, ExecutionState, NotDispatchedCause, Outcome, SettlementSource,
+};
+use tollgate_core::usage::Usage;
+use tollgate_core::view::Output;
+
+/// Instantiates the suite for `$factory`, an expression that evaluates to an async closure or
+/// function returning `Arc<impl Stores + 'static>`.
+#[macro_export]
+macro_rules! store_conformance {
+    ($factory:expr) => {
+        $crate::store_conformance!(@tests $factory;
+            sc_12_claim_inserts_prepared_row_and_holds,
+            sc_13_second_claim_returns_existing_row_untouched,
+            sc_16_blocked_claim_writes_nothing,
+            h_3_stale_fence_writes_nothing,
+            sc_30_not_dispatched_releases_hold,
+            settle_writes_charge_spend_result_and_completes,
+            settlement_is_exactly_once,
+            sc_15_warning_keeps_output,
+            sc_16_post_call_block_settles_then_suppresses_output,
+            reconciliation_required_keeps_hold_until_operator_settles,
+            sc_40_take_fence_only_after_lease_expiry,
+            sc_41_expired_lists_only_expired_unfinished,
+            sc_73_erasure_is_final,
+            sc_42_inbox_pages_by_seq_and_acknowledges_once,
+            audit_chain_verifies_and_never_holds_content,
+            settlements_by_day,
+            sc_10_scopes_are_isolated,
+            no_overspend_under_concurrent_claims,
+            concurrent_claims_of_one_key_insert_once,
+        );
+    };
+    (@tests $factory:expr; $($name:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let stores = ($factory)().await;
+                $crate::conformance::$name(stores).await;
+            }
+        )+
+    };
+}
+
+pub fn money(s: &str) -> Money {
+    Money::parse(s, "test").unwrap()
+}
+
+pub fn scope(s: &str) -> Scope {
+    Scope::parse(s).unwrap()
+}
+
+pub fn key(s: &str) -> OperationKey {
+    OperationKey::parse(s).unwrap()
+}
+
+/// A valid text config: prices 1/2/0.1/1.25/2 per million, no caps.
+pub fn text_config() -> CallConfig {
+    CallConfig {
+        kind: CallKind::Text,
+        provider: "mock".into(),
+        model: "mock-echo".into(),
+        policy_version: VersionId::parse("policy-1").unwrap(),
+        price_version: VersionId::parse("prices-1").unwrap(),
+        output_contract_version: VersionId::parse("out-1").unwrap(),
+        consumer: ConsumerId::parse("team-a").unwrap(),
+        currency: Currency::parse("USD").unwrap(),
+        prices: TokenPrices {
+            input: money("1"),
+            output: money("2"),
+            cache_read: money("0.1"),
+            cache_write: money("1.25"),
+            reasoning: money("2"),
+        },
+        caps: Caps::default(),
+        system: Some("Be brief.".into()),
+        max_tokens: 100,
+        max_input_chars: 1000,
+        max_output_chars: 1000,
+        max_request_chars: None,
+        max_reasoning_chars: 1000,
+        max_consecutive_reasoning: None,
+        run_timeout_ms: 10_000,
+        result_retention_secs: 3600,
+        cache: None,
+        temperature: None,
+        output: None,
+        tools: vec![],
+        tool_choice: None,
+        context_window_tokens: None,
+    }
+}
+
+pub fn binding(session: &str, config: CallConfig) -> Binding {
+    Binding {
+        session_id: SessionId::parse(session).unwrap(),
+        intent: Intent::parse("summarize").unwrap(),
+        input_revision: InputRevision::parse("r-1").unwrap(),
+        config,
+    }
+}
+
+pub fn t0() -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339("2026-11-29T10:00:00Z")
+        .unwrap()
+        .with_timezone(&Utc)
+}
+
+pub fn claim_req(scope_: &str, key_: &str, config: CallConfig, hold: &str) -> ClaimRequest {
+    ClaimRequest {
+        scope: scope(scope_),
+        operation_key: key(key_),
+        root_key: None,
+        binding: binding("s-1", config),
+        hold: money(hold),
+        now: t0(),
+        lease_ms: 30_000,
+    }
+}
+
+async fn claimed<S: Stores>(s: &S, request: ClaimRequest) -> ExecutionRecord {
+    match s.claim(request).await.unwrap() {
+        ClaimOutcome::Claimed(r) => r,
+        other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
+async fn dispatched<S: Stores>(s: &S, request: ClaimRequest) -> ExecutionRecord {
+    let r = claimed(s, request).await;
+    s.mark_dispatched(r.fence(), t0()).await.unwrap()
+}
+
+pub fn settle_req(record: &ExecutionRecord, amount: &str, text: &str) -> SettleRequest {
+    SettleRequest {
+        fence: record.fence(),
+        usage: Usage {
+            input: 10,
+            output: 5,
+            ..Usage::ZERO
+        },
+        amount: money(amount),
+        source: SettlementSource::Stream,
+        outcome: Outcome::Success,
+        stop: Some("stop".into()),
+        output: Some(Output {
+            text: Some(text.into()),
+            json: None,
+        }),
+        step: None,
+        provider_ref: Some("req-1".into()),
+        evidence_id: None,
+        now: t0(),
+    }
+}
+
+async fn daily<S: Stores>(s: &S, r: &ExecutionRecord) -> tollgate_core::caps::SpendTotals {
+    s.daily_spend(&r.scope, r.consumer(), r.accounting_day)
+        .await
+        .unwrap()
+}
+
+async fn session<S: Stores>(s: &S, r: &ExecutionRecord) -> tollgate_core::caps::SpendTotals {
+    s.session_spend(&r.scope, r.consumer(), r.session_id())
+        .await
+        .unwrap()
+}
+
+fn capped(block: &str) -> CallConfig {
+    let mut c = text_config();
+    c.caps.daily_block = Some(money(block));
+    c
+}
+
+pub async fn sc_12_claim_inserts_prepared_row_and_holds<S: Stores>(s: Arc<S>) {
+    let r = claimed(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
+    assert_eq!(r.state, ExecutionState::Prepared);
+    assert_eq!(r.accounting_day, t0().date_naive());
+    assert_eq!(r.binding_digest, r.binding.digest());
+    let read = s.execution(&scope("a"), &key("k1")).await.unwrap().unwrap();
+    assert_eq!(read, r);
+    assert_eq!(daily(&*s, &r).await.held, money("0.5"));
+    assert_eq!(session(&*s, &r).await.held, money("0.5"));
+    assert_eq!(daily(&*s, &r).await.settled, Money::ZERO);
+}
+
+pub async fn sc_13_second_claim_returns_existing_row_untouched<S: Stores>(s: Arc<S>) {
+    let r = claimed(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
+    let mut other = text_config();
+    other.model = "other".into();
+    match s.claim(claim_req("a", "k1", other, "0.7")).await.unwrap() {
+        ClaimOutcome::Existing(e) => assert_eq!(e, r),
+        o => panic!("{o:?}"),
+    }
+    assert_eq!(daily(&*s, &r).await.held, money("0.5"), "no second hold");
+}
+
+pub async fn sc_16_blocked_claim_writes_nothing<S: Stores>(s: Arc<S>) {
+    let r = claimed(&*s, claim_req("a", "k1", capped("1"), "0.6")).await;
+    match s
+        .claim(claim_req("a", "k2", capped("1"), "0.6"))
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Blocked(b) => {
+            assert_eq!(b.limit, money("1"));
+            assert_eq!(b.held, money("0.6"));
+        }
+        o => panic!("{o:?}"),
+    }
+    assert!(s
+        .execution(&scope("a"), &key("k2"))
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(daily(&*s, &r).await.held, money("0.6"));
+}
+
+pub async fn h_3_stale_fence_writes_nothing<S: Stores>(s: Arc<S>) {
+    let r = claimed(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
+    let stale = Fence {
+        execution_id: r.id,
+        token: FenceToken(r.fence.0 + 7),
+    };
+    assert!(matches!(
+        s.mark_dispatched(stale, t0()).await,
+        Err(StoreError::StaleFence(_))
+    ));
+    let mut req = settle_req(&r, "0.1", "x");
+    req.fence = stale;
+    assert!(matches!(
+        s.settle(req).await,
+        Err(StoreError::StaleFence(_))
+    ));
+    // Settling a prepared row (never dispatched) is refused too.
+    assert!(matches!(
+        s.settle(settle_req(&r, "0.1", "x")).await,
+        Err(StoreError::StaleFence(_))
+    ));
+    let read = s.execution(&scope("a"), &key("k1")).await.unwrap().unwrap();
+    assert_eq!(read.state, ExecutionState::Prepared);
+    assert!(s.settlement(r.id).await.unwrap().is_none());
+}
+
+pub async fn sc_30_not_dispatched_releases_hold<S: Stores>(s: Arc<S>) {
+    let r = claimed(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
+    let nd = s
+        .mark_not_dispatched(r.fence(), NotDispatchedCause::Input, t0())
+        .await
+        .unwrap();
+    assert_eq!(nd.state, ExecutionState::NotDispatched);
+    assert_eq!(nd.not_dispatched_cause, Some(NotDispatchedCause::Input));
+    assert_eq!(daily(&*s, &r).await.held, Money::ZERO);
+    // A dispatched row can no longer become not_dispatched.
+    let d = dispatched(&*s, claim_req("a", "k2", text_config(), "0.5")).await;
+    assert!(s
+        .mark_not_dispatched(d.fence(), NotDispatchedCause::Store, t0())
+        .await
+        .is_err());
+}
+
+pub async fn settle_writes_charge_spend_result_and_completes<S: Stores>(s: Arc<S>) {
+    let r = dispatched(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
+    let out = s.settle(settle_req(&r, "0.000020", "hello")).await.unwrap();
+    assert_eq!(out.record.state, ExecutionState::Completed);
+    assert_eq!(out.record.outcome, Some(Outcome::Success));
+    assert_eq!(out.record.hold, Money::ZERO);
+    assert_eq!(out.record.provider_ref.as_deref(), Some("req-1"));
+    let d = daily(&*s, &r).await;
+    assert_eq!((d.settled, d.held), (money("0.00002"), Money::ZERO));
+    assert_eq!(session(&*s, &r).await.settled, money("0.00002"));
+    let st = s.settlement(r.id).await.unwrap().unwrap();
+    assert_eq!(st, out.settlement);
+    assert_eq!(st.amount, money("0.00002"));
+    assert_eq!(st.price_version, "prices-1");
+    let res = s.result(r.id).await.unwrap().unwrap();
+    assert_eq!(res.output.and_then(|o| o.text).as_deref(), Some("hello"));
+    assert_eq!(res.retention_expires_at, t0() + Duration::seconds(3600));
+}
+
+pub async fn settlement_is_exactly_once<S: Stores>(s: Arc<S>) {
+    let r = dispatched(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
+    s.settle(settle_req(&r, "0.1", "x")).await.unwrap();
+    let again = s.settle(settle_req(&r, "0.1", "x")).await;
+    assert!(again.is_err(), "second settlement must fail: {again:?}");
+    // Even a fresh fence on the completed row cannot settle twice.
+    let fenced = s
+        .take_fence(
+            &scope("a"),
+            &key("k1"),
+            &[ExecutionState::Completed],
+            false,
+            1000,
+            t0(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(s.settle(settle_req(&fenced, "0.1", "x")).await.is_err());
+    assert_eq!(daily(&*s, &r).await.settled, money("0.1"));
+    let all = s
+        .settlements(t0().date_naive(), t0().date_naive(), 100)
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 1);
+}
+
+pub async fn sc_15_warning_keeps_output<S: Stores>(s: Arc<S>) {
+    let mut c = text_config();
+    c.caps.daily_warn = Some(money("0.1"));
+    let r = dispatched(&*s, claim_req("a", "k1", c, "0.5")).await;
+    let out = s.settle(settle_req(&r, "0.2", "kept")).await.unwrap();
+    assert_eq!(out.result.outcome, Outcome::Success);
+    assert_eq!(out.result.warnings.len(), 1);
+    assert_eq!(out.result.warnings[0].level, CapLevel::Warn);
+    assert!(out.result.output.is_some());
+}
+
+pub async fn sc_16_post_call_block_settles_then_suppresses_output<S: Stores>(s: Arc<S>) {
+    let r = dispatched(&*s, claim_req("a", "k1", capped("1"), "0.5")).await;
+    // The provider overran the worst case: 1.5 > block 1.
+    let out = s.settle(settle_req(&r, "1.5", "secret")).await.unwrap();
+    assert_eq!(out.result.outcome, Outcome::Blocked);
+    assert!(out.result.output.is_none());
+    assert_eq!(out.record.outcome, Some(Outcome::Blocked));
+    assert_eq!(
+        s.settlement(r.id).await.unwrap().unwrap().amount,
+        money("1.5")
+    );
+    assert_eq!(daily(&*s, &r).await.settled, money("1.5"));
+    let stored = s.result(r.id).await.unwrap().unwrap();
+    assert!(stored.output.is_none());
+}
+
+pub async fn reconciliation_required_keeps_hold_until_operator_settles<S: Stores>(s: Arc<S>) {
+    let r = dispatched(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
+    let rr = s
+        .mark_reconciliation_required(r.fence(), Some("req-9".into()), t0())
+        .await
+        .unwrap();
+    assert_eq!(rr.state, ExecutionState::ReconciliationRequired);
+    assert_eq!(daily(&*s, &r).await.held, money("0.5"));
+    let listed = s
+        .by_state(&scope("a"), ExecutionState::ReconciliationRequired, 10)
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+    let op = s
+        .take_fence(
+            &scope("a"),
+            &key("k1"),
+            &[ExecutionState::ReconciliationRequired],
+            false,
+            1000,
+            t0(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let mut req = settle_req(&op, "0.3", "");
+    req.source = SettlementSource::Operator;
+    req.output = None;
+    req.outcome = Outcome::Unavailable;
+    s.settle(req).await.unwrap();
+    let d = daily(&*s, &r).await;
+    assert_eq!((d.settled, d.held), (money("0.3"), Money::ZERO));
+}
+
+pub async fn sc_40_take_fence_only_after_lease_expiry<S: Stores>(s: Arc<S>) {
+    let r = dispatched(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
+    let states = [ExecutionState::Prepared, ExecutionState::Dispatched];
+    let early = s
+        .take_fence(&scope("a"), &key("k1"), &states, true, 1000, t0())
+        .await
+        .unwrap();
+    assert!(early.is_none(), "lease still live");
+    let later = t0() + Duration::milliseconds(30_001);
+    let taken = s
+        .take_fence(&scope("a"), &key("k1"), &states, true, 1000, later)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(taken.fence > r.fence);
+    // The old holder is now stale (H-3).
+    assert!(matches!(
+        s.settle(settle_req(&r, "0.1", "x")).await,
+        Err(StoreError::StaleFence(_))
+    ));
+    // A second recoverer cannot take the fresh fence.
+    assert!(s
+        .take_fence(&scope("a"), &key("k1"), &states, true, 1000, later)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(s
+        .take_fence(&scope("a"), &key("missing"), &states, true, 1000, later)
+        .await
+        .unwrap()
+        .is_none());
+}
+
+pub async fn sc_41_expired_lists_only_expired_unfinished<S: Stores>(s: Arc<S>) {
+    claimed(&*s, claim_req("a", "p", text_config(), "0.1")).await;
+    dispatched(&*s, claim_req("a", "d", text_config(), "0.1")).await;
+    let done = dispatched(&*s, claim_req("a", "c", text_config(), "0.1")).await;
+    s.settle(settle_req(&done, "0.1", "x")).await.unwrap();
+    claimed(&*s, claim_req("b", "other-scope", text_config(), "0.1")).await;
+    assert!(s.expired(&scope("a"), t0(), 10).await.unwrap().is_empty());
+    let later = t0() + Duration::seconds(31);
+    let mut keys: Vec<String> = s
+        .expired(&scope("a"), later, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.operation_key.to_string())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["d", "p"]);
+    assert_eq!(s.expired(&scope("a"), later, 1).await.unwrap().len(), 1);
+}
+
+pub async fn sc_73_erasure_is_final<S: Stores>(s: Arc<S>) {
+    let r = dispatched(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
+    s.settle(settle_req(&r, "0.1", "x")).await.unwrap();
+    assert!(
+        s.erase(&scope("b"), r.id, t0()).await.is_err(),
+        "other scope"
+    );
+    s.erase(&scope("a"), r.id, t0()).await.unwrap();
+    s.erase(&scope("a"), r.id, t0()).await.unwrap();
+    let res = s.result(r.id).await.unwrap().unwrap();
+    assert!(res.output.is_none() && res.erased_at.is_some());
+    assert_eq!(res.outcome, Outcome::Success, "history keeps its outcome");
+    let erased = s
+        .audit_rows(&scope("a"), 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.event.kind == "erased")
+        .count();
+    assert_eq!(erased, 1);
+    // Retention expiry.
+    let r2 = dispatched(&*s, claim_req("a", "k2", text_config(), "0.5")).await;
+    s.settle(settle_req(&r2, "0.1", "y")).await.unwrap();
+    assert_eq!(s.erase_expired(t0(), 10).await.unwrap(), 0);
+    let after = t0() + Duration::seconds(3601);
+    assert_eq!(s.erase_expired(after, 10).await.unwrap(), 1);
+    assert!(s.result(r2.id).await.unwrap().unwrap().output.is_none());
+    assert_eq!(s.erase_expired(after, 10).await.unwrap(), 0);
+}
+
+fn evidence(r: &ExecutionRecord, input: u64) -> NewEvidence {
+    NewEvidence {
+        scope: r.scope.clone(),
+        execution_id: r.id,
+        operation_key: r.operation_key.clone(),
+        provider_ref: Some("req".into()),
+        usage: Usage {
+            input,
+            ..Usage::ZERO
+        },
+        exact: true,
+        source: EvidenceSource::Stream,
+        now: t0(),
+    }
+}
+
+pub async fn sc_42_inbox_pages_by_seq_and_acknowledges_once<S: Stores>(s: Arc<S>) {
+    let r = claimed(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
+    let e1 = s.record_evidence(evidence(&r, 1)).await.unwrap();
+    let e2 = s.record_evidence(evidence(&r, 2)).await.unwrap();
+    let e3 = s.record_evidence(evidence(&r, 3)).await.unwrap();
+    assert!(e1.seq < e2.seq && e2.seq < e3.seq);
+    let page = s.unacknowledged(&scope("a"), 0, 2).await.unwrap();
+    assert_eq!(
+        page.iter().map(|e| e.id).collect::<Vec<_>>(),
+        [e1.id, e2.id]
+    );
+    let next = s.unacknowledged(&scope("a"), e2.seq, 2).await.unwrap();
+    assert_eq!(next.iter().map(|e| e.id).collect::<Vec<_>>(), [e3.id]);
+    s.acknowledge(&scope("a"), e2.id, t0()).await.unwrap();
+    s.acknowledge(&scope("a"), e2.id, t0()).await.unwrap();
+    assert!(s.acknowledge(&scope("b"), e1.id, t0()).await.is_err());
+    let left: Vec<_> = s
+        .unacknowledged(&scope("a"), 0, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(left, [e1.id, e3.id]);
+    assert!(s
+        .unacknowledged(&scope("b"), 0, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(s.evidence_for(r.id).await.unwrap().len(), 3);
+}
+
+pub async fn audit_chain_verifies_and_never_holds_content<S: Stores>(s: Arc<S>) {
+    let r = dispatched(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
+    s.settle(settle_req(&r, "0.1", "TOP-SECRET-OUTPUT"))
+        .await
+        .unwrap();
+    s.append_audit(AuditEvent {
+        scope: scope("a"),
+        execution_id: None,
+        kind: "replayed".into(),
+        detail: serde_json::json!({"operation_key": "k1"}),
+        at: t0(),
+    })
+    .await
+    .unwrap();
+    let rows = s.audit_rows(&scope("a"), 0, 100).await.unwrap();
+    let kinds: Vec<_> = rows.iter().map(|r| r.event.kind.as_str()).collect();
+    assert_eq!(kinds, ["claimed", "dispatched", "settled", "replayed"]);
+    verify_chain(&rows).unwrap();
+    let text = serde_json::to_string(&rows).unwrap();
+    assert!(!text.contains("TOP-SECRET-OUTPUT"));
+    assert!(!text.contains("Be brief."), "system prompt never audited");
+    let mut tampered = rows.clone();
+    tampered[1].event.kind = "settled".into();
+    assert_eq!(verify_chain(&tampered).unwrap_err().seq, 2);
+    assert_eq!(s.audit_rows(&scope("a"), 2, 100).await.unwrap().len(), 2);
+    assert!(s
+        .audit_rows(&scope("zzz"), 0, 100)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+pub async fn settlements_by_day<S: Stores>(s: Arc<S>) {
+    let r = dispatched(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
+    s.settle(settle_req(&r, "0.1", "x")).await.unwrap();
+    let day = t0().date_naive();
+    assert_eq!(s.settlements(day, day, 10).await.unwrap().len(), 1);
+    let next = day.succ_opt().unwrap();
+    assert!(s.settlements(next, next, 10).await.unwrap().is_empty());
+}
+
+pub async fn sc_10_scopes_are_isolated<S: Stores>(s: Arc<S>) {
+    let a = claimed(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
+    let b = claimed(&*s, claim_req("b", "k1", text_config(), "0.5")).await;
+    assert_ne!(a.id, b.id);
+    assert!(s
+        .execution_by_id(&scope("b"), a.id)
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        s.execution_by_id(&scope("a"), a.id)
+            .await
+            .unwrap()
+            .map(|r| r.id),
+        Some(a.id)
+    );
+    assert_eq!(
+        daily(&*s, &a).await.held,
+        money("0.5"),
+        "spend is per scope"
+    );
+}
+
+/// 200 claims in parallel against one daily block cap of 1.00 with holds of 0.03: at most 33
+/// are admitted, and settled + held never exceeds the cap, also while half of the admitted
+/// calls settle concurrently.
+pub async fn no_overspend_under_concurrent_claims<S: Stores + 'static>(s: Arc<S>) {
+    let cap = money("1.00");
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let s = Arc::clone(&s);
+        tasks.push(tokio::spawn(async move {
+            let mut req = claim_req("a", &format!("k{i}"), capped("1.00"), "0.03");
+            req.binding.session_id = SessionId::parse(format!("s{}", i % 7)).unwrap();
+            match s.claim(req).await.unwrap() {
+                ClaimOutcome::Claimed(r) => {
+                    if i % 2 == 0 {
+                        let d = s.mark_dispatched(r.fence(), t0()).await.unwrap();
+                        s.settle(settle_req(&d, "0.02", "x")).await.unwrap();
+                    }
+                    1u32
+                }
+                ClaimOutcome::Blocked(_) => 0,
+                ClaimOutcome::Existing(_) => panic!("fresh keys"),
+            }
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += t.await.unwrap();
+    }
+    let any = s.execution(&scope("a"), &key("k0")).await.unwrap();
+    let r = any.unwrap_or_else(|| panic!("k0 is the first claim"));
+    let d = daily(&*s, &r).await;
+    let total = d.settled.checked_add(d.held).unwrap();
+    assert!(
+        total <= cap,
+        "settled {} + held {} > cap",
+        d.settled,
+        d.held
+    );
+    assert!(
+        admitted >= 33,
+        "admitted {admitted}: the cap allows at least 33"
+    );
+    // Each admitted call holds 0.03 until settled at 0.02, so at most 50 fit.
+    assert!(admitted <= 50, "admitted {admitted}");
+}
+
+pub async fn concurrent_claims_of_one_key_insert_once<S: Stores + 'static>(s: Arc<S>) {
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let s = Arc::clone(&s);
+        tasks.push(tokio::spawn(async move {
+            s.claim(claim_req("a", "same", text_config(), "0.1"))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut claimed_n = 0;
+    let mut ids = std::collections::BTreeSet::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            ClaimOutcome::Claimed(r) => {
+                claimed_n += 1;
+                ids.insert(r.id);
+            }
+            ClaimOutcome::Existing(r) => {
+                ids.insert(r.id);
+            }
+            ClaimOutcome::Blocked(_) => panic!("no caps"),
+        }
+    }
+    assert_eq!(claimed_n, 1);
+    assert_eq!(ids.len(), 1);
+    let r = s
+        .execution(&scope("a"), &key("same"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(daily(&*s, &r).await.held, money("0.1"));
+}

@@ -1,0 +1,32 @@
+//! Store errors.
+
+/// Store result.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Why a store operation failed. Never carries content.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or the transaction failed; nothing was written.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The write carried a fence token that is no longer current, or the execution was not in a
+    /// state the transition allows: a stale executor. Nothing was written (H-3).
+    #[error("stale fence or state for execution {0}")]
+    StaleFence(String),
+    /// A row the operation needs does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// A uniqueness rule refused the write (e.g. a second settlement for one execution).
+    #[error("duplicate: {0}")]
+    Duplicate(String),
+    /// Stored data could not be decoded.
+    #[error("corrupt row: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    /// Whether retrying the same operation later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+}

@@ -1,0 +1,226 @@
+//! Pure pieces shared by every store implementation, so that they cannot drift: building rows,
+//! applying holds and settlements to spend, the post-call block check, audit details.
+
+use crate::error::{StoreError, StoreResult};
+use crate::record::*;
+use chrono::{DateTime, Duration, Utc};
+use serde_json::json;
+use tollgate_core::caps::{CapLevel, SpendTotals};
+use tollgate_core::ids::{ExecutionId, FenceToken, SettlementId};
+use tollgate_core::money::Money;
+use tollgate_core::state::{ExecutionState, Outcome};
+
+/// The lease end of a fence taken at `now`.
+pub fn lease_end(now: DateTime<Utc>, lease_ms: u64) -> DateTime<Utc> {
+    let ms = i64::try_from(lease_ms).unwrap_or(i64::MAX);
+    now.checked_add_signed(Duration::milliseconds(ms))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// The `prepared` row a claim inserts.
+pub fn new_execution(request: &ClaimRequest) -> ExecutionRecord {
+    ExecutionRecord {
+        id: ExecutionId::new(),
+        scope: request.scope.clone(),
+        operation_key: request.operation_key.clone(),
+        kind: request.binding.config.kind,
+        root_key: request.root_key.clone(),
+        binding_digest: request.binding.digest(),
+        binding: request.binding.clone(),
+        accounting_day: request.now.date_naive(),
+        state: ExecutionState::Prepared,
+        not_dispatched_cause: None,
+        outcome: None,
+        fence: FenceToken(1),
+        lease_expires_at: lease_end(request.now, request.lease_ms),
+        hold: request.hold,
+        provider_ref: None,
+        created_at: request.now,
+        updated_at: request.now,
+    }
+}
+
+/// Adds a hold.
+///
+/// # Errors
+/// Overflow.
+pub fn add_hold(totals: SpendTotals, hold: Money) -> StoreResult<SpendTotals> {
+    Ok(SpendTotals {
+        settled: totals.settled,
+        held: totals
+            .held
+            .checked_add(hold)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+    })
+}
+
+/// Releases a hold (never below zero).
+pub fn release_hold(totals: SpendTotals, hold: Money) -> SpendTotals {
+    SpendTotals {
+        settled: totals.settled,
+        held: totals.held.saturating_sub(hold),
+    }
+}
+
+/// Releases a hold and adds a settled amount.
+///
+/// # Errors
+/// Overflow.
+pub fn apply_settlement(
+    totals: SpendTotals,
+    hold: Money,
+    amount: Money,
+) -> StoreResult<SpendTotals> {
+    let released = release_hold(totals, hold);
+    Ok(SpendTotals {
+        settled: released
+            .settled
+            .checked_add(amount)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        held: released.held,
+    })
+}
+
+/// Checks that `fence` is current on `record` and the state is one of `allowed`.
+///
+/// # Errors
+/// `StaleFence`.
+pub fn check_fence(
+    record: &ExecutionRecord,
+    fence: Fence,
+    allowed: &[ExecutionState],
+) -> StoreResult<()> {
+    if record.fence != fence.token || !allowed.contains(&record.state) {
+        return Err(StoreError::StaleFence(record.id.to_string()));
+    }
+    Ok(())
+}
+
+/// The states `settle` accepts.
+pub const SETTLEABLE: [ExecutionState; 2] = [
+    ExecutionState::Dispatched,
+    ExecutionState::ReconciliationRequired,
+];
+
+/// The governed charge row of a settlement.
+pub fn settlement_row(record: &ExecutionRecord, request: &SettleRequest) -> SettlementRecord {
+    let config = &record.binding.config;
+    SettlementRecord {
+        id: SettlementId::new(),
+        execution_id: record.id,
+        scope: record.scope.clone(),
+        operation_key: record.operation_key.clone(),
+        kind: record.kind,
+        consumer: config.consumer.clone(),
+        session_id: record.binding.session_id.clone(),
+        accounting_day: record.accounting_day,
+        provider: config.provider.clone(),
+        model: config.model.clone(),
+        price_version: config.price_version.to_string(),
+        policy_version: config.policy_version.to_string(),
+        currency: config.currency.clone(),
+        usage: request.usage,
+        amount: request.amount,
+        source: request.source,
+        settled_at: request.now,
+    }
+}
+
+/// The stored result, after the post-call block check on the settled totals (SC-15, SC-16):
+/// warnings keep the output; an exceeded block cap turns the outcome into `blocked` and drops
+/// output and step. The cost is settled either way.
+pub fn settled_result(
+    record: &ExecutionRecord,
+    request: &SettleRequest,
+    session: SpendTotals,
+    daily: SpendTotals,
+) -> ResultRecord {
+    let warnings = record
+        .binding
+        .config
+        .caps
+        .after_settle(session.settled, daily.settled);
+    let blocked = warnings.iter().any(|w| w.level == CapLevel::Block)
+        && request.outcome != Outcome::Unavailable;
+    let retention = i64::try_from(record.binding.config.result_retention_secs).unwrap_or(i64::MAX);
+    ResultRecord {
+        execution_id: record.id,
+        outcome: if blocked {
+            Outcome::Blocked
+        } else {
+            request.outcome
+        },
+        stop: request.stop.clone(),
+        output: if blocked {
+            None
+        } else {
+            request.output.clone()
+        },
+        step: if blocked { None } else { request.step.clone() },
+        warnings,
+        retention_expires_at: request
+            .now
+            .checked_add_signed(Duration::seconds(retention))
+            .unwrap_or(DateTime::<Utc>::MAX_UTC),
+        erased_at: None,
+    }
+}
+
+/// The completed journal row.
+pub fn completed(
+    record: &ExecutionRecord,
+    request: &SettleRequest,
+    outcome: Outcome,
+) -> ExecutionRecord {
+    let mut done = record.clone();
+    done.state = ExecutionState::Completed;
+    done.outcome = Some(outcome);
+    done.hold = Money::ZERO;
+    if request.provider_ref.is_some() {
+        done.provider_ref.clone_from(&request.provider_ref);
+    }
+    done.updated_at = request.now;
+    done
+}
+
+/// Audit event for a journal transition (metadata only).
+pub fn transition_event(record: &ExecutionRecord, kind: &str, at: DateTime<Utc>) -> AuditEvent {
+    AuditEvent {
+        scope: record.scope.clone(),
+        execution_id: Some(record.id),
+        kind: kind.to_string(),
+        detail: json!({
+            "operation_key": record.operation_key.as_str(),
+            "state": record.state.as_str(),
+            "fence": record.fence.0,
+            "binding_digest": record.binding_digest.to_hex(),
+            "hold": record.hold.to_string(),
+            "cause": record.not_dispatched_cause.map(|c| c.as_str()),
+            "outcome": record.outcome.map(|o| o.as_str()),
+        }),
+        at,
+    }
+}
+
+/// Audit event of a settlement.
+pub fn settled_event(
+    record: &ExecutionRecord,
+    settlement: &SettlementRecord,
+    result: &ResultRecord,
+) -> AuditEvent {
+    AuditEvent {
+        scope: record.scope.clone(),
+        execution_id: Some(record.id),
+        kind: "settled".into(),
+        detail: json!({
+            "operation_key": record.operation_key.as_str(),
+            "settlement_id": settlement.id.to_string(),
+            "amount": settlement.amount.to_string(),
+            "currency": settlement.currency.as_str(),
+            "source": settlement.source.as_str(),
+            "outcome": result.outcome.as_str(),
+            "fence": record.fence.0,
+        }),
+        at: settlement.settled_at,
+    }
+}

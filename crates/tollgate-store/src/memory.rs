@@ -1,0 +1,590 @@
+//! In-memory stores (SC-51): the embedded default. One mutex guards all tables, so every
+//! multi-table operation is atomic exactly like its Postgres transaction.
+
+use crate::audit::{audit_time, row_hash};
+use crate::error::{StoreError, StoreResult};
+use crate::logic;
+use crate::record::*;
+use crate::traits::*;
+use async_trait::async_trait;
+use chrono::{DateTime, NaiveDate, Utc};
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use tollgate_core::caps::SpendTotals;
+use tollgate_core::digest::Digest256;
+use tollgate_core::ids::*;
+use tollgate_core::state::{ExecutionState, NotDispatchedCause};
+
+#[derive(Default)]
+struct Tables {
+    executions: HashMap<ExecutionId, ExecutionRecord>,
+    by_key: HashMap<(Scope, OperationKey), ExecutionId>,
+    results: HashMap<ExecutionId, ResultRecord>,
+    evidence: Vec<Evidence>,
+    settlements: Vec<SettlementRecord>,
+    settlement_by_execution: HashMap<ExecutionId, usize>,
+    session_spend: HashMap<(Scope, ConsumerId, SessionId), SpendTotals>,
+    daily_spend: HashMap<(Scope, ConsumerId, NaiveDate), SpendTotals>,
+    audit: HashMap<Scope, Vec<AuditRow>>,
+}
+
+/// All stores in memory.
+#[derive(Default)]
+pub struct MemoryStores {
+    tables: Mutex<Tables>,
+}
+
+impl MemoryStores {
+    /// Empty stores.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> StoreResult<MutexGuard<'_, Tables>> {
+        self.tables
+            .lock()
+            .map_err(|_| StoreError::Unavailable("in-memory store poisoned".into()))
+    }
+}
+
+type SpendKeys = (
+    (Scope, ConsumerId, SessionId),
+    (Scope, ConsumerId, NaiveDate),
+);
+
+fn spend_keys(record: &ExecutionRecord) -> SpendKeys {
+    (
+        (
+            record.scope.clone(),
+            record.consumer().clone(),
+            record.session_id().clone(),
+        ),
+        (
+            record.scope.clone(),
+            record.consumer().clone(),
+            record.accounting_day,
+        ),
+    )
+}
+
+impl Tables {
+    fn append(&mut self, event: AuditEvent) -> AuditRow {
+        let mut event = event;
+        event.at = audit_time(event.at);
+        let chain = self.audit.entry(event.scope.clone()).or_default();
+        let prev = chain.last().map(|r| r.hash).unwrap_or(Digest256([0; 32]));
+        let seq = chain.len() as i64 + 1;
+        let hash = row_hash(&prev, seq, &event);
+        let row = AuditRow {
+            seq,
+            event,
+            prev_hash: prev,
+            hash,
+        };
+        chain.push(row.clone());
+        row
+    }
+
+    fn record_mut(&mut self, id: ExecutionId) -> StoreResult<&mut ExecutionRecord> {
+        self.executions
+            .get_mut(&id)
+            .ok_or_else(|| StoreError::NotFound(id.to_string()))
+    }
+
+    fn spend(&self, keys: &SpendKeys) -> (SpendTotals, SpendTotals) {
+        (
+            self.session_spend.get(&keys.0).copied().unwrap_or_default(),
+            self.daily_spend.get(&keys.1).copied().unwrap_or_default(),
+        )
+    }
+
+    fn set_spend(&mut self, keys: SpendKeys, session: SpendTotals, daily: SpendTotals) {
+        self.session_spend.insert(keys.0, session);
+        self.daily_spend.insert(keys.1, daily);
+    }
+
+    fn release(&mut self, record: &ExecutionRecord) {
+        let keys = spend_keys(record);
+        let (s, d) = self.spend(&keys);
+        self.set_spend(
+            keys,
+            logic::release_hold(s, record.hold),
+            logic::release_hold(d, record.hold),
+        );
+    }
+
+    /// Applies a fenced transition and audits it.
+    fn transition(
+        &mut self,
+        fence: Fence,
+        allowed: &[ExecutionState],
+        now: DateTime<Utc>,
+        kind: &str,
+        change: impl FnOnce(&mut ExecutionRecord),
+    ) -> StoreResult<ExecutionRecord> {
+        let record = self.record_mut(fence.execution_id)?;
+        logic::check_fence(record, fence, allowed)?;
+        change(record);
+        record.updated_at = now;
+        let record = record.clone();
+        self.append(logic::transition_event(&record, kind, now));
+        Ok(record)
+    }
+}
+
+#[async_trait]
+impl ExecutionStore for MemoryStores {
+    async fn claim(&self, request: ClaimRequest) -> StoreResult<ClaimOutcome> {
+        let mut t = self.lock()?;
+        let key = (request.scope.clone(), request.operation_key.clone());
+        if let Some(id) = t.by_key.get(&key) {
+            let existing = t
+                .executions
+                .get(id)
+                .cloned()
+                .ok_or_else(|| StoreError::Corrupt("key without row".into()))?;
+            return Ok(ClaimOutcome::Existing(existing));
+        }
+        let record = logic::new_execution(&request);
+        let keys = spend_keys(&record);
+        let (session, daily) = t.spend(&keys);
+        if let Err(blocked) = request
+            .binding
+            .config
+            .caps
+            .admit(session, daily, request.hold)
+        {
+            return Ok(ClaimOutcome::Blocked(blocked));
+        }
+        let session = logic::add_hold(session, request.hold)?;
+        let daily = logic::add_hold(daily, request.hold)?;
+        t.set_spend(keys, session, daily);
+        t.by_key.insert(key, record.id);
+        t.executions.insert(record.id, record.clone());
+        t.append(logic::transition_event(&record, "claimed", request.now));
+        Ok(ClaimOutcome::Claimed(record))
+    }
+
+    async fn mark_dispatched(
+        &self,
+        fence: Fence,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord> {
+        self.lock()?
+            .transition(fence, &[ExecutionState::Prepared], now, "dispatched", |r| {
+                r.state = ExecutionState::Dispatched;
+            })
+    }
+
+    async fn mark_not_dispatched(
+        &self,
+        fence: Fence,
+        cause: NotDispatchedCause,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord> {
+        let mut t = self.lock()?;
+        let before = t
+            .executions
+            .get(&fence.execution_id)
+            .cloned()
+            .ok_or_else(|| StoreError::NotFound(fence.execution_id.to_string()))?;
+        logic::check_fence(&before, fence, &[ExecutionState::Prepared])?;
+        t.release(&before);
+        t.transition(
+            fence,
+            &[ExecutionState::Prepared],
+            now,
+            "not_dispatched",
+            |r| {
+                r.state = ExecutionState::NotDispatched;
+                r.not_dispatched_cause = Some(cause);
+                r.hold = tollgate_core::Money::ZERO;
+            },
+        )
+    }
+
+    async fn mark_reconciliation_required(
+        &self,
+        fence: Fence,
+        provider_ref: Option<String>,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord> {
+        self.lock()?.transition(
+            fence,
+            &[ExecutionState::Dispatched],
+            now,
+            "reconciliation_required",
+            |r| {
+                r.state = ExecutionState::ReconciliationRequired;
+                if provider_ref.is_some() {
+                    r.provider_ref = provider_ref;
+                }
+            },
+        )
+    }
+
+    async fn settle(&self, request: SettleRequest) -> StoreResult<SettleOutcome> {
+        let mut t = self.lock()?;
+        let record = t
+            .executions
+            .get(&request.fence.execution_id)
+            .cloned()
+            .ok_or_else(|| StoreError::NotFound(request.fence.execution_id.to_string()))?;
+        logic::check_fence(&record, request.fence, &logic::SETTLEABLE)?;
+        if t.settlement_by_execution.contains_key(&record.id) {
+            return Err(StoreError::Duplicate(format!(
+                "settlement of {}",
+                record.id
+            )));
+        }
+        let keys = spend_keys(&record);
+        let (s, d) = t.spend(&keys);
+        let session = logic::apply_settlement(s, record.hold, request.amount)?;
+        let daily = logic::apply_settlement(d, record.hold, request.amount)?;
+        let settlement = logic::settlement_row(&record, &request);
+        let result = logic::settled_result(&record, &request, session, daily);
+        let done = logic::completed(&record, &request, result.outcome);
+        if let Some(evidence_id) = request.evidence_id {
+            if let Some(e) = t.evidence.iter_mut().find(|e| e.id == evidence_id) {
+                e.acknowledged_at.get_or_insert(request.now);
+            }
+        }
+        t.set_spend(keys, session, daily);
+        let index = t.settlements.len();
+        t.settlement_by_execution.insert(record.id, index);
+        t.settlements.push(settlement.clone());
+        t.results.insert(record.id, result.clone());
+        t.executions.insert(record.id, done.clone());
+        t.append(logic::settled_event(&done, &settlement, &result));
+        Ok(SettleOutcome {
+            record: done,
+            settlement,
+            result,
+            session,
+            daily,
+        })
+    }
+
+    async fn take_fence(
+        &self,
+        scope: &Scope,
+        key: &OperationKey,
+        states: &[ExecutionState],
+        require_expired: bool,
+        lease_ms: u64,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<ExecutionRecord>> {
+        let mut t = self.lock()?;
+        let Some(id) = t.by_key.get(&(scope.clone(), key.clone())).copied() else {
+            return Ok(None);
+        };
+        let record = t.record_mut(id)?;
+        let eligible =
+            states.contains(&record.state) && (!require_expired || record.lease_expires_at <= now);
+        if !eligible {
+            return Ok(None);
+        }
+        record.fence = FenceToken(record.fence.0 + 1);
+        record.lease_expires_at = logic::lease_end(now, lease_ms);
+        record.updated_at = now;
+        let record = record.clone();
+        t.append(logic::transition_event(&record, "fence_taken", now));
+        Ok(Some(record))
+    }
+
+    async fn execution(
+        &self,
+        scope: &Scope,
+        key: &OperationKey,
+    ) -> StoreResult<Option<ExecutionRecord>> {
+        let t = self.lock()?;
+        Ok(t.by_key
+            .get(&(scope.clone(), key.clone()))
+            .and_then(|id| t.executions.get(id))
+            .cloned())
+    }
+
+    async fn execution_by_id(
+        &self,
+        scope: &Scope,
+        id: ExecutionId,
+    ) -> StoreResult<Option<ExecutionRecord>> {
+        Ok(self
+            .lock()?
+            .executions
+            .get(&id)
+            .filter(|r| &r.scope == scope)
+            .cloned())
+    }
+
+    async fn expired(
+        &self,
+        scope: &Scope,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> StoreResult<Vec<ExecutionRecord>> {
+        let t = self.lock()?;
+        let mut out: Vec<_> = t
+            .executions
+            .values()
+            .filter(|r| {
+                &r.scope == scope
+                    && matches!(
+                        r.state,
+                        ExecutionState::Prepared | ExecutionState::Dispatched
+                    )
+                    && r.lease_expires_at <= now
+            })
+            .cloned()
+            .collect();
+        out.sort_by_key(|r| (r.lease_expires_at, r.id));
+        out.truncate(limit as usize);
+        Ok(out)
+    }
+
+    async fn by_state(
+        &self,
+        scope: &Scope,
+        state: ExecutionState,
+        limit: u32,
+    ) -> StoreResult<Vec<ExecutionRecord>> {
+        let t = self.lock()?;
+        let mut out: Vec<_> = t
+            .executions
+            .values()
+            .filter(|r| &r.scope == scope && r.state == state)
+            .cloned()
+            .collect();
+        out.sort_by_key(|r| (r.created_at, r.id));
+        out.truncate(limit as usize);
+        Ok(out)
+    }
+}
+
+fn erase_content(result: &mut ResultRecord, now: DateTime<Utc>) -> bool {
+    if result.erased_at.is_some() {
+        return false;
+    }
+    result.output = None;
+    result.step = None;
+    result.erased_at = Some(now);
+    true
+}
+
+fn erased_event(scope: &Scope, id: ExecutionId, now: DateTime<Utc>) -> AuditEvent {
+    AuditEvent {
+        scope: scope.clone(),
+        execution_id: Some(id),
+        kind: "erased".into(),
+        detail: serde_json::json!({}),
+        at: now,
+    }
+}
+
+#[async_trait]
+impl ResultStore for MemoryStores {
+    async fn result(&self, execution_id: ExecutionId) -> StoreResult<Option<ResultRecord>> {
+        Ok(self.lock()?.results.get(&execution_id).cloned())
+    }
+
+    async fn erase(
+        &self,
+        scope: &Scope,
+        execution_id: ExecutionId,
+        now: DateTime<Utc>,
+    ) -> StoreResult<()> {
+        let mut t = self.lock()?;
+        let in_scope = t
+            .executions
+            .get(&execution_id)
+            .is_some_and(|r| &r.scope == scope);
+        let result = t
+            .results
+            .get_mut(&execution_id)
+            .filter(|_| in_scope)
+            .ok_or_else(|| StoreError::NotFound(execution_id.to_string()))?;
+        if erase_content(result, now) {
+            t.append(erased_event(scope, execution_id, now));
+        }
+        Ok(())
+    }
+
+    async fn erase_expired(&self, now: DateTime<Utc>, limit: u32) -> StoreResult<u64> {
+        let mut t = self.lock()?;
+        let due: Vec<ExecutionId> = t
+            .results
+            .values()
+            .filter(|r| r.erased_at.is_none() && r.retention_expires_at <= now)
+            .map(|r| r.execution_id)
+            .take(limit as usize)
+            .collect();
+        for id in &due {
+            let scope = t.executions.get(id).map(|r| r.scope.clone());
+            if let (Some(result), Some(scope)) = (t.results.get_mut(id), scope) {
+                erase_content(result, now);
+                t.append(erased_event(&scope, *id, now));
+            }
+        }
+        Ok(due.len() as u64)
+    }
+}
+
+#[async_trait]
+impl UsageInbox for MemoryStores {
+    async fn record_evidence(&self, evidence: NewEvidence) -> StoreResult<Evidence> {
+        let mut t = self.lock()?;
+        let row = Evidence {
+            id: EvidenceId::new(),
+            seq: t.evidence.len() as i64 + 1,
+            scope: evidence.scope,
+            execution_id: evidence.execution_id,
+            operation_key: evidence.operation_key,
+            provider_ref: evidence.provider_ref,
+            usage: evidence.usage,
+            exact: evidence.exact,
+            source: evidence.source,
+            received_at: evidence.now,
+            acknowledged_at: None,
+        };
+        t.evidence.push(row.clone());
+        Ok(row)
+    }
+
+    async fn evidence_for(&self, execution_id: ExecutionId) -> StoreResult<Vec<Evidence>> {
+        Ok(self
+            .lock()?
+            .evidence
+            .iter()
+            .filter(|e| e.execution_id == execution_id)
+            .cloned()
+            .collect())
+    }
+
+    async fn unacknowledged(
+        &self,
+        scope: &Scope,
+        after: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<Evidence>> {
+        Ok(self
+            .lock()?
+            .evidence
+            .iter()
+            .filter(|e| &e.scope == scope && e.seq > after && e.acknowledged_at.is_none())
+            .take(limit as usize)
+            .cloned()
+            .collect())
+    }
+
+    async fn acknowledge(
+        &self,
+        scope: &Scope,
+        id: EvidenceId,
+        now: DateTime<Utc>,
+    ) -> StoreResult<()> {
+        let mut t = self.lock()?;
+        let evidence = t
+            .evidence
+            .iter_mut()
+            .find(|e| e.id == id && &e.scope == scope)
+            .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        if evidence.acknowledged_at.is_some() {
+            return Ok(());
+        }
+        evidence.acknowledged_at = Some(now);
+        let event = AuditEvent {
+            scope: scope.clone(),
+            execution_id: Some(evidence.execution_id),
+            kind: "evidence_acknowledged".into(),
+            detail: serde_json::json!({"evidence_id": id.to_string(), "seq": evidence.seq}),
+            at: now,
+        };
+        t.append(event);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl SettlementStore for MemoryStores {
+    async fn settlement(&self, execution_id: ExecutionId) -> StoreResult<Option<SettlementRecord>> {
+        let t = self.lock()?;
+        Ok(t.settlement_by_execution
+            .get(&execution_id)
+            .and_then(|i| t.settlements.get(*i))
+            .cloned())
+    }
+
+    async fn settlements(
+        &self,
+        from: NaiveDate,
+        to: NaiveDate,
+        limit: u32,
+    ) -> StoreResult<Vec<SettlementRecord>> {
+        Ok(self
+            .lock()?
+            .settlements
+            .iter()
+            .filter(|s| s.accounting_day >= from && s.accounting_day <= to)
+            .take(limit as usize)
+            .cloned()
+            .collect())
+    }
+}
+
+#[async_trait]
+impl SpendStore for MemoryStores {
+    async fn session_spend(
+        &self,
+        scope: &Scope,
+        consumer: &ConsumerId,
+        session: &SessionId,
+    ) -> StoreResult<SpendTotals> {
+        Ok(self
+            .lock()?
+            .session_spend
+            .get(&(scope.clone(), consumer.clone(), session.clone()))
+            .copied()
+            .unwrap_or_default())
+    }
+
+    async fn daily_spend(
+        &self,
+        scope: &Scope,
+        consumer: &ConsumerId,
+        day: NaiveDate,
+    ) -> StoreResult<SpendTotals> {
+        Ok(self
+            .lock()?
+            .daily_spend
+            .get(&(scope.clone(), consumer.clone(), day))
+            .copied()
+            .unwrap_or_default())
+    }
+}
+
+#[async_trait]
+impl AuditLog for MemoryStores {
+    async fn append_audit(&self, event: AuditEvent) -> StoreResult<AuditRow> {
+        Ok(self.lock()?.append(event))
+    }
+
+    async fn audit_rows(
+        &self,
+        scope: &Scope,
+        after_seq: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<AuditRow>> {
+        Ok(self
+            .lock()?
+            .audit
+            .get(scope)
+            .map(|rows| {
+                rows.iter()
+                    .filter(|r| r.seq > after_seq)
+                    .take(limit as usize)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+}

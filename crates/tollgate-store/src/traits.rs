@@ -1,0 +1,285 @@
+//! The store capabilities.
+//!
+//! Every mutating method is one atomic unit and writes its own audit row in the same unit, so an
+//! audit write is awaited with the state change it describes (SC-50). Every write after a claim
+//! carries a [`Fence`]; a stale fence changes nothing and returns [`StoreError::StaleFence`]
+//! (H-3).
+//!
+//! [`StoreError::StaleFence`]: crate::StoreError::StaleFence
+
+use crate::error::StoreResult;
+use crate::record::*;
+use async_trait::async_trait;
+use chrono::{DateTime, NaiveDate, Utc};
+use tollgate_core::caps::SpendTotals;
+use tollgate_core::ids::{ConsumerId, EvidenceId, ExecutionId, OperationKey, Scope, SessionId};
+use tollgate_core::state::{ExecutionState, NotDispatchedCause};
+
+/// The journal.
+#[async_trait]
+pub trait ExecutionStore: Send + Sync {
+    /// Claims `(scope, operation_key)`: if a row exists, returns it untouched (replay or conflict
+    /// is the caller's decision); otherwise, in one unit, checks every block cap of the binding's
+    /// caps against the consumer's session and daily spend (`settled + held + hold`), and either
+    /// refuses with nothing written, or inserts the `prepared` row with a new fence, adds `hold`
+    /// to both spend rows' held totals, and audits `claimed`.
+    ///
+    /// # Errors
+    /// Store failure (nothing written).
+    async fn claim(&self, request: ClaimRequest) -> StoreResult<ClaimOutcome>;
+
+    /// `prepared → dispatched`, durable before the first byte is sent. Audits `dispatched`.
+    ///
+    /// # Errors
+    /// `StaleFence` when the fence is not current or the row is not `prepared`.
+    async fn mark_dispatched(
+        &self,
+        fence: Fence,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord>;
+
+    /// `prepared → not_dispatched(cause)`, releasing the hold. Audits `not_dispatched`.
+    ///
+    /// # Errors
+    /// `StaleFence` when the fence is not current or the row is not `prepared`.
+    async fn mark_not_dispatched(
+        &self,
+        fence: Fence,
+        cause: NotDispatchedCause,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord>;
+
+    /// `dispatched → reconciliation_required`; the hold stays until an operator settles.
+    /// Audits `reconciliation_required`.
+    ///
+    /// # Errors
+    /// `StaleFence` when the fence is not current or the row is not `dispatched`.
+    async fn mark_reconciliation_required(
+        &self,
+        fence: Fence,
+        provider_ref: Option<String>,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord>;
+
+    /// Settles a `dispatched` (or, for operators, `reconciliation_required`) execution in one
+    /// unit: inserts the governed charge (at most one per execution, enforced by the store),
+    /// releases the hold and adds the amount to both spend rows, applies the post-call block
+    /// check of the binding's caps on the settled totals (outcome `blocked`, output and step
+    /// dropped, SC-16), stores the result, completes the journal, acknowledges the evidence when
+    /// given, and audits `settled`.
+    ///
+    /// # Errors
+    /// `StaleFence`; `Duplicate` if a settlement exists.
+    async fn settle(&self, request: SettleRequest) -> StoreResult<SettleOutcome>;
+
+    /// Takes a new fence on `(scope, key)` when its state is one of `states` and either its lease
+    /// has expired or `require_expired` is false. Returns `None` when not eligible. Audits
+    /// `fence_taken`.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn take_fence(
+        &self,
+        scope: &Scope,
+        key: &OperationKey,
+        states: &[ExecutionState],
+        require_expired: bool,
+        lease_ms: u64,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<ExecutionRecord>>;
+
+    /// Reads one execution.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn execution(
+        &self,
+        scope: &Scope,
+        key: &OperationKey,
+    ) -> StoreResult<Option<ExecutionRecord>>;
+
+    /// Reads one execution by id, within `scope`.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn execution_by_id(
+        &self,
+        scope: &Scope,
+        id: ExecutionId,
+    ) -> StoreResult<Option<ExecutionRecord>>;
+
+    /// Up to `limit` `prepared`/`dispatched` executions of `scope` whose lease ended before
+    /// `now`, oldest lease first.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn expired(
+        &self,
+        scope: &Scope,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> StoreResult<Vec<ExecutionRecord>>;
+
+    /// Up to `limit` executions of `scope` in `state`, oldest first.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn by_state(
+        &self,
+        scope: &Scope,
+        state: ExecutionState,
+        limit: u32,
+    ) -> StoreResult<Vec<ExecutionRecord>>;
+}
+
+/// Results under retention.
+#[async_trait]
+pub trait ResultStore: Send + Sync {
+    /// The result of an execution.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn result(&self, execution_id: ExecutionId) -> StoreResult<Option<ResultRecord>>;
+
+    /// Erases one result's content (output and step); erased content is never resurrected
+    /// (SC-73). Idempotent. Audits `erased` once.
+    ///
+    /// # Errors
+    /// `NotFound` when there is no result.
+    async fn erase(
+        &self,
+        scope: &Scope,
+        execution_id: ExecutionId,
+        now: DateTime<Utc>,
+    ) -> StoreResult<()>;
+
+    /// Erases up to `limit` results whose retention ended before `now`; returns how many.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn erase_expired(&self, now: DateTime<Utc>, limit: u32) -> StoreResult<u64>;
+}
+
+/// The usage inbox.
+#[async_trait]
+pub trait UsageInbox: Send + Sync {
+    /// Appends evidence.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn record_evidence(&self, evidence: NewEvidence) -> StoreResult<Evidence>;
+
+    /// Evidence of one execution, in insertion order.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn evidence_for(&self, execution_id: ExecutionId) -> StoreResult<Vec<Evidence>>;
+
+    /// Up to `limit` unacknowledged evidence rows of `scope` with `seq > after`, in seq order.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn unacknowledged(
+        &self,
+        scope: &Scope,
+        after: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<Evidence>>;
+
+    /// Marks evidence acknowledged (idempotent). Audits `evidence_acknowledged` once.
+    ///
+    /// # Errors
+    /// `NotFound`.
+    async fn acknowledge(
+        &self,
+        scope: &Scope,
+        id: EvidenceId,
+        now: DateTime<Utc>,
+    ) -> StoreResult<()>;
+}
+
+/// Governed settlements (read side; the write is [`ExecutionStore::settle`]).
+#[async_trait]
+pub trait SettlementStore: Send + Sync {
+    /// The settlement of an execution.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn settlement(&self, execution_id: ExecutionId) -> StoreResult<Option<SettlementRecord>>;
+
+    /// Settlements with `from ≤ accounting_day ≤ to`, across scopes, in settlement order.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn settlements(
+        &self,
+        from: NaiveDate,
+        to: NaiveDate,
+        limit: u32,
+    ) -> StoreResult<Vec<SettlementRecord>>;
+}
+
+/// Spend totals.
+#[async_trait]
+pub trait SpendStore: Send + Sync {
+    /// The consumer's totals in a session.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn session_spend(
+        &self,
+        scope: &Scope,
+        consumer: &ConsumerId,
+        session: &SessionId,
+    ) -> StoreResult<SpendTotals>;
+
+    /// The consumer's totals on a day.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn daily_spend(
+        &self,
+        scope: &Scope,
+        consumer: &ConsumerId,
+        day: NaiveDate,
+    ) -> StoreResult<SpendTotals>;
+}
+
+/// The append-only audit log.
+#[async_trait]
+pub trait AuditLog: Send + Sync {
+    /// Appends an event outside a state change (replay, conflict, preflight block, ...).
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn append_audit(&self, event: AuditEvent) -> StoreResult<AuditRow>;
+
+    /// A scope's rows in chain order, from `after_seq` (exclusive), at most `limit`.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn audit_rows(
+        &self,
+        scope: &Scope,
+        after_seq: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<AuditRow>>;
+}
+
+/// Everything a runner needs.
+pub trait Stores:
+    ExecutionStore + ResultStore + UsageInbox + SettlementStore + SpendStore + AuditLog + Send + Sync
+{
+}
+
+impl<T> Stores for T where
+    T: ExecutionStore
+        + ResultStore
+        + UsageInbox
+        + SettlementStore
+        + SpendStore
+        + AuditLog
+        + Send
+        + Sync
+{
+}

@@ -1,0 +1,10 @@
+//! The store conformance suite on the in-memory stores.
+
+use std::sync::Arc;
+use tollgate_store::MemoryStores;
+
+async fn fresh() -> Arc<MemoryStores> {
+    Arc::new(MemoryStores::new())
+}
+
+tollgate_store::store_conformance!(fresh);
