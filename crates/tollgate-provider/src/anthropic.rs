@@ -1,1 +1,354 @@
-//! anthropic
+//! Anthropic Messages (`POST /v1/messages`, `stream: true`): the request body and the stream
+//! decoder.
+//!
+//! The stream is `message_start`, then per content block `content_block_start`,
+//! `content_block_delta`s and `content_block_stop`, then `message_delta` (stop reason and the
+//! final usage) and `message_stop`; `ping` may appear anywhere and `error` ends the stream.
+
+use crate::client::ProviderRequest;
+use crate::sse::decode::{at, error, index_u32, json_data, non_empty, provider_error, str_at};
+use crate::sse::decode::{u64_at, Lifecycle};
+use crate::sse::SseEvent;
+use crate::support::temperature_json;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use tollgate_core::event::ProviderEvent;
+use tollgate_core::message::{Message, Part, Role, ToolChoice};
+use tollgate_core::Usage;
+
+/// The `anthropic-version` header value the adapter speaks.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// The streaming request body for `req`.
+///
+/// With `req.cache == Some(true)` the last tool, the system prompt and the last content block
+/// get an ephemeral `cache_control` breakpoint. `req.json_schema` is not sent: the Messages API
+/// has no generally available JSON-schema output mode; the caller validates the text.
+pub fn request_body(req: &ProviderRequest) -> Value {
+    let cache = req.cache == Some(true);
+    let mut body = Map::new();
+    body.insert("model".into(), json!(req.model));
+    body.insert("max_tokens".into(), json!(req.max_tokens));
+    body.insert("stream".into(), json!(true));
+    if let Some(system) = &req.system {
+        let value = if cache {
+            json!([{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}])
+        } else {
+            json!(system)
+        };
+        body.insert("system".into(), value);
+    }
+    let mut messages: Vec<Value> = req.messages.iter().filter_map(message).collect();
+    if cache {
+        let last = messages
+            .last_mut()
+            .and_then(|m| m.get_mut("content"))
+            .and_then(Value::as_array_mut)
+            .and_then(|blocks| blocks.last_mut());
+        if let Some(Value::Object(block)) = last {
+            block.insert("cache_control".into(), json!({"type": "ephemeral"}));
+        }
+    }
+    body.insert("messages".into(), Value::Array(messages));
+    if let Some(t) = req.temperature {
+        body.insert("temperature".into(), temperature_json(t));
+    }
+    if !req.tools.is_empty() {
+        let mut tools: Vec<Value> = req
+            .tools
+            .iter()
+            .map(|t| {
+                let mut spec = Map::new();
+                spec.insert("name".into(), json!(t.name));
+                if !t.description.is_empty() {
+                    spec.insert("description".into(), json!(t.description));
+                }
+                spec.insert("input_schema".into(), t.input_schema.clone());
+                Value::Object(spec)
+            })
+            .collect();
+        if let (true, Some(Value::Object(last))) = (cache, tools.last_mut()) {
+            last.insert("cache_control".into(), json!({"type": "ephemeral"}));
+        }
+        body.insert("tools".into(), Value::Array(tools));
+    }
+    if let Some(choice) = &req.tool_choice {
+        let c = match choice {
+            ToolChoice::Tool { name } => json!({"type": "tool", "name": name}),
+            other => json!({"type": other.mode()}),
+        };
+        body.insert("tool_choice".into(), c);
+    }
+    Value::Object(body)
+}
+
+/// One message with its content blocks; `None` when it has none (empty text is dropped: the API
+/// rejects empty text blocks).
+fn message(m: &Message) -> Option<Value> {
+    let blocks: Vec<Value> = m
+        .content
+        .iter()
+        .filter_map(|part| match part {
+            Part::Text { text } if text.is_empty() => None,
+            Part::Text { text } => Some(json!({"type": "text", "text": text})),
+            Part::ToolCall { id, name, input } => {
+                Some(json!({"type": "tool_use", "id": id, "name": name, "input": input}))
+            }
+            Part::ToolResult {
+                call_id,
+                content,
+                is_error,
+            } => {
+                let mut r =
+                    json!({"type": "tool_result", "tool_use_id": call_id, "content": content});
+                if *is_error {
+                    r["is_error"] = json!(true);
+                }
+                Some(r)
+            }
+        })
+        .collect();
+    let role = match m.role {
+        Role::User => "user",
+        Role::Assistant => "assistant",
+    };
+    (!blocks.is_empty()).then(|| json!({"role": role, "content": blocks}))
+}
+
+/// An open content block.
+#[derive(Debug, Clone)]
+enum Block {
+    Text,
+    Thinking,
+    RedactedThinking,
+    ToolUse,
+    /// A block type this adapter does not interpret, with its streamed `input` JSON.
+    Other {
+        block: Value,
+        json: String,
+    },
+}
+
+/// Usage fields as the provider reports them; `message_delta` values replace these.
+#[derive(Debug, Default, Clone, Copy)]
+struct RawUsage {
+    input: u64,
+    cache_read: u64,
+    cache_write: u64,
+    output: u64,
+    thinking: u64,
+}
+
+impl RawUsage {
+    fn update(&mut self, u: &Value) {
+        let fields: [(&[&str], &mut u64); 5] = [
+            (&["input_tokens"], &mut self.input),
+            (&["cache_read_input_tokens"], &mut self.cache_read),
+            (&["cache_creation_input_tokens"], &mut self.cache_write),
+            (&["output_tokens"], &mut self.output),
+            (
+                &["output_tokens_details", "thinking_tokens"],
+                &mut self.thinking,
+            ),
+        ];
+        for (path, slot) in fields {
+            if let Some(v) = u64_at(u, path) {
+                *slot = v;
+            }
+        }
+    }
+
+    /// Disjoint classes: Anthropic's `input_tokens` already excludes cache reads and writes;
+    /// `output_tokens` includes thinking, split out when the provider reports it.
+    fn event(&self, terminal: bool) -> ProviderEvent {
+        ProviderEvent::Usage {
+            usage: Usage {
+                input: self.input,
+                output: self.output.saturating_sub(self.thinking),
+                cache_read: self.cache_read,
+                cache_write: self.cache_write,
+                reasoning: self.thinking,
+            },
+            terminal,
+        }
+    }
+}
+
+/// Decodes a Messages stream into normalized events.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    life: Lifecycle,
+    ref_sent: bool,
+    usage: RawUsage,
+    blocks: BTreeMap<u32, Block>,
+}
+
+impl Decoder {
+    /// A decoder at the start of a stream.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Decodes one SSE event. Nothing is decoded after `message_stop` or an error.
+    pub fn push(&mut self, ev: &SseEvent) -> Vec<ProviderEvent> {
+        if self.life.closed() {
+            return Vec::new();
+        }
+        let out = match json_data(ev) {
+            Ok(data) => self.decode(ev, &data),
+            Err(e) => vec![e],
+        };
+        self.life.record(&out);
+        out
+    }
+
+    /// At end of input: `connection_closed` if `message_stop` never arrived (and no error did).
+    pub fn finish(&mut self) -> Vec<ProviderEvent> {
+        self.life.finish()
+    }
+
+    fn decode(&mut self, ev: &SseEvent, data: &Value) -> Vec<ProviderEvent> {
+        let kind = str_at(data, &["type"])
+            .or(ev.event.as_deref())
+            .unwrap_or_default();
+        let mut out = Vec::new();
+        match kind {
+            "message_start" => {
+                if let (false, Some(id)) = (self.ref_sent, non_empty(data, &["message", "id"])) {
+                    self.ref_sent = true;
+                    out.push(ProviderEvent::ProviderRef { id });
+                }
+                if let Some(u) = at(data, &["message", "usage"]) {
+                    self.usage.update(u);
+                    out.push(self.usage.event(false));
+                }
+            }
+            "content_block_start" => self.block_start(data, &mut out),
+            "content_block_delta" => self.block_delta(data, &mut out),
+            "content_block_stop" => {
+                if let Some(index) = index_u32(data, "index") {
+                    self.close_block(index, &mut out);
+                }
+            }
+            "message_delta" => {
+                let open: Vec<u32> = self.blocks.keys().copied().collect();
+                for index in open {
+                    self.close_block(index, &mut out);
+                }
+                if let Some(reason) = non_empty(data, &["delta", "stop_reason"]) {
+                    out.push(ProviderEvent::Stop { reason });
+                }
+                if let Some(u) = at(data, &["usage"]) {
+                    self.usage.update(u);
+                    out.push(self.usage.event(true));
+                }
+            }
+            "message_stop" => out.push(ProviderEvent::Done),
+            "ping" => {}
+            "error" => out.push(match at(data, &["error"]) {
+                Some(err) => provider_error(err, "error"),
+                None => error("error", "provider reported an error"),
+            }),
+            _ => {
+                if let Some(err) = at(data, &["error"]) {
+                    out.push(provider_error(err, "error"));
+                }
+            }
+        }
+        out
+    }
+
+    fn block_start(&mut self, data: &Value, out: &mut Vec<ProviderEvent>) {
+        let (Some(index), Some(cb)) = (index_u32(data, "index"), at(data, &["content_block"]))
+        else {
+            return;
+        };
+        let block = match str_at(cb, &["type"]).unwrap_or_default() {
+            "text" => {
+                out.extend(non_empty(cb, &["text"]).map(|text| ProviderEvent::TextDelta { text }));
+                Block::Text
+            }
+            "thinking" => {
+                out.extend(
+                    non_empty(cb, &["thinking"]).map(|text| ProviderEvent::ReasoningDelta { text }),
+                );
+                out.extend(
+                    non_empty(cb, &["signature"])
+                        .map(|signature| ProviderEvent::ReasoningSignature { signature }),
+                );
+                Block::Thinking
+            }
+            "redacted_thinking" => {
+                out.extend(
+                    non_empty(cb, &["data"]).map(|data| ProviderEvent::ReasoningOpaque { data }),
+                );
+                Block::RedactedThinking
+            }
+            "tool_use" => {
+                out.push(ProviderEvent::ToolCallStart {
+                    index,
+                    id: non_empty(cb, &["id"]).unwrap_or_default(),
+                    name: non_empty(cb, &["name"]).unwrap_or_default(),
+                });
+                // Streaming sends `input: {}` and the arguments as deltas; a proxy may send the
+                // whole input up front instead.
+                if let Some(input) =
+                    at(cb, &["input"]).filter(|i| i.as_object().is_some_and(|o| !o.is_empty()))
+                {
+                    out.push(ProviderEvent::ToolCallArgsDelta {
+                        index,
+                        delta: input.to_string(),
+                    });
+                }
+                Block::ToolUse
+            }
+            _ => Block::Other {
+                block: cb.clone(),
+                json: String::new(),
+            },
+        };
+        self.blocks.insert(index, block);
+    }
+
+    fn block_delta(&mut self, data: &Value, out: &mut Vec<ProviderEvent>) {
+        let (Some(index), Some(delta)) = (index_u32(data, "index"), at(data, &["delta"])) else {
+            return;
+        };
+        let text = |key: &str| non_empty(delta, &[key]);
+        match str_at(delta, &["type"]).unwrap_or_default() {
+            "text_delta" => out.extend(text("text").map(|text| ProviderEvent::TextDelta { text })),
+            "thinking_delta" => {
+                out.extend(text("thinking").map(|text| ProviderEvent::ReasoningDelta { text }));
+            }
+            "signature_delta" => out.extend(
+                text("signature").map(|signature| ProviderEvent::ReasoningSignature { signature }),
+            ),
+            "input_json_delta" => {
+                let Some(part) = text("partial_json") else {
+                    return;
+                };
+                match self.blocks.get_mut(&index) {
+                    Some(Block::Other { json, .. }) => json.push_str(&part),
+                    // Arguments for an unknown index still go out: the collector judges them.
+                    _ => out.push(ProviderEvent::ToolCallArgsDelta { index, delta: part }),
+                }
+            }
+            _ => {} // e.g. `citations_delta`: nothing we map
+        }
+    }
+
+    fn close_block(&mut self, index: u32, out: &mut Vec<ProviderEvent>) {
+        match self.blocks.remove(&index) {
+            Some(Block::ToolUse) => out.push(ProviderEvent::ToolCallEnd { index }),
+            Some(Block::Other { mut block, json }) => {
+                if let (Ok(input), Value::Object(map)) =
+                    (serde_json::from_str::<Value>(&json), &mut block)
+                {
+                    map.insert("input".into(), input);
+                }
+                out.push(ProviderEvent::ProviderBlock { block });
+            }
+            Some(Block::Text | Block::Thinking | Block::RedactedThinking) | None => {}
+        }
+    }
+}

@@ -12,6 +12,7 @@ pub mod http;
 pub mod mock;
 pub mod openai_chat;
 pub mod openai_responses;
+pub mod parse;
 pub mod protocol;
 pub mod scripted;
 pub mod sse;

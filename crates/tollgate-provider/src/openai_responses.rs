@@ -1,1 +1,287 @@
-//! openai_responses
+//! OpenAI Responses (`POST /v1/responses`, `stream: true`): the request body and the stream
+//! decoder.
+//!
+//! The stream is a sequence of typed events (`response.created`, `response.output_item.added`,
+//! `response.output_text.delta`, ...) ending with `response.completed`, `response.incomplete` or
+//! `response.failed`; there is no `[DONE]`. Tool calls are indexed by their `output_index`.
+
+use crate::client::ProviderRequest;
+use crate::sse::decode::{
+    at, error, index_u32, json_data, non_empty, provider_error, str_at, u64_at, Lifecycle,
+};
+use crate::sse::SseEvent;
+use crate::support::{matrix, temperature_json};
+use crate::Protocol;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeSet;
+use tollgate_core::event::ProviderEvent;
+use tollgate_core::message::{Part, Role, ToolChoice};
+use tollgate_core::Usage;
+
+/// The streaming request body for `req`.
+///
+/// Nothing is stored at the provider (`store: false`); reasoning models are asked for their
+/// encrypted reasoning (`include: ["reasoning.encrypted_content"]`), which other models reject.
+/// Function tools are sent with `strict: false` (the Responses default is strict, which demands
+/// a restricted schema dialect).
+pub fn request_body(req: &ProviderRequest) -> Value {
+    let mut body = Map::new();
+    body.insert("model".into(), json!(req.model));
+    body.insert("input".into(), Value::Array(input(req)));
+    body.insert("stream".into(), json!(true));
+    body.insert("store".into(), json!(false));
+    body.insert("max_output_tokens".into(), json!(req.max_tokens));
+    if let Some(system) = &req.system {
+        body.insert("instructions".into(), json!(system));
+    }
+    if let Some(t) = req.temperature {
+        body.insert("temperature".into(), temperature_json(t));
+    }
+    if !req.tools.is_empty() {
+        let tools = req.tools.iter().map(|t| {
+            let mut f = Map::new();
+            f.insert("type".into(), json!("function"));
+            f.insert("name".into(), json!(t.name));
+            if !t.description.is_empty() {
+                f.insert("description".into(), json!(t.description));
+            }
+            f.insert("parameters".into(), t.input_schema.clone());
+            f.insert("strict".into(), json!(false));
+            Value::Object(f)
+        });
+        body.insert("tools".into(), Value::Array(tools.collect()));
+    }
+    if let Some(choice) = &req.tool_choice {
+        let c = match choice {
+            ToolChoice::Auto => json!("auto"),
+            ToolChoice::Any => json!("required"),
+            ToolChoice::None => json!("none"),
+            ToolChoice::Tool { name } => json!({"type": "function", "name": name}),
+        };
+        body.insert("tool_choice".into(), c);
+    }
+    if let Some((name, schema)) = &req.json_schema {
+        body.insert(
+            "text".into(),
+            json!({"format": {"type": "json_schema", "name": name, "schema": schema}}),
+        );
+    }
+    if matrix(Protocol::OpenAiResponses, &req.model).reasoning {
+        body.insert("include".into(), json!(["reasoning.encrypted_content"]));
+    }
+    Value::Object(body)
+}
+
+fn input(req: &ProviderRequest) -> Vec<Value> {
+    let mut items = Vec::new();
+    for m in &req.messages {
+        let role = match m.role {
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        };
+        for part in &m.content {
+            items.push(match part {
+                Part::Text { text } => json!({"role": role, "content": text}),
+                Part::ToolCall { id, name, input } => json!({
+                    "type": "function_call", "call_id": id, "name": name,
+                    "arguments": input.to_string(),
+                }),
+                Part::ToolResult {
+                    call_id, content, ..
+                } => json!({"type": "function_call_output", "call_id": call_id, "output": content}),
+            });
+        }
+    }
+    items
+}
+
+/// Decodes a Responses stream into normalized events.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    life: Lifecycle,
+    ref_sent: bool,
+    started: BTreeSet<u32>,
+    open: BTreeSet<u32>,
+}
+
+impl Decoder {
+    /// A decoder at the start of a stream.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Decodes one SSE event. Nothing is decoded after the terminal event or an error.
+    pub fn push(&mut self, ev: &SseEvent) -> Vec<ProviderEvent> {
+        if self.life.closed() {
+            return Vec::new();
+        }
+        let out = match json_data(ev) {
+            Ok(data) => self.decode(ev, &data),
+            Err(e) => vec![e],
+        };
+        self.life.record(&out);
+        out
+    }
+
+    /// At end of input: `connection_closed` if no terminal event (and no error) arrived.
+    pub fn finish(&mut self) -> Vec<ProviderEvent> {
+        self.life.finish()
+    }
+
+    fn decode(&mut self, ev: &SseEvent, data: &Value) -> Vec<ProviderEvent> {
+        let kind = str_at(data, &["type"])
+            .or(ev.event.as_deref())
+            .unwrap_or_default();
+        let mut out = Vec::new();
+        let index = index_u32(data, "output_index");
+        let delta = || non_empty(data, &["delta"]);
+        match kind {
+            "response.created" | "response.in_progress" => self.reference(data, &mut out),
+            "response.output_item.added" => self.item_added(index, data, &mut out),
+            "response.output_item.done" => self.item_done(index, data, &mut out),
+            "response.output_text.delta" => {
+                out.extend(delta().map(|text| ProviderEvent::TextDelta { text }))
+            }
+            "response.refusal.delta" => {
+                out.extend(delta().map(|text| ProviderEvent::RefusalDelta { text }))
+            }
+            "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" => {
+                out.extend(delta().map(|text| ProviderEvent::ReasoningDelta { text }));
+            }
+            "response.function_call_arguments.delta" => {
+                if let (Some(index), Some(delta)) = (index, delta()) {
+                    out.push(ProviderEvent::ToolCallArgsDelta { index, delta });
+                }
+            }
+            "response.function_call_arguments.done" => self.end_call(index, &mut out),
+            "response.completed" | "response.incomplete" => self.terminal(kind, data, &mut out),
+            "response.failed" => {
+                self.reference(data, &mut out);
+                if let Some(u) = at(data, &["response", "usage"]) {
+                    out.push(usage_event(u));
+                }
+                out.push(match at(data, &["response", "error"]) {
+                    Some(err) => provider_error(err, "response_failed"),
+                    None => error(
+                        "response_failed",
+                        "the provider reported the response failed",
+                    ),
+                });
+            }
+            "error" => {
+                let kind = str_at(data, &["code"])
+                    .filter(|c| !c.is_empty())
+                    .unwrap_or("error");
+                let message = str_at(data, &["message"]).unwrap_or("provider reported an error");
+                out.push(error(kind, message));
+            }
+            // Forward-compatible: unknown events are ignored unless they carry an error.
+            _ => out.extend(at(data, &["error"]).map(|err| provider_error(err, "error"))),
+        }
+        out
+    }
+
+    fn reference(&mut self, data: &Value, out: &mut Vec<ProviderEvent>) {
+        if self.ref_sent {
+            return;
+        }
+        if let Some(id) = non_empty(data, &["response", "id"]) {
+            self.ref_sent = true;
+            out.push(ProviderEvent::ProviderRef { id });
+        }
+    }
+
+    fn item_added(&mut self, index: Option<u32>, data: &Value, out: &mut Vec<ProviderEvent>) {
+        let (Some(index), Some(item)) = (index, at(data, &["item"])) else {
+            return;
+        };
+        if str_at(item, &["type"]) == Some("function_call") {
+            self.start_call(index, item, out);
+        }
+    }
+
+    fn start_call(&mut self, index: u32, item: &Value, out: &mut Vec<ProviderEvent>) {
+        if !self.started.insert(index) {
+            return;
+        }
+        self.open.insert(index);
+        let id = non_empty(item, &["call_id"]).or_else(|| non_empty(item, &["id"]));
+        out.push(ProviderEvent::ToolCallStart {
+            index,
+            id: id.unwrap_or_default(),
+            name: non_empty(item, &["name"]).unwrap_or_default(),
+        });
+    }
+
+    fn end_call(&mut self, index: Option<u32>, out: &mut Vec<ProviderEvent>) {
+        if let Some(index) = index {
+            if self.open.remove(&index) {
+                out.push(ProviderEvent::ToolCallEnd { index });
+            }
+        }
+    }
+
+    fn item_done(&mut self, index: Option<u32>, data: &Value, out: &mut Vec<ProviderEvent>) {
+        let Some(item) = at(data, &["item"]) else {
+            return;
+        };
+        match str_at(item, &["type"]) {
+            Some("message") => {}
+            Some("reasoning") => {
+                if let Some(data) = non_empty(item, &["encrypted_content"]) {
+                    out.push(ProviderEvent::ReasoningOpaque { data });
+                }
+            }
+            Some("function_call") => {
+                let Some(index) = index else { return };
+                if !self.started.contains(&index) {
+                    // The item arrived whole: no `added` event and no argument deltas.
+                    self.start_call(index, item, out);
+                    if let Some(delta) = non_empty(item, &["arguments"]) {
+                        out.push(ProviderEvent::ToolCallArgsDelta { index, delta });
+                    }
+                }
+                self.end_call(Some(index), out);
+            }
+            _ => out.push(ProviderEvent::ProviderBlock {
+                block: item.clone(),
+            }),
+        }
+    }
+
+    fn terminal(&mut self, kind: &str, data: &Value, out: &mut Vec<ProviderEvent>) {
+        self.reference(data, out);
+        out.extend(
+            self.open
+                .iter()
+                .map(|&index| ProviderEvent::ToolCallEnd { index }),
+        );
+        self.open.clear();
+        if let Some(u) = at(data, &["response", "usage"]) {
+            out.push(usage_event(u));
+        }
+        let reason = non_empty(data, &["response", "incomplete_details", "reason"])
+            .or_else(|| non_empty(data, &["response", "status"]))
+            .unwrap_or_else(|| kind.trim_start_matches("response.").to_string());
+        out.push(ProviderEvent::Stop { reason });
+        out.push(ProviderEvent::Done);
+    }
+}
+
+/// Responses usage in disjoint classes: cached input and reasoning tokens are split out.
+fn usage_event(u: &Value) -> ProviderEvent {
+    let input = u64_at(u, &["input_tokens"]).unwrap_or(0);
+    let cached = u64_at(u, &["input_tokens_details", "cached_tokens"]).unwrap_or(0);
+    let output = u64_at(u, &["output_tokens"]).unwrap_or(0);
+    let reasoning = u64_at(u, &["output_tokens_details", "reasoning_tokens"]).unwrap_or(0);
+    ProviderEvent::Usage {
+        usage: Usage {
+            input: input.saturating_sub(cached),
+            output: output.saturating_sub(reasoning),
+            cache_read: cached,
+            cache_write: 0,
+            reasoning,
+        },
+        terminal: true,
+    }
+}

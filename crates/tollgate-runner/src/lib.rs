@@ -1,1 +1,21 @@
-//! Runners.
+//! The runners of tollgate: the text/JSON single-call runner, recovery and reconciliation.
+//!
+//! Every runner follows one order (SC-12, DESIGN §4): claim (with the worst-case cost held
+//! against every block cap) → load input → durable dispatch mark → one send through a
+//! single-shot client → collect the stream into a step → usage evidence into the inbox →
+//! settlement, spend, result and journal completion in one fenced unit → read back the stored
+//! view (H-1).
+#![warn(missing_docs)]
+
+pub mod clock;
+mod drive;
+pub mod error;
+pub mod input;
+pub mod outcome;
+pub mod recovery;
+pub mod single;
+pub mod views;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{Interruption, RunError};
+pub use single::{RunRequest, RunnerSettings, SingleCallRunner};

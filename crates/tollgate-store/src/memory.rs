@@ -244,11 +244,6 @@ impl ExecutionStore for MemoryStores {
         let settlement = logic::settlement_row(&record, &request);
         let result = logic::settled_result(&record, &request, session, daily);
         let done = logic::completed(&record, &request, result.outcome);
-        if let Some(evidence_id) = request.evidence_id {
-            if let Some(e) = t.evidence.iter_mut().find(|e| e.id == evidence_id) {
-                e.acknowledged_at.get_or_insert(request.now);
-            }
-        }
         t.set_spend(keys, session, daily);
         let index = t.settlements.len();
         t.settlement_by_execution.insert(record.id, index);

@@ -266,7 +266,7 @@ pub struct SettleRequest {
     pub step: Option<Step>,
     /// Provider reference.
     pub provider_ref: Option<String>,
-    /// Evidence this settlement is based on (acknowledged in the same transaction when exact).
+    /// Evidence this settlement is based on (recorded in the settlement's audit row).
     pub evidence_id: Option<EvidenceId>,
     /// Clock.
     pub now: DateTime<Utc>,

@@ -65,8 +65,8 @@ pub trait ExecutionStore: Send + Sync {
     /// unit: inserts the governed charge (at most one per execution, enforced by the store),
     /// releases the hold and adds the amount to both spend rows, applies the post-call block
     /// check of the binding's caps on the settled totals (outcome `blocked`, output and step
-    /// dropped, SC-16), stores the result, completes the journal, acknowledges the evidence when
-    /// given, and audits `settled`.
+    /// dropped, SC-16), stores the result, completes the journal and audits `settled`. Evidence is
+    /// not acknowledged here: `reconcile_usage` compares it with the durable settlement.
     ///
     /// # Errors
     /// `StaleFence`; `Duplicate` if a settlement exists.

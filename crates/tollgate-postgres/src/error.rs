@@ -1,0 +1,68 @@
+//! Mapping of sqlx errors to [`StoreError`]s.
+//!
+//! Messages name codes, constraints and columns only: never row content, never connection
+//! strings (H-1, SC-53).
+
+use tollgate_store::StoreError;
+
+/// SQLSTATE of a unique violation.
+const UNIQUE_VIOLATION: &str = "23505";
+
+/// SQLSTATE of a missing relation (e.g. migrations not applied).
+pub(crate) const UNDEFINED_TABLE: &str = "42P01";
+
+/// Maps a sqlx error: decoding problems are [`StoreError::Corrupt`], everything else
+/// [`StoreError::Unavailable`] (the transaction did not commit).
+pub(crate) fn db(error: sqlx::Error) -> StoreError {
+    use sqlx::Error as E;
+    match error {
+        E::Database(e) => {
+            let code = e.code().map(|c| c.into_owned()).unwrap_or_default();
+            match e.constraint() {
+                Some(constraint) => StoreError::Unavailable(format!(
+                    "database error {code} on constraint {constraint}"
+                )),
+                None => StoreError::Unavailable(format!("database error {code}")),
+            }
+        }
+        E::ColumnDecode { index, .. } => {
+            StoreError::Corrupt(format!("column {index} could not be decoded"))
+        }
+        E::Decode(_) => StoreError::Corrupt("a value could not be decoded".into()),
+        E::ColumnNotFound(name) => StoreError::Corrupt(format!("column {name} is missing")),
+        E::Io(e) => StoreError::Unavailable(format!("database i/o error: {}", e.kind())),
+        E::PoolTimedOut => StoreError::Unavailable("database pool timed out".into()),
+        E::PoolClosed => StoreError::Unavailable("database pool closed".into()),
+        E::Configuration(_) => StoreError::Unavailable("invalid database configuration".into()),
+        E::Tls(_) => StoreError::Unavailable("database tls error".into()),
+        E::Protocol(_) => StoreError::Unavailable("database protocol error".into()),
+        _ => StoreError::Unavailable("database error".into()),
+    }
+}
+
+/// Whether `error` is a unique violation (of `constraint`, when given).
+pub(crate) fn is_unique_violation(error: &sqlx::Error, constraint: Option<&str>) -> bool {
+    let sqlx::Error::Database(e) = error else {
+        return false;
+    };
+    e.code().as_deref() == Some(UNIQUE_VIOLATION)
+        && constraint.is_none_or(|c| e.constraint() == Some(c))
+}
+
+/// The SQLSTATE of a database error, if it is one.
+pub(crate) fn sqlstate(error: &sqlx::Error) -> Option<String> {
+    match error {
+        sqlx::Error::Database(e) => e.code().map(|c| c.into_owned()),
+        _ => None,
+    }
+}
+
+/// A stored value that does not decode; names the field, never the value.
+pub(crate) fn corrupt(field: &str) -> StoreError {
+    StoreError::Corrupt(format!("{field} is not valid"))
+}
+
+/// A value that cannot be stored (out of the column's range); names the field only.
+pub(crate) fn unstorable(field: &str) -> StoreError {
+    StoreError::Corrupt(format!("{field} is out of the stored range"))
+}

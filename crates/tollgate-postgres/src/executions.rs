@@ -1,0 +1,165 @@
+//! [`ExecutionStore`] for [`PgStores`]: the writes live in `journal` and `settle`; the reads
+//! are here. Every read is scoped and bounded by an index.
+
+use crate::error::db;
+use crate::journal;
+use crate::rows::{execution_columns, ExecutionRow};
+use crate::PgStores;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use tollgate_core::ids::{ExecutionId, OperationKey, Scope};
+use tollgate_core::state::{ExecutionState, NotDispatchedCause};
+use tollgate_store::record::*;
+use tollgate_store::traits::ExecutionStore;
+use tollgate_store::StoreResult;
+
+const BY_ID: &str = concat!(
+    "SELECT ",
+    execution_columns!(),
+    " FROM executions WHERE id = $1 AND scope = $2"
+);
+
+/// Unfinished rows whose lease ended (index `executions_scope_state_lease_idx`).
+const EXPIRED: &str = concat!(
+    "SELECT ",
+    execution_columns!(),
+    " FROM executions WHERE scope = $1 AND state = ANY($2) AND lease_expires_at <= $3 \
+     ORDER BY lease_expires_at, id LIMIT $4"
+);
+
+/// Rows in one state, oldest first (index `executions_scope_state_created_idx`).
+const BY_STATE: &str = concat!(
+    "SELECT ",
+    execution_columns!(),
+    " FROM executions WHERE scope = $1 AND state = $2 ORDER BY created_at, id LIMIT $3"
+);
+
+fn records(rows: Vec<ExecutionRow>) -> StoreResult<Vec<ExecutionRecord>> {
+    rows.into_iter().map(ExecutionRow::into_record).collect()
+}
+
+#[async_trait]
+impl ExecutionStore for PgStores {
+    async fn claim(&self, request: ClaimRequest) -> StoreResult<ClaimOutcome> {
+        self.claim_tx(request).await
+    }
+
+    async fn mark_dispatched(
+        &self,
+        fence: Fence,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord> {
+        self.fenced_tx(
+            fence,
+            &[ExecutionState::Prepared],
+            ExecutionState::Dispatched,
+            None,
+            "dispatched",
+            now,
+        )
+        .await
+    }
+
+    async fn mark_not_dispatched(
+        &self,
+        fence: Fence,
+        cause: NotDispatchedCause,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord> {
+        self.not_dispatched_tx(fence, cause, now).await
+    }
+
+    async fn mark_reconciliation_required(
+        &self,
+        fence: Fence,
+        provider_ref: Option<String>,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord> {
+        self.fenced_tx(
+            fence,
+            &[ExecutionState::Dispatched],
+            ExecutionState::ReconciliationRequired,
+            provider_ref,
+            "reconciliation_required",
+            now,
+        )
+        .await
+    }
+
+    async fn settle(&self, request: SettleRequest) -> StoreResult<SettleOutcome> {
+        self.settle_tx(request).await
+    }
+
+    async fn take_fence(
+        &self,
+        scope: &Scope,
+        key: &OperationKey,
+        states: &[ExecutionState],
+        require_expired: bool,
+        lease_ms: u64,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<ExecutionRecord>> {
+        self.take_fence_tx(scope, key, states, require_expired, lease_ms, now)
+            .await
+    }
+
+    async fn execution(
+        &self,
+        scope: &Scope,
+        key: &OperationKey,
+    ) -> StoreResult<Option<ExecutionRecord>> {
+        let mut conn = self.pool().acquire().await.map_err(db)?;
+        journal::by_key(&mut conn, scope, key).await
+    }
+
+    async fn execution_by_id(
+        &self,
+        scope: &Scope,
+        id: ExecutionId,
+    ) -> StoreResult<Option<ExecutionRecord>> {
+        let row: Option<ExecutionRow> = sqlx::query_as(BY_ID)
+            .bind(id.0)
+            .bind(scope.as_str())
+            .fetch_optional(self.pool())
+            .await
+            .map_err(db)?;
+        row.map(ExecutionRow::into_record).transpose()
+    }
+
+    async fn expired(
+        &self,
+        scope: &Scope,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> StoreResult<Vec<ExecutionRecord>> {
+        let unfinished = [
+            ExecutionState::Prepared.as_str(),
+            ExecutionState::Dispatched.as_str(),
+        ];
+        let rows: Vec<ExecutionRow> = sqlx::query_as(EXPIRED)
+            .bind(scope.as_str())
+            .bind(&unfinished[..])
+            .bind(now)
+            .bind(i64::from(limit))
+            .fetch_all(self.pool())
+            .await
+            .map_err(db)?;
+        records(rows)
+    }
+
+    async fn by_state(
+        &self,
+        scope: &Scope,
+        state: ExecutionState,
+        limit: u32,
+    ) -> StoreResult<Vec<ExecutionRecord>> {
+        let rows: Vec<ExecutionRow> = sqlx::query_as(BY_STATE)
+            .bind(scope.as_str())
+            .bind(state.as_str())
+            .bind(i64::from(limit))
+            .fetch_all(self.pool())
+            .await
+            .map_err(db)?;
+        records(rows)
+    }
+}

@@ -1,0 +1,129 @@
+//! The usage inbox: append-only evidence, paged by `seq`, acknowledged once.
+
+use crate::audit;
+use crate::error::db;
+use crate::rows::{evidence_columns, token_columns, EvidenceRow};
+use crate::PgStores;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use tollgate_core::ids::{EvidenceId, ExecutionId, Scope};
+use tollgate_store::record::{AuditEvent, Evidence, NewEvidence};
+use tollgate_store::traits::UsageInbox;
+use tollgate_store::{StoreError, StoreResult};
+use uuid::Uuid;
+
+const INSERT: &str = concat!(
+    "INSERT INTO usage_inbox (id, scope, execution_id, operation_key, provider_ref, \
+     input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, \
+     exact, source, received_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING ",
+    evidence_columns!()
+);
+
+/// A scope's open evidence after a cursor (index `usage_inbox_open_idx`).
+const OPEN: &str = concat!(
+    "SELECT ",
+    evidence_columns!(),
+    " FROM usage_inbox WHERE scope = $1 AND seq > $2 AND acknowledged_at IS NULL \
+     ORDER BY seq LIMIT $3"
+);
+
+const ACKNOWLEDGE: &str = "UPDATE usage_inbox SET acknowledged_at = $3 \
+     WHERE id = $1 AND scope = $2 AND acknowledged_at IS NULL \
+     RETURNING execution_id, seq";
+
+#[async_trait]
+impl UsageInbox for PgStores {
+    async fn record_evidence(&self, evidence: NewEvidence) -> StoreResult<Evidence> {
+        let [input, output, cache_read, cache_write, reasoning] = token_columns(&evidence.usage)?;
+        let row: EvidenceRow = sqlx::query_as(INSERT)
+            .bind(EvidenceId::new().0)
+            .bind(evidence.scope.as_str())
+            .bind(evidence.execution_id.0)
+            .bind(evidence.operation_key.as_str())
+            .bind(evidence.provider_ref.as_deref())
+            .bind(input)
+            .bind(output)
+            .bind(cache_read)
+            .bind(cache_write)
+            .bind(reasoning)
+            .bind(evidence.exact)
+            .bind(evidence.source.as_str())
+            .bind(evidence.now)
+            .fetch_one(self.pool())
+            .await
+            .map_err(db)?;
+        row.into_record()
+    }
+
+    async fn evidence_for(&self, execution_id: ExecutionId) -> StoreResult<Vec<Evidence>> {
+        let rows: Vec<EvidenceRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            evidence_columns!(),
+            " FROM usage_inbox WHERE execution_id = $1 ORDER BY seq"
+        ))
+        .bind(execution_id.0)
+        .fetch_all(self.pool())
+        .await
+        .map_err(db)?;
+        rows.into_iter().map(EvidenceRow::into_record).collect()
+    }
+
+    async fn unacknowledged(
+        &self,
+        scope: &Scope,
+        after: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<Evidence>> {
+        let rows: Vec<EvidenceRow> = sqlx::query_as(OPEN)
+            .bind(scope.as_str())
+            .bind(after)
+            .bind(i64::from(limit))
+            .fetch_all(self.pool())
+            .await
+            .map_err(db)?;
+        rows.into_iter().map(EvidenceRow::into_record).collect()
+    }
+
+    async fn acknowledge(
+        &self,
+        scope: &Scope,
+        id: EvidenceId,
+        now: DateTime<Utc>,
+    ) -> StoreResult<()> {
+        let mut tx = self.pool().begin().await.map_err(db)?;
+        let acknowledged: Option<(Uuid, i64)> = sqlx::query_as(ACKNOWLEDGE)
+            .bind(id.0)
+            .bind(scope.as_str())
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db)?;
+        let Some((execution_id, seq)) = acknowledged else {
+            let exists: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM usage_inbox WHERE id = $1 AND scope = $2)",
+            )
+            .bind(id.0)
+            .bind(scope.as_str())
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db)?;
+            tx.rollback().await.map_err(db)?;
+            return if exists {
+                Ok(())
+            } else {
+                Err(StoreError::NotFound(id.to_string()))
+            };
+        };
+        let event = AuditEvent {
+            scope: scope.clone(),
+            execution_id: Some(ExecutionId(execution_id)),
+            kind: "evidence_acknowledged".into(),
+            detail: serde_json::json!({"evidence_id": id.to_string(), "seq": seq}),
+            at: now,
+        };
+        audit::append(&mut tx, event).await?;
+        tx.commit().await.map_err(db)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,260 @@
+//! Journal writes: claim with holds, fenced transitions, and fence takeover (DESIGN §4).
+
+use crate::audit;
+use crate::error::db;
+use crate::rows::{execution_columns, ExecutionRow};
+use crate::spend::{self, SpendKeys};
+use crate::PgStores;
+use chrono::{DateTime, Utc};
+use sqlx::types::Json;
+use sqlx::PgConnection;
+use tollgate_core::ids::{ExecutionId, OperationKey, Scope};
+use tollgate_core::state::{ExecutionState, NotDispatchedCause};
+use tollgate_store::logic;
+use tollgate_store::record::*;
+use tollgate_store::{StoreError, StoreResult};
+
+const INSERT: &str = concat!(
+    "INSERT INTO executions (",
+    execution_columns!(),
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
+     ON CONFLICT (scope, operation_key) DO NOTHING RETURNING ",
+    execution_columns!()
+);
+
+const BY_KEY: &str = concat!(
+    "SELECT ",
+    execution_columns!(),
+    " FROM executions WHERE scope = $1 AND operation_key = $2"
+);
+
+const LOCK: &str = concat!(
+    "SELECT ",
+    execution_columns!(),
+    " FROM executions WHERE id = $1 FOR UPDATE"
+);
+
+/// A fenced state change: only the current fence, only from an allowed state.
+const FENCED: &str = concat!(
+    "UPDATE executions SET state = $4, provider_ref = COALESCE($5, provider_ref), \
+     updated_at = $6 WHERE id = $1 AND fence = $2 AND state = ANY($3) RETURNING ",
+    execution_columns!()
+);
+
+const NOT_DISPATCHED: &str = concat!(
+    "UPDATE executions SET state = $2, not_dispatched_cause = $3, hold = 0, updated_at = $4 \
+     WHERE id = $1 RETURNING ",
+    execution_columns!()
+);
+
+const TAKE_FENCE: &str = concat!(
+    "UPDATE executions SET fence = fence + 1, lease_expires_at = $4, updated_at = $5 \
+     WHERE scope = $1 AND operation_key = $2 AND state = ANY($3) \
+     AND (NOT $6 OR lease_expires_at <= $5) RETURNING ",
+    execution_columns!()
+);
+
+fn state_names(states: &[ExecutionState]) -> Vec<&'static str> {
+    states.iter().map(ExecutionState::as_str).collect()
+}
+
+/// Reads the row under `(scope, key)`.
+pub(crate) async fn by_key(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    key: &OperationKey,
+) -> StoreResult<Option<ExecutionRecord>> {
+    let row: Option<ExecutionRow> = sqlx::query_as(BY_KEY)
+        .bind(scope.as_str())
+        .bind(key.as_str())
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db)?;
+    row.map(ExecutionRow::into_record).transpose()
+}
+
+/// Locks the row `id` until the transaction ends.
+///
+/// # Errors
+/// `NotFound` when there is no such row.
+pub(crate) async fn lock(conn: &mut PgConnection, id: ExecutionId) -> StoreResult<ExecutionRecord> {
+    let row: Option<ExecutionRow> = sqlx::query_as(LOCK)
+        .bind(id.0)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db)?;
+    row.ok_or_else(|| StoreError::NotFound(id.to_string()))?
+        .into_record()
+}
+
+/// Why a fenced write changed nothing: `StaleFence` when the row exists, else `NotFound`.
+async fn refused(conn: &mut PgConnection, id: ExecutionId) -> StoreError {
+    let exists: Result<bool, _> =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM executions WHERE id = $1)")
+            .bind(id.0)
+            .fetch_one(&mut *conn)
+            .await;
+    match exists {
+        Ok(true) => StoreError::StaleFence(id.to_string()),
+        Ok(false) => StoreError::NotFound(id.to_string()),
+        Err(e) => db(e),
+    }
+}
+
+async fn insert(conn: &mut PgConnection, r: &ExecutionRecord) -> StoreResult<Option<ExecutionRow>> {
+    sqlx::query_as(INSERT)
+        .bind(r.id.0)
+        .bind(r.scope.as_str())
+        .bind(r.operation_key.as_str())
+        .bind(r.kind.as_str())
+        .bind(r.root_key.as_ref().map(|k| k.as_str()))
+        .bind(Json(&r.binding))
+        .bind(r.binding_digest.to_hex())
+        .bind(r.accounting_day)
+        .bind(r.state.as_str())
+        .bind(r.not_dispatched_cause.map(|c| c.as_str()))
+        .bind(r.outcome.map(|o| o.as_str()))
+        .bind(r.fence.0)
+        .bind(r.lease_expires_at)
+        .bind(r.hold.decimal())
+        .bind(r.provider_ref.as_deref())
+        .bind(r.created_at)
+        .bind(r.updated_at)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db)
+}
+
+impl PgStores {
+    /// [`ExecutionStore::claim`](tollgate_store::ExecutionStore::claim): one transaction that
+    /// inserts the row (or finds the existing one), locks both spend rows, admits the hold
+    /// against the block caps, adds it, and audits `claimed`. A refusal rolls everything back.
+    pub(crate) async fn claim_tx(&self, request: ClaimRequest) -> StoreResult<ClaimOutcome> {
+        let mut tx = self.pool().begin().await.map_err(db)?;
+        let Some(row) = insert(&mut tx, &logic::new_execution(&request)).await? else {
+            // The insert waited for any concurrent claimer of the key, so the row is committed.
+            let existing = by_key(&mut tx, &request.scope, &request.operation_key)
+                .await?
+                .ok_or_else(|| StoreError::Corrupt("key without row".into()))?;
+            tx.rollback().await.map_err(db)?;
+            return Ok(ClaimOutcome::Existing(existing));
+        };
+        let record = row.into_record()?;
+        let keys = SpendKeys::of(&record);
+        let (session, daily) = spend::lock(&mut tx, &keys).await?;
+        let caps = &request.binding.config.caps;
+        if let Err(blocked) = caps.admit(session, daily, request.hold) {
+            tx.rollback().await.map_err(db)?;
+            return Ok(ClaimOutcome::Blocked(blocked));
+        }
+        let session = logic::add_hold(session, request.hold)?;
+        let daily = logic::add_hold(daily, request.hold)?;
+        spend::write(&mut tx, &keys, session, daily).await?;
+        audit::append(
+            &mut tx,
+            logic::transition_event(&record, "claimed", request.now),
+        )
+        .await?;
+        tx.commit().await.map_err(db)?;
+        Ok(ClaimOutcome::Claimed(record))
+    }
+
+    /// A fenced transition to `to` (keeping the provider reference unless one is given),
+    /// audited as `kind`.
+    pub(crate) async fn fenced_tx(
+        &self,
+        fence: Fence,
+        allowed: &[ExecutionState],
+        to: ExecutionState,
+        provider_ref: Option<String>,
+        kind: &str,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord> {
+        let mut tx = self.pool().begin().await.map_err(db)?;
+        let row: Option<ExecutionRow> = sqlx::query_as(FENCED)
+            .bind(fence.execution_id.0)
+            .bind(fence.token.0)
+            .bind(state_names(allowed))
+            .bind(to.as_str())
+            .bind(provider_ref)
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db)?;
+        let Some(row) = row else {
+            return Err(refused(&mut tx, fence.execution_id).await);
+        };
+        let record = row.into_record()?;
+        audit::append(&mut tx, logic::transition_event(&record, kind, now)).await?;
+        tx.commit().await.map_err(db)?;
+        Ok(record)
+    }
+
+    /// `prepared → not_dispatched(cause)`, releasing the hold from both spend rows.
+    pub(crate) async fn not_dispatched_tx(
+        &self,
+        fence: Fence,
+        cause: NotDispatchedCause,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord> {
+        let mut tx = self.pool().begin().await.map_err(db)?;
+        let before = lock(&mut tx, fence.execution_id).await?;
+        logic::check_fence(&before, fence, &[ExecutionState::Prepared])?;
+        let keys = SpendKeys::of(&before);
+        let (session, daily) = spend::lock(&mut tx, &keys).await?;
+        let session = logic::release_hold(session, before.hold);
+        let daily = logic::release_hold(daily, before.hold);
+        spend::write(&mut tx, &keys, session, daily).await?;
+        let row: ExecutionRow = sqlx::query_as(NOT_DISPATCHED)
+            .bind(before.id.0)
+            .bind(ExecutionState::NotDispatched.as_str())
+            .bind(cause.as_str())
+            .bind(now)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db)?;
+        let record = row.into_record()?;
+        audit::append(
+            &mut tx,
+            logic::transition_event(&record, "not_dispatched", now),
+        )
+        .await?;
+        tx.commit().await.map_err(db)?;
+        Ok(record)
+    }
+
+    /// Takes a new fence when eligible; audits `fence_taken`.
+    pub(crate) async fn take_fence_tx(
+        &self,
+        scope: &Scope,
+        key: &OperationKey,
+        states: &[ExecutionState],
+        require_expired: bool,
+        lease_ms: u64,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<ExecutionRecord>> {
+        let mut tx = self.pool().begin().await.map_err(db)?;
+        let row: Option<ExecutionRow> = sqlx::query_as(TAKE_FENCE)
+            .bind(scope.as_str())
+            .bind(key.as_str())
+            .bind(state_names(states))
+            .bind(logic::lease_end(now, lease_ms))
+            .bind(now)
+            .bind(require_expired)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db)?;
+        let Some(row) = row else {
+            tx.rollback().await.map_err(db)?;
+            return Ok(None);
+        };
+        let record = row.into_record()?;
+        audit::append(
+            &mut tx,
+            logic::transition_event(&record, "fence_taken", now),
+        )
+        .await?;
+        tx.commit().await.map_err(db)?;
+        Ok(Some(record))
+    }
+}

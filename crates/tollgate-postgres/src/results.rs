@@ -1,0 +1,126 @@
+//! Results under retention, and their erasure (SC-73): erased content is set to NULL in the
+//! same row and never written again (a CHECK keeps erased rows empty).
+
+use crate::audit;
+use crate::error::db;
+use crate::rows::{result_columns, ResultRow};
+use crate::PgStores;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use tollgate_core::ids::{ExecutionId, Scope};
+use tollgate_store::record::{AuditEvent, ResultRecord};
+use tollgate_store::traits::ResultStore;
+use tollgate_store::{StoreError, StoreResult};
+use uuid::Uuid;
+
+/// Erases one result of the scope, unless already erased.
+const ERASE: &str = "UPDATE execution_results r SET output = NULL, step = NULL, erased_at = $3 \
+     FROM executions e \
+     WHERE r.execution_id = $1 AND e.id = r.execution_id AND e.scope = $2 \
+     AND r.erased_at IS NULL \
+     RETURNING r.execution_id";
+
+const EXISTS_IN_SCOPE: &str = "SELECT EXISTS (SELECT 1 FROM execution_results r \
+     JOIN executions e ON e.id = r.execution_id \
+     WHERE r.execution_id = $1 AND e.scope = $2)";
+
+/// Erases up to `$2` expired results; rows another eraser holds are skipped.
+const ERASE_EXPIRED: &str = "WITH due AS (\
+         SELECT execution_id FROM execution_results \
+         WHERE erased_at IS NULL AND retention_expires_at <= $1 \
+         ORDER BY retention_expires_at, execution_id LIMIT $2 \
+         FOR UPDATE SKIP LOCKED) \
+     UPDATE execution_results r SET output = NULL, step = NULL, erased_at = $1 \
+     FROM due, executions e \
+     WHERE r.execution_id = due.execution_id AND e.id = r.execution_id \
+     RETURNING e.scope, r.execution_id";
+
+/// The audit event of an erasure (the same as the in-memory store's).
+fn erased_event(scope: &Scope, id: ExecutionId, now: DateTime<Utc>) -> AuditEvent {
+    AuditEvent {
+        scope: scope.clone(),
+        execution_id: Some(id),
+        kind: "erased".into(),
+        detail: serde_json::json!({}),
+        at: now,
+    }
+}
+
+async fn audit_erased(
+    conn: &mut PgConnection,
+    erased: Vec<(String, Uuid)>,
+    now: DateTime<Utc>,
+) -> StoreResult<()> {
+    let mut erased = erased;
+    // Heads are locked in scope order, so concurrent erasers cannot deadlock.
+    erased.sort();
+    for (scope, id) in erased {
+        let scope = Scope::parse(scope).map_err(|_| crate::error::corrupt("scope"))?;
+        audit::append(conn, erased_event(&scope, ExecutionId(id), now)).await?;
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl ResultStore for PgStores {
+    async fn result(&self, execution_id: ExecutionId) -> StoreResult<Option<ResultRecord>> {
+        let row: Option<ResultRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            result_columns!(),
+            " FROM execution_results WHERE execution_id = $1"
+        ))
+        .bind(execution_id.0)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(db)?;
+        row.map(ResultRow::into_record).transpose()
+    }
+
+    async fn erase(
+        &self,
+        scope: &Scope,
+        execution_id: ExecutionId,
+        now: DateTime<Utc>,
+    ) -> StoreResult<()> {
+        let mut tx = self.pool().begin().await.map_err(db)?;
+        let erased: Option<Uuid> = sqlx::query_scalar(ERASE)
+            .bind(execution_id.0)
+            .bind(scope.as_str())
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db)?;
+        if erased.is_none() {
+            let exists: bool = sqlx::query_scalar(EXISTS_IN_SCOPE)
+                .bind(execution_id.0)
+                .bind(scope.as_str())
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db)?;
+            tx.rollback().await.map_err(db)?;
+            return if exists {
+                Ok(())
+            } else {
+                Err(StoreError::NotFound(execution_id.to_string()))
+            };
+        }
+        audit::append(&mut tx, erased_event(scope, execution_id, now)).await?;
+        tx.commit().await.map_err(db)?;
+        Ok(())
+    }
+
+    async fn erase_expired(&self, now: DateTime<Utc>, limit: u32) -> StoreResult<u64> {
+        let mut tx = self.pool().begin().await.map_err(db)?;
+        let erased: Vec<(String, Uuid)> = sqlx::query_as(ERASE_EXPIRED)
+            .bind(now)
+            .bind(i64::from(limit))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db)?;
+        let count = erased.len() as u64;
+        audit_erased(&mut tx, erased, now).await?;
+        tx.commit().await.map_err(db)?;
+        Ok(count)
+    }
+}

@@ -1,0 +1,359 @@
+//! Row ↔ record conversion. Every decoding problem is [`StoreError::Corrupt`] naming the
+//! field, never its value.
+//!
+//! [`StoreError::Corrupt`]: tollgate_store::StoreError::Corrupt
+
+use crate::error::{corrupt, unstorable};
+use chrono::{DateTime, NaiveDate, Utc};
+use rust_decimal::Decimal;
+use serde::de::DeserializeOwned;
+use std::str::FromStr;
+use tollgate_core::caps::SpendTotals;
+use tollgate_core::digest::Digest256;
+use tollgate_core::ids::*;
+use tollgate_core::money::{Currency, Money};
+use tollgate_core::usage::Usage;
+use tollgate_store::record::*;
+use tollgate_store::StoreResult;
+use uuid::Uuid;
+
+/// Columns of `executions`, in [`ExecutionRow`] order.
+macro_rules! execution_columns {
+    () => {
+        "id, scope, operation_key, kind, root_key, binding, binding_digest, accounting_day, \
+         state, not_dispatched_cause, outcome, fence, lease_expires_at, hold, provider_ref, \
+         created_at, updated_at"
+    };
+}
+pub(crate) use execution_columns;
+
+/// Columns of `execution_results`, content as JSON text.
+macro_rules! result_columns {
+    () => {
+        "execution_id, outcome, stop, output::text AS output, step::text AS step, warnings, \
+         retention_expires_at, erased_at"
+    };
+}
+pub(crate) use result_columns;
+
+/// Columns of `usage_inbox`.
+macro_rules! evidence_columns {
+    () => {
+        "id, seq, scope, execution_id, operation_key, provider_ref, input_tokens, \
+         output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, exact, source, \
+         received_at, acknowledged_at"
+    };
+}
+pub(crate) use evidence_columns;
+
+/// Columns of `cost_settlements` (without the internal `seq`).
+macro_rules! settlement_columns {
+    () => {
+        "settlement_id, execution_id, scope, operation_key, kind, consumer, session_id, \
+         accounting_day, provider, model, price_version, policy_version, currency, input_tokens, \
+         output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, amount, source, \
+         settled_at"
+    };
+}
+pub(crate) use settlement_columns;
+
+/// Columns of `audit_log`.
+macro_rules! audit_columns {
+    () => {
+        "scope, seq, execution_id, kind, detail, at, prev_hash, hash"
+    };
+}
+pub(crate) use audit_columns;
+
+fn parse<T: FromStr>(text: &str, field: &str) -> StoreResult<T> {
+    text.parse().map_err(|_| corrupt(field))
+}
+
+fn id<T, E>(
+    text: String,
+    field: &str,
+    make: impl FnOnce(String) -> Result<T, E>,
+) -> StoreResult<T> {
+    make(text).map_err(|_| corrupt(field))
+}
+
+fn json<T: DeserializeOwned>(value: serde_json::Value, field: &str) -> StoreResult<T> {
+    serde_json::from_value(value).map_err(|_| corrupt(field))
+}
+
+fn json_text<T: DeserializeOwned>(text: Option<String>, field: &str) -> StoreResult<Option<T>> {
+    text.map(|t| serde_json::from_str(&t).map_err(|_| corrupt(field)))
+        .transpose()
+}
+
+/// Serializes content for a `json` column (kept as written).
+pub(crate) fn to_json_text<T: serde::Serialize>(
+    value: Option<&T>,
+    field: &str,
+) -> StoreResult<Option<String>> {
+    value
+        .map(|v| serde_json::to_string(v).map_err(|_| unstorable(field)))
+        .transpose()
+}
+
+/// A stored amount, normalized like every [`Money`].
+pub(crate) fn money(value: Decimal, field: &'static str) -> StoreResult<Money> {
+    Money::new(value, field).map_err(|_| corrupt(field))
+}
+
+/// Token counts as `bigint`s: input, output, cache read, cache write, reasoning.
+pub(crate) fn token_columns(usage: &Usage) -> StoreResult<[i64; 5]> {
+    let one = |n: u64| i64::try_from(n).map_err(|_| unstorable("token count"));
+    Ok([
+        one(usage.input)?,
+        one(usage.output)?,
+        one(usage.cache_read)?,
+        one(usage.cache_write)?,
+        one(usage.reasoning)?,
+    ])
+}
+
+fn usage(columns: [i64; 5]) -> StoreResult<Usage> {
+    let one = |n: i64| u64::try_from(n).map_err(|_| corrupt("token count"));
+    Ok(Usage {
+        input: one(columns[0])?,
+        output: one(columns[1])?,
+        cache_read: one(columns[2])?,
+        cache_write: one(columns[3])?,
+        reasoning: one(columns[4])?,
+    })
+}
+
+/// A row of `executions`.
+#[derive(sqlx::FromRow)]
+pub(crate) struct ExecutionRow {
+    id: Uuid,
+    scope: String,
+    operation_key: String,
+    kind: String,
+    root_key: Option<String>,
+    binding: serde_json::Value,
+    binding_digest: String,
+    accounting_day: NaiveDate,
+    state: String,
+    not_dispatched_cause: Option<String>,
+    outcome: Option<String>,
+    fence: i64,
+    lease_expires_at: DateTime<Utc>,
+    hold: Decimal,
+    provider_ref: Option<String>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl ExecutionRow {
+    /// The record.
+    pub(crate) fn into_record(self) -> StoreResult<ExecutionRecord> {
+        Ok(ExecutionRecord {
+            id: ExecutionId(self.id),
+            scope: id(self.scope, "scope", Scope::parse)?,
+            operation_key: id(self.operation_key, "operation_key", OperationKey::parse)?,
+            kind: parse(&self.kind, "kind")?,
+            root_key: self
+                .root_key
+                .map(|k| id(k, "root_key", RootKey::parse))
+                .transpose()?,
+            binding: json(self.binding, "binding")?,
+            binding_digest: Digest256::from_hex(&self.binding_digest)
+                .map_err(|_| corrupt("binding_digest"))?,
+            accounting_day: self.accounting_day,
+            state: parse(&self.state, "state")?,
+            not_dispatched_cause: self
+                .not_dispatched_cause
+                .map(|c| parse(&c, "not_dispatched_cause"))
+                .transpose()?,
+            outcome: self.outcome.map(|o| parse(&o, "outcome")).transpose()?,
+            fence: FenceToken(self.fence),
+            lease_expires_at: self.lease_expires_at,
+            hold: money(self.hold, "hold")?,
+            provider_ref: self.provider_ref,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+        })
+    }
+}
+
+/// A row of `execution_results`.
+#[derive(sqlx::FromRow)]
+pub(crate) struct ResultRow {
+    execution_id: Uuid,
+    outcome: String,
+    stop: Option<String>,
+    output: Option<String>,
+    step: Option<String>,
+    warnings: serde_json::Value,
+    retention_expires_at: DateTime<Utc>,
+    erased_at: Option<DateTime<Utc>>,
+}
+
+impl ResultRow {
+    /// The record.
+    pub(crate) fn into_record(self) -> StoreResult<ResultRecord> {
+        Ok(ResultRecord {
+            execution_id: ExecutionId(self.execution_id),
+            outcome: parse(&self.outcome, "outcome")?,
+            stop: self.stop,
+            output: json_text(self.output, "output")?,
+            step: json_text(self.step, "step")?,
+            warnings: json(self.warnings, "warnings")?,
+            retention_expires_at: self.retention_expires_at,
+            erased_at: self.erased_at,
+        })
+    }
+}
+
+/// A row of `usage_inbox`.
+#[derive(sqlx::FromRow)]
+pub(crate) struct EvidenceRow {
+    id: Uuid,
+    seq: i64,
+    scope: String,
+    execution_id: Uuid,
+    operation_key: String,
+    provider_ref: Option<String>,
+    input_tokens: i64,
+    output_tokens: i64,
+    cache_read_tokens: i64,
+    cache_write_tokens: i64,
+    reasoning_tokens: i64,
+    exact: bool,
+    source: String,
+    received_at: DateTime<Utc>,
+    acknowledged_at: Option<DateTime<Utc>>,
+}
+
+impl EvidenceRow {
+    /// The record.
+    pub(crate) fn into_record(self) -> StoreResult<Evidence> {
+        Ok(Evidence {
+            id: EvidenceId(self.id),
+            seq: self.seq,
+            scope: id(self.scope, "scope", Scope::parse)?,
+            execution_id: ExecutionId(self.execution_id),
+            operation_key: id(self.operation_key, "operation_key", OperationKey::parse)?,
+            provider_ref: self.provider_ref,
+            usage: usage([
+                self.input_tokens,
+                self.output_tokens,
+                self.cache_read_tokens,
+                self.cache_write_tokens,
+                self.reasoning_tokens,
+            ])?,
+            exact: self.exact,
+            // The enum's own serde names, so the wire names cannot drift.
+            source: json(serde_json::Value::String(self.source), "source")?,
+            received_at: self.received_at,
+            acknowledged_at: self.acknowledged_at,
+        })
+    }
+}
+
+/// A row of `cost_settlements`.
+#[derive(sqlx::FromRow)]
+pub(crate) struct SettlementRow {
+    settlement_id: Uuid,
+    execution_id: Uuid,
+    scope: String,
+    operation_key: String,
+    kind: String,
+    consumer: String,
+    session_id: String,
+    accounting_day: NaiveDate,
+    provider: String,
+    model: String,
+    price_version: String,
+    policy_version: String,
+    currency: String,
+    input_tokens: i64,
+    output_tokens: i64,
+    cache_read_tokens: i64,
+    cache_write_tokens: i64,
+    reasoning_tokens: i64,
+    amount: Decimal,
+    source: String,
+    settled_at: DateTime<Utc>,
+}
+
+impl SettlementRow {
+    /// The record.
+    pub(crate) fn into_record(self) -> StoreResult<SettlementRecord> {
+        Ok(SettlementRecord {
+            id: SettlementId(self.settlement_id),
+            execution_id: ExecutionId(self.execution_id),
+            scope: id(self.scope, "scope", Scope::parse)?,
+            operation_key: id(self.operation_key, "operation_key", OperationKey::parse)?,
+            kind: parse(&self.kind, "kind")?,
+            consumer: id(self.consumer, "consumer", ConsumerId::parse)?,
+            session_id: id(self.session_id, "session_id", SessionId::parse)?,
+            accounting_day: self.accounting_day,
+            provider: self.provider,
+            model: self.model,
+            price_version: self.price_version,
+            policy_version: self.policy_version,
+            currency: Currency::parse(&self.currency).map_err(|_| corrupt("currency"))?,
+            usage: usage([
+                self.input_tokens,
+                self.output_tokens,
+                self.cache_read_tokens,
+                self.cache_write_tokens,
+                self.reasoning_tokens,
+            ])?,
+            amount: money(self.amount, "amount")?,
+            source: parse(&self.source, "source")?,
+            settled_at: self.settled_at,
+        })
+    }
+}
+
+/// A row of `audit_log`.
+#[derive(sqlx::FromRow)]
+pub(crate) struct AuditDbRow {
+    scope: String,
+    seq: i64,
+    execution_id: Option<Uuid>,
+    kind: String,
+    detail: serde_json::Value,
+    at: DateTime<Utc>,
+    prev_hash: String,
+    hash: String,
+}
+
+impl AuditDbRow {
+    /// The record.
+    pub(crate) fn into_record(self) -> StoreResult<AuditRow> {
+        Ok(AuditRow {
+            seq: self.seq,
+            event: AuditEvent {
+                scope: id(self.scope, "scope", Scope::parse)?,
+                execution_id: self.execution_id.map(ExecutionId),
+                kind: self.kind,
+                detail: self.detail,
+                at: self.at,
+            },
+            prev_hash: Digest256::from_hex(&self.prev_hash).map_err(|_| corrupt("prev_hash"))?,
+            hash: Digest256::from_hex(&self.hash).map_err(|_| corrupt("hash"))?,
+        })
+    }
+}
+
+/// A row of `spend_sessions` / `spend_days`.
+#[derive(sqlx::FromRow)]
+pub(crate) struct SpendRow {
+    settled: Decimal,
+    held: Decimal,
+}
+
+impl SpendRow {
+    /// The totals.
+    pub(crate) fn into_totals(self) -> StoreResult<SpendTotals> {
+        Ok(SpendTotals {
+            settled: money(self.settled, "settled")?,
+            held: money(self.held, "held")?,
+        })
+    }
+}

@@ -1,0 +1,119 @@
+//! Settlement: governed charge, spend, result, journal completion, evidence acknowledgement
+//! and audit in one transaction (DESIGN §4, SC-52).
+
+use crate::audit;
+use crate::error::{db, is_unique_violation};
+use crate::journal;
+use crate::rows::{execution_columns, result_columns, to_json_text, ExecutionRow, ResultRow};
+use crate::settlements;
+use crate::spend::{self, SpendKeys};
+use crate::PgStores;
+use sqlx::types::Json;
+use sqlx::PgConnection;
+use tollgate_store::logic;
+use tollgate_store::record::*;
+use tollgate_store::{StoreError, StoreResult};
+
+const INSERT_RESULT: &str = concat!(
+    "INSERT INTO execution_results (execution_id, outcome, stop, output, step, warnings, \
+     retention_expires_at, erased_at) \
+     VALUES ($1, $2, $3, $4::text::json, $5::text::json, $6, $7, $8) RETURNING ",
+    result_columns!()
+);
+
+const COMPLETE: &str = concat!(
+    "UPDATE executions SET state = $2, outcome = $3, hold = $4, provider_ref = $5, \
+     updated_at = $6 WHERE id = $1 RETURNING ",
+    execution_columns!()
+);
+
+/// Marks the evidence a settlement is based on acknowledged (within the execution's scope).
+const ACKNOWLEDGE: &str = "UPDATE usage_inbox SET acknowledged_at = $3 \
+     WHERE id = $1 AND scope = $2 AND acknowledged_at IS NULL";
+
+/// A unique violation while settling means a settlement (or result) already exists.
+fn duplicate(error: sqlx::Error, record: &ExecutionRecord) -> StoreError {
+    if is_unique_violation(&error, None) {
+        StoreError::Duplicate(format!("settlement of {}", record.id))
+    } else {
+        db(error)
+    }
+}
+
+async fn insert_result(
+    conn: &mut PgConnection,
+    result: &ResultRecord,
+    record: &ExecutionRecord,
+) -> StoreResult<ResultRecord> {
+    let row: ResultRow = sqlx::query_as(INSERT_RESULT)
+        .bind(result.execution_id.0)
+        .bind(result.outcome.as_str())
+        .bind(result.stop.as_deref())
+        .bind(to_json_text(result.output.as_ref(), "output")?)
+        .bind(to_json_text(result.step.as_ref(), "step")?)
+        .bind(Json(&result.warnings))
+        .bind(result.retention_expires_at)
+        .bind(result.erased_at)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| duplicate(e, record))?;
+    row.into_record()
+}
+
+async fn complete(conn: &mut PgConnection, done: &ExecutionRecord) -> StoreResult<ExecutionRecord> {
+    let row: ExecutionRow = sqlx::query_as(COMPLETE)
+        .bind(done.id.0)
+        .bind(done.state.as_str())
+        .bind(done.outcome.map(|o| o.as_str()))
+        .bind(done.hold.decimal())
+        .bind(done.provider_ref.as_deref())
+        .bind(done.updated_at)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?;
+    row.into_record()
+}
+
+impl PgStores {
+    /// [`ExecutionStore::settle`](tollgate_store::ExecutionStore::settle) as one transaction:
+    /// lock the execution, check the fence, lock the spend rows, insert the charge (UNIQUE per
+    /// execution: a second one is `Duplicate`), store the result after the post-call block
+    /// check, complete the journal, acknowledge the evidence, audit `settled`.
+    pub(crate) async fn settle_tx(&self, request: SettleRequest) -> StoreResult<SettleOutcome> {
+        let mut tx = self.pool().begin().await.map_err(db)?;
+        let record = journal::lock(&mut tx, request.fence.execution_id).await?;
+        logic::check_fence(&record, request.fence, &logic::SETTLEABLE)?;
+        let keys = SpendKeys::of(&record);
+        let (session, daily) = spend::lock(&mut tx, &keys).await?;
+        let session = logic::apply_settlement(session, record.hold, request.amount)?;
+        let daily = logic::apply_settlement(daily, record.hold, request.amount)?;
+        let settlement = logic::settlement_row(&record, &request);
+        let settlement = settlements::insert(&mut tx, &settlement).await?;
+        spend::write(&mut tx, &keys, session, daily).await?;
+        let result = logic::settled_result(&record, &request, session, daily);
+        let result = insert_result(&mut tx, &result, &record).await?;
+        let done = complete(
+            &mut tx,
+            &logic::completed(&record, &request, result.outcome),
+        )
+        .await?;
+        if let Some(evidence_id) = request.evidence_id {
+            sqlx::query(ACKNOWLEDGE)
+                .bind(evidence_id.0)
+                .bind(done.scope.as_str())
+                .bind(request.now)
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?;
+        }
+        audit::append(&mut tx, logic::settled_event(&done, &settlement, &result)).await?;
+        tx.commit().await.map_err(db)?;
+        Ok(SettleOutcome {
+            record: done,
+            settlement,
+            result,
+            session,
+            daily,
+        })
+    }
+}

@@ -1,0 +1,142 @@
+//! Spend totals: settled charges and in-flight holds per (scope, consumer, session) and per
+//! (scope, consumer, day). Writers lock the session row, then the day row.
+
+use crate::error::db;
+use crate::rows::SpendRow;
+use crate::PgStores;
+use async_trait::async_trait;
+use chrono::NaiveDate;
+use sqlx::PgConnection;
+use tollgate_core::caps::SpendTotals;
+use tollgate_core::ids::{ConsumerId, Scope, SessionId};
+use tollgate_store::record::ExecutionRecord;
+use tollgate_store::traits::SpendStore;
+use tollgate_store::StoreResult;
+
+/// Creates the session row if missing and locks it, returning its totals.
+const LOCK_SESSION: &str =
+    "INSERT INTO spend_sessions (scope, consumer, session_id) VALUES ($1, $2, $3) \
+     ON CONFLICT (scope, consumer, session_id) DO UPDATE SET held = spend_sessions.held \
+     RETURNING settled, held";
+
+/// Creates the day row if missing and locks it, returning its totals.
+const LOCK_DAY: &str = "INSERT INTO spend_days (scope, consumer, day) VALUES ($1, $2, $3) \
+     ON CONFLICT (scope, consumer, day) DO UPDATE SET held = spend_days.held \
+     RETURNING settled, held";
+
+/// Writes both (already locked) rows.
+const WRITE: &str = "WITH s AS (UPDATE spend_sessions SET settled = $4, held = $5 \
+         WHERE scope = $1 AND consumer = $2 AND session_id = $3) \
+     UPDATE spend_days SET settled = $7, held = $8 \
+     WHERE scope = $1 AND consumer = $2 AND day = $6";
+
+/// The two spend rows an execution is charged to.
+pub(crate) struct SpendKeys<'a> {
+    scope: &'a str,
+    consumer: &'a str,
+    session: &'a str,
+    day: NaiveDate,
+}
+
+impl<'a> SpendKeys<'a> {
+    /// The rows of `record`.
+    pub(crate) fn of(record: &'a ExecutionRecord) -> Self {
+        Self {
+            scope: record.scope.as_str(),
+            consumer: record.consumer().as_str(),
+            session: record.session_id().as_str(),
+            day: record.accounting_day,
+        }
+    }
+}
+
+/// Locks the session row, then the day row (creating them at zero when missing), and returns
+/// their totals. The locks last until the transaction ends.
+///
+/// # Errors
+/// Store failure; corrupt totals.
+pub(crate) async fn lock(
+    conn: &mut PgConnection,
+    keys: &SpendKeys<'_>,
+) -> StoreResult<(SpendTotals, SpendTotals)> {
+    let session: SpendRow = sqlx::query_as(LOCK_SESSION)
+        .bind(keys.scope)
+        .bind(keys.consumer)
+        .bind(keys.session)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?;
+    let day: SpendRow = sqlx::query_as(LOCK_DAY)
+        .bind(keys.scope)
+        .bind(keys.consumer)
+        .bind(keys.day)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?;
+    Ok((session.into_totals()?, day.into_totals()?))
+}
+
+/// Writes new totals to both rows, which the caller has locked with [`lock`].
+///
+/// # Errors
+/// Store failure (including a total out of the column's range).
+pub(crate) async fn write(
+    conn: &mut PgConnection,
+    keys: &SpendKeys<'_>,
+    session: SpendTotals,
+    daily: SpendTotals,
+) -> StoreResult<()> {
+    sqlx::query(WRITE)
+        .bind(keys.scope)
+        .bind(keys.consumer)
+        .bind(keys.session)
+        .bind(session.settled.decimal())
+        .bind(session.held.decimal())
+        .bind(keys.day)
+        .bind(daily.settled.decimal())
+        .bind(daily.held.decimal())
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+    Ok(())
+}
+
+#[async_trait]
+impl SpendStore for PgStores {
+    async fn session_spend(
+        &self,
+        scope: &Scope,
+        consumer: &ConsumerId,
+        session: &SessionId,
+    ) -> StoreResult<SpendTotals> {
+        let row: Option<SpendRow> = sqlx::query_as(
+            "SELECT settled, held FROM spend_sessions \
+             WHERE scope = $1 AND consumer = $2 AND session_id = $3",
+        )
+        .bind(scope.as_str())
+        .bind(consumer.as_str())
+        .bind(session.as_str())
+        .fetch_optional(self.pool())
+        .await
+        .map_err(db)?;
+        row.map_or(Ok(SpendTotals::default()), SpendRow::into_totals)
+    }
+
+    async fn daily_spend(
+        &self,
+        scope: &Scope,
+        consumer: &ConsumerId,
+        day: NaiveDate,
+    ) -> StoreResult<SpendTotals> {
+        let row: Option<SpendRow> = sqlx::query_as(
+            "SELECT settled, held FROM spend_days WHERE scope = $1 AND consumer = $2 AND day = $3",
+        )
+        .bind(scope.as_str())
+        .bind(consumer.as_str())
+        .bind(day)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(db)?;
+        row.map_or(Ok(SpendTotals::default()), SpendRow::into_totals)
+    }
+}

@@ -1,0 +1,375 @@
+//! The store conformance suite on Postgres (one brand-new database per test), plus the
+//! guarantees only a database schema can give: exactly-once settlement, an append-only audit
+//! log, and the finance view with its read-only role.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use chrono::Utc;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgConnection};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::OnceCell;
+use tollgate_core::state::Outcome;
+use tollgate_core::view::Output;
+use tollgate_postgres::PgStores;
+use tollgate_store::conformance::{claim_req, key, scope, settle_req, t0, text_config};
+use tollgate_store::{ClaimOutcome, ExecutionRecord, ExecutionStore, ResultStore, StoreError};
+
+/// Test databases are named `tollgate_t_<unix seconds>_<uuid>`; older ones than this are
+/// dropped by the next run, so repeated runs do not fill the disk.
+const STALE_TEST_DATABASE_SECS: u64 = 3600;
+
+fn admin_url() -> String {
+    std::env::var("TOLLGATE_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+async fn admin() -> PgConnection {
+    let options = PgConnectOptions::from_str(&admin_url())
+        .unwrap()
+        .disable_statement_logging();
+    PgConnection::connect_with(&options).await.unwrap()
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Drops this suite's databases left over from runs more than an hour ago (once per process).
+async fn drop_stale_databases() {
+    static ONCE: OnceCell<()> = OnceCell::const_new();
+    ONCE.get_or_init(|| async {
+        let mut admin = admin().await;
+        let names: Vec<String> = sqlx::query_scalar(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'tollgate\\_t\\_%'",
+        )
+        .fetch_all(&mut admin)
+        .await
+        .unwrap();
+        for name in names {
+            let created = name
+                .strip_prefix("tollgate_t_")
+                .and_then(|rest| rest.split('_').next())
+                .and_then(|secs| secs.parse::<u64>().ok());
+            if created.is_some_and(|c| c + STALE_TEST_DATABASE_SECS < now_secs()) {
+                // An identifier, not a value: it cannot be bound. The name was read from the
+                // catalog and matched our own pattern; errors (e.g. in use) are ignored.
+                let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+                let _ = sqlx::raw_sql(&sql).execute(&mut admin).await;
+            }
+        }
+    })
+    .await;
+}
+
+/// A migrated, empty database of its own, and its name.
+async fn fresh_named() -> (Arc<PgStores>, String) {
+    drop_stale_databases().await;
+    let name = format!(
+        "tollgate_t_{}_{}",
+        now_secs(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let mut admin = admin().await;
+    // An identifier we generated (digits, hex and underscores): it cannot be bound.
+    sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    admin.close().await.unwrap();
+    let options = PgConnectOptions::from_str(&admin_url())
+        .unwrap()
+        .database(&name)
+        .disable_statement_logging();
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(Duration::from_secs(60))
+        .connect_with(options)
+        .await
+        .unwrap();
+    let stores = PgStores::new(pool);
+    stores.migrate().await.unwrap();
+    (Arc::new(stores), name)
+}
+
+async fn fresh() -> Arc<PgStores> {
+    fresh_named().await.0
+}
+
+tollgate_store::store_conformance!(fresh);
+
+async fn settled(s: &PgStores) -> ExecutionRecord {
+    let ClaimOutcome::Claimed(r) = s
+        .claim(claim_req("a", "k1", text_config(), "0.5"))
+        .await
+        .unwrap()
+    else {
+        panic!("expected a claim");
+    };
+    let d = s.mark_dispatched(r.fence(), t0()).await.unwrap();
+    s.settle(settle_req(&d, "0.1", "x")).await.unwrap();
+    d
+}
+
+fn sqlstate(e: &sqlx::Error) -> Option<String> {
+    match e {
+        sqlx::Error::Database(d) => d.code().map(|c| c.into_owned()),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn exactly_one_settlement_is_enforced_by_the_schema() {
+    let s = fresh().await;
+    let r = settled(&s).await;
+    let second = sqlx::query(
+        "INSERT INTO cost_settlements (settlement_id, execution_id, scope, operation_key, kind, \
+         consumer, session_id, accounting_day, provider, model, price_version, policy_version, \
+         currency, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
+         reasoning_tokens, amount, source, settled_at) \
+         SELECT $1, execution_id, scope, operation_key, kind, consumer, session_id, \
+         accounting_day, provider, model, price_version, policy_version, currency, input_tokens, \
+         output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, amount, source, \
+         settled_at FROM cost_settlements WHERE execution_id = $2",
+    )
+    .bind(uuid::Uuid::new_v4())
+    .bind(r.id.0)
+    .execute(s.pool())
+    .await
+    .unwrap_err();
+    assert_eq!(sqlstate(&second).as_deref(), Some("23505"));
+    let sqlx::Error::Database(d) = &second else {
+        panic!("database error expected");
+    };
+    assert_eq!(d.constraint(), Some("cost_settlements_execution_id_key"));
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM cost_settlements")
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    // A negative amount is refused by the schema too.
+    let negative = sqlx::query("UPDATE cost_settlements SET amount = -1")
+        .execute(s.pool())
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&negative).as_deref(), Some("23514"));
+}
+
+#[tokio::test]
+async fn audit_log_rejects_update_and_delete() {
+    let s = fresh().await;
+    settled(&s).await;
+    let before: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log")
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    assert_eq!(before, 3, "claimed, dispatched, settled");
+    for sql in [
+        "UPDATE audit_log SET kind = 'forged'",
+        "DELETE FROM audit_log",
+        "DELETE FROM audit_log WHERE seq = 3",
+        "TRUNCATE audit_log",
+    ] {
+        let e = sqlx::query(sql).execute(s.pool()).await.unwrap_err();
+        assert_eq!(sqlstate(&e).as_deref(), Some("P0001"), "{sql}");
+    }
+    let rows = tollgate_store::AuditLog::audit_rows(&*s, &scope("a"), 0, 100)
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 3);
+    tollgate_store::audit::verify_chain(&rows).unwrap();
+}
+
+#[tokio::test]
+async fn migrate_is_idempotent() {
+    let s = fresh().await;
+    s.migrate().await.unwrap();
+    s.migrate().await.unwrap();
+    s.ready().await.unwrap();
+}
+
+#[tokio::test]
+async fn ready_requires_migrations() {
+    let (s, name) = fresh_named().await;
+    s.ready().await.unwrap();
+    // A second, empty database: reachable but not migrated.
+    let empty = format!("{name}_e");
+    sqlx::raw_sql(&format!("CREATE DATABASE \"{empty}\""))
+        .execute(&mut admin().await)
+        .await
+        .unwrap();
+    let options = PgConnectOptions::from_str(&admin_url())
+        .unwrap()
+        .database(&empty);
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let bare = PgStores::new(pool);
+    assert!(matches!(
+        bare.ready().await,
+        Err(StoreError::Unavailable(_))
+    ));
+    bare.migrate().await.unwrap();
+    bare.ready().await.unwrap();
+}
+
+#[tokio::test]
+async fn finance_view_has_the_contract_columns() {
+    let s = fresh().await;
+    let columns: Vec<(String, String)> = sqlx::query_as(
+        "SELECT column_name::text, data_type::text FROM information_schema.columns \
+         WHERE table_schema = 'finance' AND table_name = 'settlements' ORDER BY ordinal_position",
+    )
+    .fetch_all(s.pool())
+    .await
+    .unwrap();
+    let names: Vec<&str> = columns.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "settlement_id",
+            "scope",
+            "consumer",
+            "session_id",
+            "accounting_day",
+            "execution_id",
+            "operation_key",
+            "kind",
+            "provider",
+            "model",
+            "price_version",
+            "policy_version",
+            "currency",
+            "input_tokens",
+            "output_tokens",
+            "cache_read_tokens",
+            "cache_write_tokens",
+            "reasoning_tokens",
+            "amount",
+            "source",
+            "settled_at",
+        ]
+    );
+    let amount = columns.iter().find(|(n, _)| n == "amount").unwrap();
+    assert_eq!(amount.1, "numeric");
+}
+
+#[tokio::test]
+async fn finance_role_can_only_read_the_view() {
+    let s = fresh().await;
+    settled(&s).await;
+    let mut conn = s.pool().acquire().await.unwrap();
+    sqlx::query("SET ROLE tollgate_finance")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let (amount, source): (rust_decimal::Decimal, String) =
+        sqlx::query_as("SELECT amount, source FROM finance.settlements")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+    assert_eq!(amount.normalize().to_string(), "0.1");
+    assert_eq!(source, "stream");
+    for sql in [
+        "SELECT count(*) FROM cost_settlements",
+        "SELECT count(*) FROM executions",
+        "SELECT count(*) FROM audit_log",
+        "DELETE FROM finance.settlements",
+        "UPDATE finance.settlements SET amount = 0",
+    ] {
+        let e = sqlx::query(sql).execute(&mut *conn).await.unwrap_err();
+        assert_eq!(sqlstate(&e).as_deref(), Some("42501"), "{sql}");
+    }
+    sqlx::query("RESET ROLE").execute(&mut *conn).await.unwrap();
+}
+
+/// Two holders of the same fence settle at once: the row lock lets exactly one through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_settles_charge_once() {
+    let s = fresh().await;
+    for round in 0..10 {
+        let k = format!("k{round}");
+        let ClaimOutcome::Claimed(r) = s
+            .claim(claim_req("a", &k, text_config(), "0.5"))
+            .await
+            .unwrap()
+        else {
+            panic!("expected a claim");
+        };
+        let d = s.mark_dispatched(r.fence(), t0()).await.unwrap();
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let (s, d) = (Arc::clone(&s), d.clone());
+                tokio::spawn(async move { s.settle(settle_req(&d, "0.1", "x")).await })
+            })
+            .collect();
+        let mut ok = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(_) => ok += 1,
+                Err(StoreError::StaleFence(_)) => {}
+                Err(e) => panic!("unexpected {e:?}"),
+            }
+        }
+        assert_eq!(ok, 1, "round {round}");
+    }
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM cost_settlements")
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    assert_eq!(n, 10);
+}
+
+/// Content is stored exactly as serialized: NUL escapes survive (jsonb would refuse them, and a
+/// settlement must never fail because of what the model wrote).
+#[tokio::test]
+async fn content_round_trips_exactly() {
+    let s = fresh().await;
+    let ClaimOutcome::Claimed(r) = s
+        .claim(claim_req("a", "k1", text_config(), "0.5"))
+        .await
+        .unwrap()
+    else {
+        panic!("expected a claim");
+    };
+    let d = s.mark_dispatched(r.fence(), t0()).await.unwrap();
+    let mut req = settle_req(&d, "0.000000000001", "a\u{0}b \u{1F600}");
+    let json: serde_json::Value =
+        serde_json::from_str(r#"{"z": 1, "a": [1.5, "\u0000"]}"#).unwrap();
+    req.output = Some(Output {
+        text: Some("a\u{0}b \u{1F600}".into()),
+        json: Some(json),
+    });
+    let out = s.settle(req.clone()).await.unwrap();
+    assert_eq!(out.result.outcome, Outcome::Success);
+    let stored = s.result(r.id).await.unwrap().unwrap();
+    assert_eq!(stored.output, req.output);
+    let text: String =
+        sqlx::query_scalar("SELECT output::text FROM execution_results WHERE execution_id = $1")
+            .bind(r.id.0)
+            .fetch_one(s.pool())
+            .await
+            .unwrap();
+    assert_eq!(Some(text), serde_json::to_string(&req.output).ok());
+    assert_eq!(out.settlement.amount.to_string(), "0.000000000001");
+}
+
+/// Reads return exactly what writes returned, including sub-microsecond clocks (truncated).
+#[tokio::test]
+async fn records_read_back_equal() {
+    let s = fresh().await;
+    let mut req = claim_req("a", "k1", text_config(), "0.50");
+    req.now = Utc::now();
+    let ClaimOutcome::Claimed(r) = s.claim(req).await.unwrap() else {
+        panic!("expected a claim");
+    };
+    let read = s.execution(&scope("a"), &key("k1")).await.unwrap().unwrap();
+    assert_eq!(read, r);
+    assert_eq!(read.hold.to_string(), "0.5");
+}

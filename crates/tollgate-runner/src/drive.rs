@@ -1,0 +1,236 @@
+//! After the dispatch mark: one send, collection, evidence, settlement or reconciliation.
+//! Shared by every runner.
+
+use crate::clock::Clock;
+use crate::error::RunError;
+use crate::outcome::{decide, Decision, OutputPolicy};
+use futures::StreamExt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tollgate_core::collector::{Collected, Collector};
+use tollgate_core::event::{error_kind, ProviderEvent};
+use tollgate_core::invalid::InvalidReason;
+use tollgate_core::money::Money;
+use tollgate_core::state::{Outcome, SettlementSource};
+use tollgate_core::usage::Usage;
+use tollgate_provider::{ProviderClient, ProviderRequest, SendError};
+use tollgate_store::{EvidenceSource, ExecutionRecord, NewEvidence, SettleRequest, Stores};
+
+/// A failure reported by background work, as metadata only (SC-60).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackgroundFailure {
+    /// The call's key.
+    pub operation_key: String,
+    /// What failed (`evidence`, `settle`, `reconcile`).
+    pub stage: &'static str,
+    /// The error, without content.
+    pub error: String,
+}
+
+/// The host's `backgroundError` callback.
+pub type BackgroundErrorFn = Arc<dyn Fn(BackgroundFailure) + Send + Sync>;
+
+/// What a drive needs.
+#[derive(Clone)]
+pub(crate) struct Ctx {
+    pub stores: Arc<dyn Stores>,
+    pub client: Arc<dyn ProviderClient>,
+    pub clock: Arc<dyn Clock>,
+}
+
+/// Sends once and finishes the journal. Returns the invalid reason for the run's response.
+pub(crate) async fn drive(
+    ctx: Ctx,
+    record: ExecutionRecord,
+    request: ProviderRequest,
+    policy: Arc<dyn OutputPolicy>,
+) -> Result<Option<InvalidReason>, RunError> {
+    let config = &record.binding.config;
+    let read_ms = config.run_timeout_ms;
+    let limits = config.collector_limits();
+    let send_cancel = CancellationToken::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(read_ms);
+    let sent =
+        tokio::time::timeout_at(deadline, ctx.client.send(request, send_cancel.clone())).await;
+    let stream = match sent {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(error)) => return finish_send_error(&ctx, &record, error).await,
+        Err(_) => {
+            send_cancel.cancel();
+            return finish_send_error(&ctx, &record, SendError::NoResponse("timeout".into())).await;
+        }
+    };
+    let mut collector =
+        Collector::new(limits).map_err(|e| RunError::InvalidConfig(e.to_string()))?;
+    let mut stream = stream;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.next()).await {
+            Ok(Some(event)) => {
+                if collector.push(event) == tollgate_core::collector::Flow::Stop {
+                    break;
+                }
+            }
+            Ok(None) => break,
+            Err(_) => {
+                collector.push(ProviderEvent::Error {
+                    kind: error_kind::TIMEOUT.into(),
+                    message: "run timeout".into(),
+                });
+                break;
+            }
+        }
+    }
+    // Stop the transport: reading is over (end, reasoning loop or timeout).
+    send_cancel.cancel();
+    drop(stream);
+    let collected = collector.finish();
+    finish_collected(&ctx, &record, &collected, policy.as_ref()).await
+}
+
+async fn finish_collected(
+    ctx: &Ctx,
+    record: &ExecutionRecord,
+    collected: &Collected,
+    policy: &dyn OutputPolicy,
+) -> Result<Option<InvalidReason>, RunError> {
+    let key = &record.operation_key;
+    let provider_ref = collected.provider_ref.clone();
+    match decide(collected, policy) {
+        Decision::Settle {
+            usage,
+            outcome,
+            output,
+            step,
+            invalid_reason,
+        } => {
+            let Ok(amount) = record.binding.config.prices.cost(&usage) else {
+                reconcile(ctx, record, provider_ref, Some(usage)).await?;
+                return Ok(invalid_reason);
+            };
+            let evidence = record_evidence(ctx, record, provider_ref.clone(), usage, true).await?;
+            let request = SettleRequest {
+                fence: record.fence(),
+                usage,
+                amount,
+                source: SettlementSource::Stream,
+                outcome,
+                stop: collected.step.stop.clone(),
+                output,
+                step: step.map(|s| *s),
+                provider_ref,
+                evidence_id: Some(evidence),
+                now: ctx.clock.now(),
+            };
+            ctx.stores
+                .settle(request)
+                .await
+                .map_err(|e| RunError::store(key, e))?;
+            Ok(invalid_reason)
+        }
+        Decision::ZeroSettle { outcome, .. } => {
+            let stop = match outcome {
+                Outcome::Refused => collected.step.stop.clone(),
+                _ => None,
+            };
+            settle_zero(ctx, record, outcome, stop, provider_ref).await?;
+            Ok(None)
+        }
+        Decision::Reconcile { invalid_reason } => {
+            reconcile(ctx, record, provider_ref, collected.usage).await?;
+            Ok(invalid_reason)
+        }
+    }
+}
+
+async fn record_evidence(
+    ctx: &Ctx,
+    record: &ExecutionRecord,
+    provider_ref: Option<String>,
+    usage: Usage,
+    exact: bool,
+) -> Result<tollgate_core::ids::EvidenceId, RunError> {
+    let evidence = NewEvidence {
+        scope: record.scope.clone(),
+        execution_id: record.id,
+        operation_key: record.operation_key.clone(),
+        provider_ref,
+        usage,
+        exact,
+        source: EvidenceSource::Stream,
+        now: ctx.clock.now(),
+    };
+    ctx.stores
+        .record_evidence(evidence)
+        .await
+        .map(|e| e.id)
+        .map_err(|e| RunError::store(&record.operation_key, e))
+}
+
+/// Zero settlement: a verified refusal proof, or a provider that provably did not take the
+/// request (HTTP error status, connection never established).
+async fn settle_zero(
+    ctx: &Ctx,
+    record: &ExecutionRecord,
+    outcome: Outcome,
+    stop: Option<String>,
+    provider_ref: Option<String>,
+) -> Result<(), RunError> {
+    let request = SettleRequest {
+        fence: record.fence(),
+        usage: Usage::ZERO,
+        amount: Money::ZERO,
+        source: SettlementSource::Stream,
+        outcome,
+        stop,
+        output: None,
+        step: None,
+        provider_ref,
+        evidence_id: None,
+        now: ctx.clock.now(),
+    };
+    ctx.stores
+        .settle(request)
+        .await
+        .map(|_| ())
+        .map_err(|e| RunError::store(&record.operation_key, e))
+}
+
+/// Cost unknown: keep any partial usage as inexact evidence and hand the call to an operator.
+async fn reconcile(
+    ctx: &Ctx,
+    record: &ExecutionRecord,
+    provider_ref: Option<String>,
+    partial: Option<Usage>,
+) -> Result<(), RunError> {
+    if let Some(usage) = partial {
+        record_evidence(ctx, record, provider_ref.clone(), usage, false).await?;
+    }
+    ctx.stores
+        .mark_reconciliation_required(record.fence(), provider_ref, ctx.clock.now())
+        .await
+        .map(|_| ())
+        .map_err(|e| RunError::store(&record.operation_key, e))
+}
+
+async fn finish_send_error(
+    ctx: &Ctx,
+    record: &ExecutionRecord,
+    error: SendError,
+) -> Result<Option<InvalidReason>, RunError> {
+    match error {
+        // The provider rejected the request with an HTTP status before any stream: providers do
+        // not bill rejected requests. The status and request id are the evidence.
+        SendError::Status { provider_ref, .. } => {
+            record_evidence(ctx, record, provider_ref.clone(), Usage::ZERO, true).await?;
+            settle_zero(ctx, record, Outcome::Unavailable, None, provider_ref).await?;
+        }
+        // Nothing reached the provider.
+        SendError::Connect(_) | SendError::Unsupported(_) => {
+            settle_zero(ctx, record, Outcome::Unavailable, None, None).await?;
+        }
+        // The request may have been taken: cost unknown.
+        SendError::NoResponse(_) => reconcile(ctx, record, None, None).await?,
+    }
+    Ok(None)
+}

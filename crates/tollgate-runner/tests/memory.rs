@@ -1,0 +1,13 @@
+//! The runner suite on the in-memory stores.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod suite;
+
+use std::sync::Arc;
+use tollgate_store::{MemoryStores, Stores};
+
+async fn fresh() -> Arc<dyn Stores> {
+    Arc::new(MemoryStores::new())
+}
+
+include!("suite/names.rs");

@@ -1,0 +1,793 @@
+//! The cases. Each names the requirement it shows.
+
+use super::*;
+use tollgate_core::event::ProviderEvent as E;
+use tollgate_core::message::Temperature;
+use tollgate_core::state::ExecutionState;
+use tollgate_core::state::{NotDispatchedCause, Outcome};
+use tollgate_core::view::ViewState;
+use tollgate_provider::client::{ClientDescriptor, SendError};
+use tollgate_provider::Protocol;
+use tollgate_runner::Clock as _;
+use tollgate_runner::RunError;
+use tollgate_store::fault::FaultPoint;
+
+fn key(s: &str) -> OperationKey {
+    OperationKey::parse(s).unwrap()
+}
+
+pub async fn sc_12_claim_happens_before_input_is_loaded(h: Harness) {
+    let c = client(vec![ok_reply("hi")]);
+    let runner = h.runner(text_config(), &c);
+    let stores = h.stores.clone();
+    let mut req = h.request("k1", "hello");
+    req.load_input = async move {
+        let row = stores.execution(&scope("acme"), &key("k1")).await.unwrap();
+        assert_eq!(row.map(|r| r.state), Some(ExecutionState::Prepared));
+        Ok(vec![Message::text(Role::User, "hello")])
+    }
+    .boxed();
+    let view = runner.run(req).await.unwrap();
+    assert_eq!(view.state, ViewState::Completed);
+    assert_eq!(view.outcome, Some(Outcome::Success));
+    assert_eq!(view.output.unwrap().text.as_deref(), Some("hi"));
+    let receipt = view.receipt.unwrap();
+    assert_eq!(receipt.amount, m("0.00002"));
+    assert_eq!(receipt.usage, usage(10, 5));
+    assert_eq!(c.sends(), 1);
+    let d = h.daily().await;
+    assert_eq!((d.settled, d.held), (m("0.00002"), Money::ZERO));
+}
+
+pub async fn sc_13_replay_loads_nothing_and_sends_nothing(h: Harness) {
+    let c = client(vec![ok_reply("first")]);
+    let runner = h.runner(text_config(), &c);
+    let first = runner.run(h.request("k1", "x")).await.unwrap();
+    let second = runner.run(h.request("k1", "x")).await.unwrap();
+    assert!(second.replayed && !first.replayed);
+    assert_eq!(second.receipt, first.receipt);
+    assert_eq!(second.output, first.output);
+    assert_eq!(second.execution_id, first.execution_id);
+    assert_eq!((c.sends(), h.loads()), (1, 1));
+}
+
+pub async fn sc_13_replay_racing_the_first_call_never_sends_twice(h: Harness) {
+    let c = client(vec![ScriptedReply::Delayed {
+        delay_ms: 300,
+        events: match ok_reply("slow") {
+            ScriptedReply::Events(e) => e,
+            _ => unreachable!(),
+        },
+    }]);
+    let runner = Arc::new(h.runner(text_config(), &c));
+    let first = tokio::spawn({
+        let runner = runner.clone();
+        let req = h.request("race", "x");
+        async move { runner.run(req).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let racing = runner.run(h.request("race", "x")).await.unwrap();
+    assert!(racing.replayed);
+    assert_eq!(racing.state, ViewState::InProgress);
+    let done = first.await.unwrap().unwrap();
+    assert_eq!(done.state, ViewState::Completed);
+    let after = runner.run(h.request("race", "x")).await.unwrap();
+    assert_eq!(after.receipt, done.receipt);
+    assert_eq!(c.sends(), 1);
+    let day = t0().date_naive();
+    assert_eq!(h.stores.settlements(day, day, 10).await.unwrap().len(), 1);
+}
+
+pub async fn sc_14_changed_binding_conflicts_naming_fields(h: Harness) {
+    let c = client(vec![ok_reply("a")]);
+    h.runner(text_config(), &c)
+        .run(h.request("k1", "x"))
+        .await
+        .unwrap();
+    let mut changed = text_config();
+    changed.temperature = Some(Temperature::parse("0.3").unwrap());
+    changed.price_version = VersionId::parse("prices-2").unwrap();
+    let mut req = h.request("k1", "x");
+    req.session_id = SessionId::parse("s-2").unwrap();
+    match h.runner(changed, &c).run(req).await {
+        Err(RunError::Conflict { fields, .. }) => assert_eq!(
+            fields,
+            ["session_id", "config.price_version", "config.temperature"]
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!((c.sends(), h.loads()), (1, 1));
+}
+
+pub async fn sc_15_warning_keeps_output(h: Harness) {
+    let mut config = text_config();
+    config.caps.daily_warn = Some(m("0.00001"));
+    let c = client(vec![ok_reply("kept")]);
+    let view = h
+        .runner(config, &c)
+        .run(h.request("k1", "x"))
+        .await
+        .unwrap();
+    assert_eq!(view.outcome, Some(Outcome::Success));
+    assert_eq!(view.output.unwrap().text.as_deref(), Some("kept"));
+    assert_eq!(view.warnings.len(), 1);
+    assert_eq!(view.warnings[0].spent, m("0.00002"));
+}
+
+pub async fn sc_16_preflight_block_writes_nothing_and_sends_nothing(h: Harness) {
+    let mut config = text_config();
+    config.caps.session_block = Some(m("0.001"));
+    let c = client(vec![ok_reply("never")]);
+    match h.runner(config, &c).run(h.request("k1", "x")).await {
+        Err(RunError::CapBlocked(b)) => assert_eq!(b.limit, m("0.001")),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!((c.sends(), h.loads()), (0, 0));
+    assert!(h
+        .stores
+        .execution(&scope("acme"), &key("k1"))
+        .await
+        .unwrap()
+        .is_none());
+}
+
+pub async fn sc_16_post_call_block_settles_known_cost_then_suppresses(h: Harness) {
+    let mut config = text_config();
+    // Hold is 0.00654375; the provider overruns it with 10,000 output tokens (0.02).
+    config.caps.daily_block = Some(m("0.01"));
+    let c = client(vec![ScriptedReply::text("too much", usage(10, 10_000))]);
+    let view = h
+        .runner(config, &c)
+        .run(h.request("k1", "x"))
+        .await
+        .unwrap();
+    assert_eq!(view.state, ViewState::Completed);
+    assert_eq!(view.outcome, Some(Outcome::Blocked));
+    assert!(view.output.is_none());
+    assert_eq!(view.receipt.unwrap().amount, m("0.02001"));
+    assert_eq!(h.daily().await.settled, m("0.02001"));
+}
+
+pub async fn sc_17_dispatch_mark_failure_sends_nothing(h: Harness) {
+    h.faults.arm(FaultPoint::MarkDispatched);
+    let c = client(vec![ok_reply("never")]);
+    let err = h
+        .runner(text_config(), &c)
+        .run(h.request("k1", "x"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RunError::Store { .. }) && !err.is_interruption());
+    assert_eq!(c.sends(), 0);
+    let row = h
+        .stores
+        .execution(&scope("acme"), &key("k1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.not_dispatched_cause, Some(NotDispatchedCause::Store));
+    assert_eq!(h.daily().await.held, Money::ZERO);
+}
+
+pub async fn sc_17_settle_failure_rejects_and_recovery_settles_without_resend(h: Harness) {
+    h.faults.arm(FaultPoint::Settle);
+    let c = client(vec![ok_reply("lost")]);
+    let runner = h.runner(text_config(), &c);
+    let err = runner.run(h.request("k1", "x")).await.unwrap_err();
+    assert!(matches!(err, RunError::Store { .. }));
+    h.faults.disarm(FaultPoint::Settle);
+    // The journal tells what happened: dispatched, with evidence in the inbox.
+    let view = runner
+        .read(&scope("acme"), &key("k1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(view.state, ViewState::InProgress);
+    // A replay does not resend either.
+    assert!(runner.run(h.request("k1", "x")).await.unwrap().replayed);
+    h.clock.advance_ms(30_001);
+    let recovered = h
+        .reconciler()
+        .recover(&scope("acme"), &key("k1"), 10_000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(recovered.state, ViewState::Completed);
+    assert_eq!(recovered.outcome, Some(Outcome::Unavailable));
+    assert_eq!(recovered.receipt.unwrap().amount, m("0.00002"));
+    assert_eq!((c.sends(), h.loads()), (1, 1));
+    let settled = h
+        .stores
+        .settlement(recovered.execution_id.unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(settled.source.as_str(), "recovery");
+}
+
+pub async fn sc_17_lost_settle_acknowledgement_is_read_back(h: Harness) {
+    h.faults.arm(FaultPoint::SettleAfterCommit);
+    let c = client(vec![ok_reply("done")]);
+    let runner = h.runner(text_config(), &c);
+    assert!(runner.run(h.request("k1", "x")).await.is_err());
+    h.faults.disarm(FaultPoint::SettleAfterCommit);
+    let view = runner
+        .read(&scope("acme"), &key("k1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(view.outcome, Some(Outcome::Success));
+    assert_eq!(c.sends(), 1);
+}
+
+pub async fn sc_20_read_reports_each_state(h: Harness) {
+    let c = client(vec![
+        ok_reply("a"),
+        ScriptedReply::Events(events_without_usage("cut")),
+    ]);
+    let runner = h.runner(text_config(), &c);
+    assert!(runner
+        .read(&scope("acme"), &key("none"))
+        .await
+        .unwrap()
+        .is_none());
+    runner.run(h.request("done", "x")).await.unwrap();
+    runner.run(h.request("cut", "x")).await.unwrap();
+    let mut bad = h.request("bad", "x");
+    bad.load_input = async { Err("loader failed".to_string()) }.boxed();
+    runner.run(bad).await.unwrap();
+    let state = |k: &'static str| {
+        let runner = &runner;
+        async move {
+            runner
+                .read(&scope("acme"), &key(k))
+                .await
+                .unwrap()
+                .unwrap()
+                .state
+        }
+    };
+    assert_eq!(state("done").await, ViewState::Completed);
+    assert_eq!(state("cut").await, ViewState::ReconciliationRequired);
+    assert_eq!(state("bad").await, ViewState::NotDispatched);
+}
+
+pub async fn sc_21_completed_read_has_original_receipt_and_no_invalid_reason(h: Harness) {
+    let mut config = text_config();
+    config.max_output_chars = 3;
+    let c = client(vec![ScriptedReply::text("too long", usage(10, 5))]);
+    let runner = h.runner(config, &c);
+    let run = runner.run(h.request("k1", "x")).await.unwrap();
+    assert_eq!(run.outcome, Some(Outcome::Invalid));
+    assert_eq!(run.invalid_reason.map(|r| r.as_str()), Some("output_chars"));
+    assert!(run.output.is_none());
+    let read = runner
+        .read(&scope("acme"), &key("k1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(read.invalid_reason, None, "ST-20: never on reads");
+    assert_eq!(read.receipt, run.receipt);
+    assert_eq!(read.receipt.unwrap().amount, m("0.00002"));
+}
+
+pub async fn sc_22_erased_or_expired_output_is_unavailable(h: Harness) {
+    let c = client(vec![ok_reply("a"), ok_reply("b")]);
+    let runner = h.runner(text_config(), &c);
+    let v = runner.run(h.request("k1", "x")).await.unwrap();
+    runner.run(h.request("k2", "x")).await.unwrap();
+    h.stores
+        .erase(&scope("acme"), v.execution_id.unwrap(), h.clock.now())
+        .await
+        .unwrap();
+    let erased = runner
+        .read(&scope("acme"), &key("k1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(erased.state, ViewState::Completed);
+    assert_eq!(erased.outcome, Some(Outcome::Unavailable));
+    assert!(erased.output.is_none());
+    assert!(erased.receipt.is_some(), "the receipt outlives the content");
+    h.clock.advance_ms(3_600_001);
+    let expired = runner
+        .read(&scope("acme"), &key("k2"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(expired.outcome, Some(Outcome::Unavailable));
+    assert!(expired.output.is_none());
+}
+
+pub async fn sc_30_not_dispatched_causes(h: Harness) {
+    let c = client(vec![]);
+    let runner = h.runner(text_config(), &c);
+    let mut failing = h.request("input", "x");
+    failing.load_input = async { Err("boom".to_string()) }.boxed();
+    let v = runner.run(failing).await.unwrap();
+    assert_eq!(v.not_dispatched_cause, Some(NotDispatchedCause::Input));
+    let v = runner
+        .run(h.request("invalid", &"x".repeat(1001)))
+        .await
+        .unwrap();
+    assert_eq!(v.not_dispatched_cause, Some(NotDispatchedCause::Invalid));
+    let aborted = h.request("aborted", "x");
+    aborted.cancel.cancel();
+    let v = runner.run(aborted).await.unwrap();
+    assert_eq!(v.not_dispatched_cause, Some(NotDispatchedCause::Aborted));
+    assert_eq!(c.sends(), 0);
+    assert_eq!(h.daily().await.held, Money::ZERO, "holds released");
+}
+
+pub async fn sc_11_only_text_user_assistant_messages(h: Harness) {
+    let c = client(vec![]);
+    let runner = h.runner(text_config(), &c);
+    let mut req = h.request("k1", "x");
+    req.load_input = async {
+        Ok(vec![serde_json::from_value(serde_json::json!({
+            "role": "user",
+            "content": [{"type": "tool_result", "call_id": "c", "content": "r"}]
+        }))
+        .unwrap()])
+    }
+    .boxed();
+    let v = runner.run(req).await.unwrap();
+    assert_eq!(v.not_dispatched_cause, Some(NotDispatchedCause::Invalid));
+    assert_eq!(c.sends(), 0);
+}
+
+pub async fn h_6_request_that_cannot_fit_is_never_sent(h: Harness) {
+    let mut config = text_config();
+    config.context_window_tokens = Some(100);
+    config.max_tokens = 50;
+    let c = client(vec![ok_reply("never")]);
+    let v = h
+        .runner(config, &c)
+        .run(h.request("k1", "four"))
+        .await
+        .unwrap();
+    assert_eq!(v.state, ViewState::NotDispatched);
+    assert_eq!(v.not_dispatched_cause, Some(NotDispatchedCause::Invalid));
+    assert_eq!(c.sends(), 0);
+}
+
+pub async fn sc_4_json_output_is_validated_by_schema_and_host(h: Harness) {
+    let c = client(vec![
+        ok_reply(r#"{"answer":"yes","ok":true}"#),
+        ok_reply(r#"{"answer":1}"#),
+        ok_reply("not json"),
+        ok_reply(r#"{"answer":"no","ok":false}"#),
+    ]);
+    let mut settings = RunnerSettings::new(json_config());
+    settings.clock = h.clock.clone();
+    settings.validate = Some(Arc::new(|v: &serde_json::Value| v["ok"] == true));
+    let runner = SingleCallRunner::new(h.stores.clone(), c.clone(), settings).unwrap();
+    let good = runner.run(h.request("k1", "x")).await.unwrap();
+    assert_eq!(good.outcome, Some(Outcome::Success));
+    assert_eq!(good.output.unwrap().json.unwrap()["answer"], "yes");
+    for k in ["k2", "k3", "k4"] {
+        let bad = runner.run(h.request(k, "x")).await.unwrap();
+        assert_eq!(bad.outcome, Some(Outcome::Invalid), "{k}");
+        assert_eq!(
+            bad.invalid_reason.map(|r| r.as_str()),
+            Some("text_malformed")
+        );
+        assert!(bad.receipt.is_some(), "invalid output is still charged");
+    }
+}
+
+pub async fn sc_5_temperature_is_checked_before_any_claim_and_persisted(h: Harness) {
+    let mut hot = text_config();
+    hot.temperature = Some(Temperature::parse("9").unwrap());
+    let c = client(vec![ok_reply("a")]);
+    let mut settings = RunnerSettings::new(hot);
+    settings.clock = h.clock.clone();
+    assert!(matches!(
+        SingleCallRunner::new(h.stores.clone(), c.clone(), settings),
+        Err(RunError::InvalidConfig(_))
+    ));
+    let mut warm = text_config();
+    warm.temperature = Some(Temperature::parse("0.7").unwrap());
+    let view = h.runner(warm, &c).run(h.request("k1", "x")).await.unwrap();
+    assert_eq!(view.outcome, Some(Outcome::Success));
+    assert_eq!(
+        c.last_request()
+            .unwrap()
+            .temperature
+            .map(|t| t.to_string())
+            .as_deref(),
+        Some("0.7")
+    );
+    let row = h
+        .stores
+        .execution(&scope("acme"), &key("k1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        row.binding
+            .config
+            .temperature
+            .map(|t| t.to_string())
+            .as_deref(),
+        Some("0.7")
+    );
+}
+
+pub async fn sc_7_client_with_retries_is_rejected(h: Harness) {
+    let retrying = Arc::new(ScriptedClient::with_descriptor(
+        vec![],
+        ClientDescriptor {
+            protocol: Protocol::OpenAiChat,
+            max_attempts: 3,
+            fallback: false,
+        },
+    ));
+    let settings = RunnerSettings::new(text_config());
+    assert!(matches!(
+        SingleCallRunner::new(h.stores.clone(), retrying, settings),
+        Err(RunError::InvalidConfig(_))
+    ));
+}
+
+pub async fn sc_8_tool_choice_is_rejected(h: Harness) {
+    let mut config = text_config();
+    config.tool_choice = Some(tollgate_core::message::ToolChoice::Auto);
+    let c = client(vec![]);
+    let settings = RunnerSettings::new(config);
+    assert!(matches!(
+        SingleCallRunner::new(h.stores.clone(), c, settings),
+        Err(RunError::InvalidConfig(_))
+    ));
+}
+
+pub async fn st_23_cut_before_usage_needs_reconciliation(h: Harness) {
+    let c = client(vec![ScriptedReply::Events(events_without_usage("partial"))]);
+    let v = h
+        .runner(text_config(), &c)
+        .run(h.request("k1", "x"))
+        .await
+        .unwrap();
+    assert_eq!(v.state, ViewState::ReconciliationRequired);
+    assert!(v.receipt.is_none());
+    let id = v.execution_id.unwrap();
+    assert!(h.stores.settlement(id).await.unwrap().is_none());
+    assert_eq!(
+        h.daily().await.held,
+        text_config().worst_case_hold().unwrap(),
+        "hold kept"
+    );
+}
+
+pub async fn st_23_cut_after_usage_is_invalid_with_its_cost(h: Harness) {
+    let c = client(vec![ScriptedReply::Events(vec![
+        E::ProviderRef { id: "r".into() },
+        E::TextDelta {
+            text: "part".into(),
+        },
+        E::Usage {
+            usage: usage(10, 5),
+            terminal: true,
+        },
+        E::Error {
+            kind: "connection_closed".into(),
+            message: "eof".into(),
+        },
+    ])]);
+    let v = h
+        .runner(text_config(), &c)
+        .run(h.request("k1", "x"))
+        .await
+        .unwrap();
+    assert_eq!(v.state, ViewState::Completed);
+    assert_eq!(v.outcome, Some(Outcome::Invalid));
+    assert!(v.invalid_reason.is_some());
+    assert_eq!(v.receipt.unwrap().amount, m("0.00002"));
+}
+
+pub async fn rf_2_prestream_refusal_settles_zero(h: Harness) {
+    let c = client(vec![ScriptedReply::Events(vec![
+        E::ProviderRef {
+            id: "req-refused".into(),
+        },
+        E::Done,
+    ])]);
+    let v = h
+        .runner(text_config(), &c)
+        .run(h.request("k1", "x"))
+        .await
+        .unwrap();
+    assert_eq!(v.state, ViewState::Completed);
+    assert_eq!(v.outcome, Some(Outcome::Unavailable));
+    assert!(v.output.is_none());
+    assert_eq!(v.receipt.unwrap().amount, Money::ZERO);
+    assert_eq!(h.daily().await, SpendTotals::default());
+}
+
+pub async fn http_status_rejection_settles_zero(h: Harness) {
+    let c = client(vec![ScriptedReply::Fail(SendError::Status {
+        status: 429,
+        provider_ref: Some("req-429".into()),
+    })]);
+    let v = h
+        .runner(text_config(), &c)
+        .run(h.request("k1", "x"))
+        .await
+        .unwrap();
+    assert_eq!(v.outcome, Some(Outcome::Unavailable));
+    assert_eq!(v.receipt.unwrap().amount, Money::ZERO);
+    assert_eq!(c.sends(), 1);
+}
+
+pub async fn no_response_goes_to_operators(h: Harness) {
+    let c = client(vec![ScriptedReply::Fail(SendError::NoResponse(
+        "reset".into(),
+    ))]);
+    let v = h
+        .runner(text_config(), &c)
+        .run(h.request("k1", "x"))
+        .await
+        .unwrap();
+    assert_eq!(v.state, ViewState::ReconciliationRequired);
+}
+
+pub async fn sc_40_recover_finishes_expired_claims_without_sending(h: Harness) {
+    // A claim whose process died before dispatch.
+    let mut claim = tollgate_store::conformance::claim_req("acme", "dead", text_config(), "0.001");
+    claim.now = h.clock.now();
+    h.stores.claim(claim).await.unwrap();
+    let r = h.reconciler();
+    let live = r
+        .recover(&scope("acme"), &key("dead"), 1000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        live.state,
+        ViewState::InProgress,
+        "lease still live: not eligible"
+    );
+    h.clock.advance_ms(30_001);
+    let v = r
+        .recover(&scope("acme"), &key("dead"), 1000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(v.state, ViewState::NotDispatched);
+    assert_eq!(v.not_dispatched_cause, Some(NotDispatchedCause::Expired));
+    assert!(r
+        .recover(&scope("acme"), &key("missing"), 1000)
+        .await
+        .unwrap()
+        .is_none());
+}
+
+pub async fn sc_41_reconcile_expired_counts_and_routes(h: Harness) {
+    // One dispatched without evidence (→ operator), one prepared (→ not dispatched).
+    for k in ["a", "b"] {
+        let mut claim = tollgate_store::conformance::claim_req("acme", k, text_config(), "0.001");
+        claim.now = h.clock.now();
+        h.stores.claim(claim).await.unwrap();
+    }
+    let a = h
+        .stores
+        .execution(&scope("acme"), &key("a"))
+        .await
+        .unwrap()
+        .unwrap();
+    h.stores
+        .mark_dispatched(a.fence(), h.clock.now())
+        .await
+        .unwrap();
+    h.clock.advance_ms(30_001);
+    let counts = h
+        .reconciler()
+        .reconcile_expired(&scope("acme"), 10, 1000)
+        .await
+        .unwrap();
+    assert_eq!((counts.roots, counts.executions), (0, 2));
+    let state = |k| {
+        let s = h.stores.clone();
+        async move {
+            s.execution(&scope("acme"), &key(k))
+                .await
+                .unwrap()
+                .unwrap()
+                .state
+        }
+    };
+    assert_eq!(state("a").await, ExecutionState::ReconciliationRequired);
+    assert_eq!(state("b").await, ExecutionState::NotDispatched);
+    let again = h
+        .reconciler()
+        .reconcile_expired(&scope("acme"), 10, 1000)
+        .await
+        .unwrap();
+    assert_eq!(again.executions, 0);
+}
+
+pub async fn sc_42_reconcile_usage_acknowledges_only_exact_settled_evidence(h: Harness) {
+    let c = client(vec![
+        ok_reply("a"),
+        ScriptedReply::Events(events_without_usage("cut")),
+    ]);
+    let runner = h.runner(text_config(), &c);
+    let done = runner.run(h.request("done", "x")).await.unwrap();
+    runner.run(h.request("cut", "x")).await.unwrap();
+    let r = h.reconciler();
+    // Late evidence that disagrees with the settlement stays pending.
+    r.record_late_evidence(
+        &scope("acme"),
+        done.execution_id.unwrap(),
+        usage(99, 1),
+        None,
+    )
+    .await
+    .unwrap();
+    let never = |_: &OperationKey| false;
+    let counts = r
+        .reconcile_usage(&scope("acme"), None, None, &never)
+        .await
+        .unwrap();
+    assert_eq!((counts.scanned, counts.acknowledged), (2, 1));
+    assert!(counts.cursor.is_some());
+    // Each pass starts from the beginning and sees what is still pending.
+    let again = r
+        .reconcile_usage(&scope("acme"), Some(500), None, &never)
+        .await
+        .unwrap();
+    assert_eq!((again.scanned, again.acknowledged), (1, 0));
+    let past = r
+        .reconcile_usage(&scope("acme"), Some(1), counts.cursor, &never)
+        .await
+        .unwrap();
+    assert_eq!(past.scanned, 0);
+}
+
+pub async fn sc_44_skip_leaves_rows_pending(h: Harness) {
+    let c = client(vec![ok_reply("a")]);
+    h.runner(text_config(), &c)
+        .run(h.request("control", "x"))
+        .await
+        .unwrap();
+    let r = h.reconciler();
+    let skip = |k: &OperationKey| k.as_str() == "control";
+    let counts = r
+        .reconcile_usage(&scope("acme"), None, None, &skip)
+        .await
+        .unwrap();
+    assert_eq!((counts.scanned, counts.acknowledged), (1, 0));
+    let none = |_: &OperationKey| false;
+    let counts = r
+        .reconcile_usage(&scope("acme"), None, None, &none)
+        .await
+        .unwrap();
+    assert_eq!(counts.acknowledged, 1);
+}
+
+pub async fn operator_resolves_reconciliation_with_stated_usage(h: Harness) {
+    let c = client(vec![ScriptedReply::Events(events_without_usage("cut"))]);
+    let v = h
+        .runner(text_config(), &c)
+        .run(h.request("k1", "x"))
+        .await
+        .unwrap();
+    let id = v.execution_id.unwrap();
+    let resolved = h
+        .reconciler()
+        .resolve(&scope("acme"), id, usage(100, 50))
+        .await
+        .unwrap();
+    assert_eq!(resolved.state, ViewState::Completed);
+    assert_eq!(resolved.receipt.unwrap().amount, m("0.0002"));
+    let d = h.daily().await;
+    assert_eq!((d.settled, d.held), (m("0.0002"), Money::ZERO));
+    assert!(
+        h.reconciler()
+            .resolve(&scope("acme"), id, usage(1, 1))
+            .await
+            .is_err(),
+        "once"
+    );
+    assert!(h
+        .reconciler()
+        .resolve(&scope("other"), id, usage(1, 1))
+        .await
+        .is_err());
+}
+
+pub async fn sc_60_abort_after_dispatch_still_drains_and_settles(h: Harness) {
+    let events = match ok_reply("late") {
+        ScriptedReply::Events(e) => e,
+        _ => unreachable!(),
+    };
+    let c = client(vec![ScriptedReply::Delayed {
+        delay_ms: 300,
+        events,
+    }]);
+    let runner = h.runner(text_config(), &c);
+    let req = h.request("k1", "x");
+    let cancel = req.cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        cancel.cancel();
+    });
+    let err = runner.run(req).await.unwrap_err();
+    assert!(
+        err.is_interruption(),
+        "ST-35: the runner's own interruption"
+    );
+    let mut view = None;
+    for _ in 0..50 {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let v = runner
+            .read(&scope("acme"), &key("k1"))
+            .await
+            .unwrap()
+            .unwrap();
+        if v.state == ViewState::Completed {
+            view = Some(v);
+            break;
+        }
+    }
+    let view = view.expect("drained in the background");
+    assert_eq!(view.receipt.unwrap().amount, m("0.00002"));
+    assert_eq!(c.sends(), 1);
+}
+
+pub async fn st_34_run_timeout_bounds_a_hanging_stream(h: Harness) {
+    let mut config = text_config();
+    config.run_timeout_ms = 200;
+    let c = client(vec![ScriptedReply::EventsThenHang(events_without_usage(
+        "hang",
+    ))]);
+    let runner = h.runner(config, &c);
+    let v = runner.run(h.request("k1", "x")).await.unwrap();
+    assert_eq!(v.state, ViewState::ReconciliationRequired);
+    let evidence = h
+        .stores
+        .evidence_for(v.execution_id.unwrap())
+        .await
+        .unwrap();
+    assert!(evidence.is_empty(), "no usage arrived, none invented");
+}
+
+pub async fn no_overspend_with_200_parallel_runs(h: Harness) {
+    let mut config = text_config();
+    // Hold 0.00654375 each: at most 15 fit under 0.1 at once.
+    config.caps.daily_block = Some(m("0.1"));
+    let replies: Vec<_> = (0..200).map(|_| ok_reply("x")).collect();
+    let c = client(replies);
+    let runner = Arc::new(h.runner(config, &c));
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let runner = runner.clone();
+        let mut req = h.request(&format!("p{i}"), "x");
+        req.session_id = SessionId::parse(format!("s{}", i % 5)).unwrap();
+        tasks.push(tokio::spawn(async move { runner.run(req).await }));
+    }
+    let (mut admitted, mut blocked) = (0u64, 0u64);
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(v) => {
+                assert_eq!(v.outcome, Some(Outcome::Success));
+                admitted += 1;
+            }
+            Err(RunError::CapBlocked(_)) => blocked += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(admitted + blocked, 200);
+    assert_eq!(c.sends(), admitted);
+    let d = h.daily().await;
+    assert_eq!(d.held, Money::ZERO);
+    assert!(d.settled <= m("0.1"));
+    assert_eq!(
+        d.settled,
+        Money::parse(&(admitted * 20).to_string(), "t")
+            .unwrap()
+            .decimal()
+            .checked_div(1_000_000.into())
+            .map(|x| Money::new(x, "t").unwrap())
+            .unwrap()
+    );
+}
