@@ -18,6 +18,8 @@ pub enum CapWindow {
     Session,
     /// The consumer's spend on this accounting day.
     Daily,
+    /// Everything charged (and held) under one operation root: its inclusive cost (ST-7).
+    Root,
 }
 
 impl CapWindow {
@@ -26,6 +28,7 @@ impl CapWindow {
         match self {
             Self::Session => "session",
             Self::Daily => "daily",
+            Self::Root => "root",
         }
     }
 }
@@ -55,6 +58,12 @@ pub struct Caps {
     /// Daily block level.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub daily_block: Option<Money>,
+    /// Root warn level (calls under an operation root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_warn: Option<Money>,
+    /// Root block level, on the root's inclusive cost (ST-7).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_block: Option<Money>,
 }
 
 /// Settled and held totals of one spend row.
@@ -100,6 +109,7 @@ impl Caps {
         match window {
             CapWindow::Session => self.session_block,
             CapWindow::Daily => self.daily_block,
+            CapWindow::Root => self.root_block,
         }
     }
 
@@ -107,6 +117,7 @@ impl Caps {
         match window {
             CapWindow::Session => self.session_warn,
             CapWindow::Daily => self.daily_warn,
+            CapWindow::Root => self.root_warn,
         }
     }
 
@@ -120,7 +131,27 @@ impl Caps {
         daily: SpendTotals,
         hold: Money,
     ) -> Result<(), CapBlocked> {
-        for (window, totals) in [(CapWindow::Session, session), (CapWindow::Daily, daily)] {
+        self.admit_windows(
+            &[(CapWindow::Session, session), (CapWindow::Daily, daily)],
+            hold,
+        )
+    }
+
+    /// Preflight of a call under an operation root: the root block cap on the root's inclusive
+    /// cost (`charged + held + hold`, ST-7).
+    ///
+    /// # Errors
+    /// The root block cap would be exceeded.
+    pub fn admit_root(&self, root: SpendTotals, hold: Money) -> Result<(), CapBlocked> {
+        self.admit_windows(&[(CapWindow::Root, root)], hold)
+    }
+
+    fn admit_windows(
+        &self,
+        windows: &[(CapWindow, SpendTotals)],
+        hold: Money,
+    ) -> Result<(), CapBlocked> {
+        for &(window, totals) in windows {
             let Some(limit) = self.block(window) else {
                 continue;
             };
@@ -148,11 +179,20 @@ impl Caps {
     /// After settlement: the warn caps crossed and the block caps exceeded, given settled spend.
     /// A warn cap counts as crossed when `spent ≥ limit`; a block cap when `spent > limit`.
     pub fn after_settle(&self, session_settled: Money, daily_settled: Money) -> Vec<CapWarning> {
-        let mut out = Vec::new();
-        for (window, spent) in [
+        self.crossed(&[
             (CapWindow::Session, session_settled),
             (CapWindow::Daily, daily_settled),
-        ] {
+        ])
+    }
+
+    /// After settlement under a root: the root caps crossed by its inclusive charged cost.
+    pub fn after_settle_root(&self, root_charged: Money) -> Vec<CapWarning> {
+        self.crossed(&[(CapWindow::Root, root_charged)])
+    }
+
+    fn crossed(&self, windows: &[(CapWindow, Money)]) -> Vec<CapWarning> {
+        let mut out = Vec::new();
+        for &(window, spent) in windows {
             if let Some(limit) = self.warn(window).filter(|l| spent >= *l) {
                 out.push(CapWarning {
                     cap: window,

@@ -14,6 +14,8 @@ use std::fmt;
 
 /// Domain separator of execution bindings.
 pub const BINDING_DOMAIN: &str = "tollgate/execution-binding/v1";
+/// Domain separator of operation-root bindings.
+pub const ROOT_BINDING_DOMAIN: &str = "tollgate/root-binding/v1";
 
 /// A sha256 digest, shown as lower-case hex.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -129,9 +131,14 @@ impl Binding {
 
     /// The binding digest.
     pub fn digest(&self) -> Digest256 {
+        self.digest_in(BINDING_DOMAIN)
+    }
+
+    /// The binding digest under another domain (roots use [`ROOT_BINDING_DOMAIN`]).
+    pub fn digest_in(&self, domain: &str) -> Digest256 {
         let config = canonical_json(&self.config_json());
         domain_digest(
-            BINDING_DOMAIN,
+            domain,
             &[
                 self.session_id.as_str().as_bytes(),
                 self.intent.as_str().as_bytes(),

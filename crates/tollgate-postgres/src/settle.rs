@@ -114,6 +114,7 @@ impl PgStores {
             result,
             session,
             daily,
+            root_receipt: None,
         })
     }
 }

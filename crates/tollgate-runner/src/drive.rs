@@ -45,10 +45,9 @@ pub(crate) async fn drive(
     record: ExecutionRecord,
     request: ProviderRequest,
     policy: Arc<dyn OutputPolicy>,
+    read_ms: u64,
 ) -> Result<Option<InvalidReason>, RunError> {
-    let config = &record.binding.config;
-    let read_ms = config.run_timeout_ms;
-    let limits = config.collector_limits();
+    let limits = record.binding.config.collector_limits();
     let send_cancel = CancellationToken::new();
     let deadline = tokio::time::Instant::now() + Duration::from_millis(read_ms);
     let sent =

@@ -45,6 +45,15 @@ pub enum RunError {
         #[source]
         source: StoreError,
     },
+    /// The root refuses new admissions: closed by its owner (ST-33).
+    #[error("root {0} is closed")]
+    RootClosed(String),
+    /// The root refuses new admissions: its deadline passed.
+    #[error("root {0} is expired")]
+    RootExpired(String),
+    /// No such root in this scope.
+    #[error("root {0} not found")]
+    RootNotFound(String),
     /// The run stopped waiting; a dispatched call keeps draining in the background (SC-60).
     #[error("interrupted ({cause:?}) on {operation_key}")]
     Interrupted {

@@ -9,11 +9,14 @@
 
 pub mod clock;
 mod drive;
+mod engine;
 pub mod error;
 pub mod input;
 pub mod outcome;
 pub mod recovery;
 pub mod single;
+pub mod step;
+pub mod structured;
 pub mod views;
 
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -81,17 +81,28 @@ pub fn decide(collected: &Collected, policy: &dyn OutputPolicy) -> Decision {
         None => {}
     }
     let Some(usage) = collected.terminal_usage() else {
+        // A stream that failed before its usage is cut where the protocol allows no end: the
+        // run's view names it `event_type` (ST-23), unless a check rejected it first.
+        let cut = collected
+            .stream_error
+            .as_ref()
+            .map(|_| InvalidReason::EventType);
         return Decision::Reconcile {
-            invalid_reason: collected.invalid_reason,
+            invalid_reason: collected.invalid_reason.or(cut),
         };
     };
     let step = &collected.step;
     let kept = |s: &Step| policy.keeps_step().then(|| Box::new(s.clone()));
+    // Invalid output never authorizes tools (ST-9): partial blocks stay, the tool-call list
+    // that a consumer would act on is emptied.
     let invalid = |reason: InvalidReason| Decision::Settle {
         usage,
         outcome: Outcome::Invalid,
         output: None,
-        step: kept(step),
+        step: kept(step).map(|mut s| {
+            s.tool_calls.clear();
+            s
+        }),
         invalid_reason: Some(reason),
     };
     if let Some(reason) = collected.invalid_reason {

@@ -11,7 +11,7 @@ use tollgate_core::usage::Usage;
 use tollgate_core::view::View;
 use tollgate_store::{
     Evidence, EvidenceSource, ExecutionRecord, NewEvidence, SettleRequest, StoreError, StoreResult,
-    Stores,
+    Stores, TreeStores,
 };
 
 /// Default page of `reconcile_usage` (SC-42).
@@ -43,6 +43,7 @@ pub struct UsageCounts {
 #[derive(Clone)]
 pub struct Reconciler {
     stores: Arc<dyn Stores>,
+    tree: Option<Arc<dyn TreeStores>>,
     clock: Arc<dyn Clock>,
 }
 
@@ -57,7 +58,21 @@ fn exact_usage(evidence: &[Evidence]) -> Option<&Evidence> {
 impl Reconciler {
     /// A reconciler.
     pub fn new(stores: Arc<dyn Stores>, clock: Arc<dyn Clock>) -> Self {
-        Self { stores, clock }
+        Self {
+            stores,
+            tree: None,
+            clock,
+        }
+    }
+
+    /// A reconciler that also expires and reconciles operation roots.
+    pub fn with_tree(stores: Arc<dyn TreeStores>, clock: Arc<dyn Clock>) -> Self {
+        let base: Arc<dyn Stores> = stores.clone();
+        Self {
+            stores: base,
+            tree: Some(stores),
+            clock,
+        }
     }
 
     /// `recover(scope, key, {lease_ms})` (SC-40): takes an exclusive fence only when the old lease
@@ -164,6 +179,11 @@ impl Reconciler {
                 self.finish(&record).await?;
                 counts.executions += 1;
             }
+        }
+        // Roots after their calls, so a root whose last call just finished reconciles now.
+        if let Some(tree) = &self.tree {
+            let changed = tree.reconcile_roots(scope, self.clock.now(), limit).await?;
+            counts.roots = changed.len() as u64;
         }
         Ok(counts)
     }

@@ -33,11 +33,14 @@ pub enum FaultPoint {
     RecordEvidence,
     /// Reads of executions fail.
     Read,
+    /// `close_root` fails before writing.
+    CloseRoot,
 }
 
 /// Stores with injectable faults.
 pub struct FaultyStores {
     inner: Arc<dyn Stores>,
+    tree: Option<Arc<dyn TreeStores>>,
     armed: Mutex<HashSet<FaultPoint>>,
 }
 
@@ -46,8 +49,25 @@ impl FaultyStores {
     pub fn new(inner: Arc<dyn Stores>) -> Self {
         Self {
             inner,
+            tree: None,
             armed: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// Wraps stores that also keep operation roots.
+    pub fn with_tree(inner: Arc<dyn TreeStores>) -> Self {
+        let stores: Arc<dyn Stores> = inner.clone();
+        Self {
+            inner: stores,
+            tree: Some(inner),
+            armed: Mutex::new(HashSet::new()),
+        }
+    }
+
+    fn tree(&self) -> StoreResult<&Arc<dyn TreeStores>> {
+        self.tree
+            .as_ref()
+            .ok_or_else(|| StoreError::Unavailable("these stores keep no roots".into()))
     }
 
     /// Arms `point`: every call fails until disarmed.
@@ -264,5 +284,59 @@ impl AuditLog for FaultyStores {
         limit: u32,
     ) -> StoreResult<Vec<AuditRow>> {
         self.inner.audit_rows(scope, after_seq, limit).await
+    }
+}
+
+#[async_trait]
+impl TreeStore for FaultyStores {
+    async fn open_root(&self, request: OpenRootRequest) -> StoreResult<RootOpen> {
+        self.tree()?.open_root(request).await
+    }
+    async fn reserve_slot(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Reservation> {
+        self.tree()?.reserve_slot(scope, root_key, now).await
+    }
+    async fn release_slot(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+        now: DateTime<Utc>,
+    ) -> StoreResult<()> {
+        self.tree()?.release_slot(scope, root_key, now).await
+    }
+    async fn close_root(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<RootRecord>> {
+        self.check(FaultPoint::CloseRoot)?;
+        self.tree()?.close_root(scope, root_key, now).await
+    }
+    async fn root(&self, scope: &Scope, root_key: &RootKey) -> StoreResult<Option<RootRecord>> {
+        self.tree()?.root(scope, root_key).await
+    }
+    async fn root_receipt(&self, execution_id: ExecutionId) -> StoreResult<Option<RootReceipt>> {
+        self.tree()?.root_receipt(execution_id).await
+    }
+    async fn root_receipts(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+        limit: u32,
+    ) -> StoreResult<Vec<RootReceipt>> {
+        self.tree()?.root_receipts(scope, root_key, limit).await
+    }
+    async fn reconcile_roots(
+        &self,
+        scope: &Scope,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> StoreResult<Vec<RootRecord>> {
+        self.tree()?.reconcile_roots(scope, now, limit).await
     }
 }

@@ -224,3 +224,84 @@ pub fn settled_event(
         at: settlement.settled_at,
     }
 }
+
+/// The active root an open inserts.
+pub fn new_root(request: &OpenRootRequest) -> RootRecord {
+    RootRecord {
+        id: tollgate_core::ids::RootId::new(),
+        scope: request.scope.clone(),
+        root_key: request.root_key.clone(),
+        binding_digest: request
+            .binding
+            .digest_in(tollgate_core::digest::ROOT_BINDING_DOMAIN),
+        binding: request.binding.clone(),
+        deadline: request.deadline,
+        state: RootState::Active,
+        reserved_calls: 0,
+        charged: Money::ZERO,
+        held: Money::ZERO,
+        created_at: request.now,
+        updated_at: request.now,
+    }
+}
+
+/// Whether a root admits a new call at `now`.
+pub fn root_admits(root: &RootRecord, now: DateTime<Utc>) -> bool {
+    root.state == RootState::Active && now < root.deadline
+}
+
+/// The root receipt of a settlement.
+pub fn root_receipt(root: &RootRecord, settlement: &SettlementRecord) -> RootReceipt {
+    RootReceipt {
+        root_id: root.id,
+        execution_id: settlement.execution_id,
+        amount: settlement.amount,
+        currency: settlement.currency.clone(),
+        created_at: settlement.settled_at,
+    }
+}
+
+/// Applies the root caps to a settled result: warnings kept, an exceeded root block cap
+/// suppresses the output after the known cost is settled (ST-7, SC-16).
+pub fn apply_root_caps(record: &ExecutionRecord, result: &mut ResultRecord, root_charged: Money) {
+    let crossed = record.binding.config.caps.after_settle_root(root_charged);
+    let blocked = crossed.iter().any(|w| w.level == CapLevel::Block);
+    result.warnings.extend(crossed);
+    if blocked && result.outcome != Outcome::Unavailable {
+        result.outcome = Outcome::Blocked;
+        result.output = None;
+        result.step = None;
+    }
+}
+
+/// Audit event of a root change (metadata only).
+pub fn root_event(root: &RootRecord, kind: &str, at: DateTime<Utc>) -> AuditEvent {
+    AuditEvent {
+        scope: root.scope.clone(),
+        execution_id: None,
+        kind: kind.to_string(),
+        detail: json!({
+            "root_key": root.root_key.as_str(),
+            "root_id": root.id.to_string(),
+            "state": root.state.as_str(),
+            "reserved_calls": root.reserved_calls,
+            "charged": root.charged.to_string(),
+            "binding_digest": root.binding_digest.to_hex(),
+        }),
+        at,
+    }
+}
+
+/// The next state of a root at `now` given whether all its reserved calls are final, or `None`
+/// when it stays as it is.
+pub fn root_next_state(
+    root: &RootRecord,
+    now: DateTime<Utc>,
+    all_final: bool,
+) -> Option<RootState> {
+    match root.state {
+        RootState::Active if now >= root.deadline => Some(RootState::Expired),
+        RootState::Closed | RootState::Expired if all_final => Some(RootState::Reconciled),
+        _ => None,
+    }
+}

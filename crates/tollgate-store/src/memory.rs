@@ -26,6 +26,8 @@ struct Tables {
     session_spend: HashMap<(Scope, ConsumerId, SessionId), SpendTotals>,
     daily_spend: HashMap<(Scope, ConsumerId, NaiveDate), SpendTotals>,
     audit: HashMap<Scope, Vec<AuditRow>>,
+    roots: HashMap<(Scope, RootKey), RootRecord>,
+    root_receipts: HashMap<ExecutionId, RootReceipt>,
 }
 
 /// All stores in memory.
@@ -103,7 +105,15 @@ impl Tables {
         self.daily_spend.insert(keys.1, daily);
     }
 
+    fn root_of(&mut self, record: &ExecutionRecord) -> Option<&mut RootRecord> {
+        let key = record.root_key.clone()?;
+        self.roots.get_mut(&(record.scope.clone(), key))
+    }
+
     fn release(&mut self, record: &ExecutionRecord) {
+        if let Some(root) = self.root_of(record) {
+            root.held = logic::release_hold(root.totals(), record.hold).held;
+        }
         let keys = spend_keys(record);
         let (s, d) = self.spend(&keys);
         self.set_spend(
@@ -155,6 +165,17 @@ impl ExecutionStore for MemoryStores {
             .admit(session, daily, request.hold)
         {
             return Ok(ClaimOutcome::Blocked(blocked));
+        }
+        if let Some(root_key) = &request.root_key {
+            let root = t
+                .root_mut(&request.scope, root_key)
+                .ok_or_else(|| StoreError::NotFound(format!("root {root_key}")))?;
+            let caps = &request.binding.config.caps;
+            if let Err(blocked) = caps.admit_root(root.totals(), request.hold) {
+                return Ok(ClaimOutcome::Blocked(blocked));
+            }
+            root.held = logic::add_hold(root.totals(), request.hold)?.held;
+            root.updated_at = request.now;
         }
         let session = logic::add_hold(session, request.hold)?;
         let daily = logic::add_hold(daily, request.hold)?;
@@ -242,7 +263,19 @@ impl ExecutionStore for MemoryStores {
         let session = logic::apply_settlement(s, record.hold, request.amount)?;
         let daily = logic::apply_settlement(d, record.hold, request.amount)?;
         let settlement = logic::settlement_row(&record, &request);
-        let result = logic::settled_result(&record, &request, session, daily);
+        let mut result = logic::settled_result(&record, &request, session, daily);
+        let mut root_receipt = None;
+        if let Some(root) = t.root_of(&record) {
+            let totals = logic::apply_settlement(root.totals(), record.hold, request.amount)?;
+            root.charged = totals.settled;
+            root.held = totals.held;
+            root.updated_at = request.now;
+            logic::apply_root_caps(&record, &mut result, root.charged);
+            root_receipt = Some(logic::root_receipt(root, &settlement));
+        }
+        if let Some(receipt) = &root_receipt {
+            t.root_receipts.insert(record.id, receipt.clone());
+        }
         let done = logic::completed(&record, &request, result.outcome);
         t.set_spend(keys, session, daily);
         let index = t.settlements.len();
@@ -257,6 +290,7 @@ impl ExecutionStore for MemoryStores {
             result,
             session,
             daily,
+            root_receipt,
         })
     }
 
@@ -581,5 +615,162 @@ impl AuditLog for MemoryStores {
                     .collect()
             })
             .unwrap_or_default())
+    }
+}
+
+impl Tables {
+    fn root_mut(&mut self, scope: &Scope, root_key: &RootKey) -> Option<&mut RootRecord> {
+        self.roots.get_mut(&(scope.clone(), root_key.clone()))
+    }
+
+    fn root_calls_final(&self, root: &RootRecord) -> bool {
+        let calls: Vec<&ExecutionRecord> = self
+            .executions
+            .values()
+            .filter(|r| r.scope == root.scope && r.root_key.as_ref() == Some(&root.root_key))
+            .collect();
+        calls.len() as i64 >= root.reserved_calls && calls.iter().all(|r| r.state.is_final())
+    }
+}
+
+#[async_trait]
+impl TreeStore for MemoryStores {
+    async fn open_root(&self, request: OpenRootRequest) -> StoreResult<RootOpen> {
+        let mut t = self.lock()?;
+        let key = (request.scope.clone(), request.root_key.clone());
+        if let Some(existing) = t.roots.get(&key) {
+            return Ok(RootOpen::Existing(existing.clone()));
+        }
+        let root = logic::new_root(&request);
+        t.roots.insert(key, root.clone());
+        t.append(logic::root_event(&root, "root_opened", request.now));
+        Ok(RootOpen::Opened(root))
+    }
+
+    async fn reserve_slot(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Reservation> {
+        let mut t = self.lock()?;
+        let Some(root) = t.root_mut(scope, root_key) else {
+            return Ok(Reservation::Missing);
+        };
+        if !logic::root_admits(root, now) {
+            let refused = root.clone();
+            return Ok(Reservation::Refused(refused));
+        }
+        root.reserved_calls += 1;
+        root.updated_at = now;
+        let root = root.clone();
+        t.append(logic::root_event(&root, "root_slot_reserved", now));
+        Ok(Reservation::Reserved(root))
+    }
+
+    async fn release_slot(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+        now: DateTime<Utc>,
+    ) -> StoreResult<()> {
+        let mut t = self.lock()?;
+        if let Some(root) = t.root_mut(scope, root_key) {
+            root.reserved_calls = (root.reserved_calls - 1).max(0);
+            root.updated_at = now;
+            let root = root.clone();
+            t.append(logic::root_event(&root, "root_slot_released", now));
+        }
+        Ok(())
+    }
+
+    async fn close_root(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<RootRecord>> {
+        let mut t = self.lock()?;
+        let Some(root) = t.root_mut(scope, root_key) else {
+            return Ok(None);
+        };
+        if root.state != RootState::Active {
+            return Ok(Some(root.clone()));
+        }
+        root.state = RootState::Closed;
+        root.updated_at = now;
+        let root = root.clone();
+        t.append(logic::root_event(&root, "root_closed", now));
+        Ok(Some(root))
+    }
+
+    async fn root(&self, scope: &Scope, root_key: &RootKey) -> StoreResult<Option<RootRecord>> {
+        Ok(self
+            .lock()?
+            .roots
+            .get(&(scope.clone(), root_key.clone()))
+            .cloned())
+    }
+
+    async fn root_receipt(&self, execution_id: ExecutionId) -> StoreResult<Option<RootReceipt>> {
+        Ok(self.lock()?.root_receipts.get(&execution_id).cloned())
+    }
+
+    async fn root_receipts(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+        limit: u32,
+    ) -> StoreResult<Vec<RootReceipt>> {
+        let t = self.lock()?;
+        let Some(root) = t.roots.get(&(scope.clone(), root_key.clone())) else {
+            return Ok(Vec::new());
+        };
+        let mut out: Vec<_> = t
+            .root_receipts
+            .values()
+            .filter(|r| r.root_id == root.id)
+            .cloned()
+            .collect();
+        out.sort_by_key(|r| (r.created_at, r.execution_id));
+        out.truncate(limit as usize);
+        Ok(out)
+    }
+
+    async fn reconcile_roots(
+        &self,
+        scope: &Scope,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> StoreResult<Vec<RootRecord>> {
+        let mut t = self.lock()?;
+        let mut keys: Vec<RootKey> = t
+            .roots
+            .values()
+            .filter(|r| &r.scope == scope)
+            .map(|r| r.root_key.clone())
+            .collect();
+        keys.sort();
+        let mut changed = Vec::new();
+        for key in keys {
+            if changed.len() >= limit as usize {
+                break;
+            }
+            let Some(root) = t.roots.get(&(scope.clone(), key.clone())).cloned() else {
+                continue;
+            };
+            let all_final = t.root_calls_final(&root);
+            let Some(next) = logic::root_next_state(&root, now, all_final) else {
+                continue;
+            };
+            if let Some(r) = t.root_mut(scope, &key) {
+                r.state = next;
+                r.updated_at = now;
+                let r = r.clone();
+                t.append(logic::root_event(&r, "root_reconciled", now));
+                changed.push(r);
+            }
+        }
+        Ok(changed)
     }
 }

@@ -12,7 +12,9 @@ use crate::record::*;
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use tollgate_core::caps::SpendTotals;
-use tollgate_core::ids::{ConsumerId, EvidenceId, ExecutionId, OperationKey, Scope, SessionId};
+use tollgate_core::ids::{
+    ConsumerId, EvidenceId, ExecutionId, OperationKey, RootKey, Scope, SessionId,
+};
 use tollgate_core::state::{ExecutionState, NotDispatchedCause};
 
 /// The journal.
@@ -283,3 +285,93 @@ impl<T> Stores for T where
         + Sync
 {
 }
+
+/// Operation roots (the TreeStore). A call under a root is claimed with `ClaimRequest::root_key`
+/// set: the claim then also holds its worst case against the root (root block cap on the
+/// inclusive cost, ST-7), and its settlement writes the root receipt in the same unit (ST-6).
+#[async_trait]
+pub trait TreeStore: Send + Sync {
+    /// Opens a root, or returns the existing one untouched (the caller compares bindings).
+    /// Audits `root_opened`.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn open_root(&self, request: OpenRootRequest) -> StoreResult<RootOpen>;
+
+    /// Under the root lock: reserves one call slot if the root is active and `now` is before its
+    /// deadline; an active root past its deadline becomes `expired` and refuses.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn reserve_slot(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Reservation>;
+
+    /// Gives back a slot whose claim provably wrote nothing (blocked, or lost a race to an
+    /// existing key). Never below zero.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn release_slot(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+        now: DateTime<Utc>,
+    ) -> StoreResult<()>;
+
+    /// Closes an active root (no new admissions; reserved calls go on, ST-33). Idempotent;
+    /// returns the root, or `None` when there is none. Audits `root_closed` once.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn close_root(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<RootRecord>>;
+
+    /// Reads a root under its lock (a consistent view of state and reserved calls, SR-9).
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn root(&self, scope: &Scope, root_key: &RootKey) -> StoreResult<Option<RootRecord>>;
+
+    /// The root receipt of an execution.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn root_receipt(&self, execution_id: ExecutionId) -> StoreResult<Option<RootReceipt>>;
+
+    /// The root receipts of a root, oldest first, at most `limit`.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn root_receipts(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+        limit: u32,
+    ) -> StoreResult<Vec<RootReceipt>>;
+
+    /// Up to `limit` roots of `scope` that are active past their deadline (→ `expired`), or
+    /// closed/expired with every reserved call finished (→ `reconciled`). Returns the changed
+    /// roots. Audits each change.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn reconcile_roots(
+        &self,
+        scope: &Scope,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> StoreResult<Vec<RootRecord>>;
+}
+
+/// Everything the root-fenced runners need.
+pub trait TreeStores: Stores + TreeStore {}
+
+impl<T> TreeStores for T where T: Stores + TreeStore {}

@@ -8,3 +8,8 @@ async fn fresh() -> Arc<MemoryStores> {
 }
 
 tollgate_store::store_conformance!(fresh);
+
+mod roots {
+    use super::fresh;
+    tollgate_store::tree_conformance!(fresh);
+}

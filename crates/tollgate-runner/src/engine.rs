@@ -1,0 +1,257 @@
+//! The part every runner shares after it has a claim: replay and conflict, not-dispatched
+//! causes, input checks, the dispatch mark, the drive in its own task, and reading back.
+
+use crate::drive::{drive, BackgroundErrorFn, BackgroundFailure, Ctx};
+use crate::error::{Interruption, RunError};
+use crate::input::{check_input, probe_request, provider_request};
+use crate::outcome::OutputPolicy;
+use crate::single::{InputLoader, RunnerSettings};
+use crate::views;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tollgate_core::config::CallConfig;
+use tollgate_core::digest::Binding;
+use tollgate_core::ids::{OperationKey, RootKey, Scope};
+use tollgate_core::invalid::InvalidReason;
+use tollgate_core::state::NotDispatchedCause;
+use tollgate_core::view::View;
+use tollgate_provider::{ProviderClient, ProviderRequest};
+use tollgate_store::{ClaimOutcome, ClaimRequest, ExecutionRecord, StoreError, Stores};
+
+/// Slack the caller waits past the read bound for the drive to record its outcome.
+const FINISH_SLACK_MS: u64 = 5_000;
+
+/// Shared runner machinery.
+pub(crate) struct Engine {
+    pub ctx: Ctx,
+    pub config: CallConfig,
+    pub lease_ms: u64,
+    pub policy: Arc<dyn OutputPolicy>,
+    pub background_error: Option<BackgroundErrorFn>,
+}
+
+impl Engine {
+    /// Checks a snapshot and a client (SC-5, SC-7, SC-8, TC-2) and builds the engine.
+    pub fn build(
+        stores: Arc<dyn Stores>,
+        client: Arc<dyn ProviderClient>,
+        settings: RunnerSettings,
+        policy: Arc<dyn OutputPolicy>,
+    ) -> Result<Self, RunError> {
+        let config = settings.config;
+        let invalid = |m: String| RunError::InvalidConfig(m);
+        config.validate().map_err(|e| invalid(e.to_string()))?;
+        if !client.descriptor().is_single_shot() {
+            return Err(invalid(
+                "the provider client must be single-shot (one attempt, no fallback)".into(),
+            ));
+        }
+        client
+            .check(&probe_request(&config))
+            .map_err(|e| invalid(e.to_string()))?;
+        config
+            .worst_case_hold()
+            .map_err(|e| invalid(e.to_string()))?;
+        Ok(Self {
+            ctx: Ctx {
+                stores,
+                client,
+                clock: settings.clock,
+            },
+            config,
+            lease_ms: settings.lease_ms,
+            policy,
+            background_error: settings.background_error,
+        })
+    }
+
+    /// Claims `(scope, key)` for `binding`, holding the snapshot's worst case (SC-12, SC-16).
+    pub async fn claim(
+        &self,
+        scope: &Scope,
+        key: &OperationKey,
+        root_key: Option<RootKey>,
+        binding: &Binding,
+    ) -> Result<ClaimOutcome, RunError> {
+        let hold = self
+            .config
+            .worst_case_hold()
+            .map_err(|e| RunError::InvalidConfig(e.to_string()))?;
+        let claim = ClaimRequest {
+            scope: scope.clone(),
+            operation_key: key.clone(),
+            root_key,
+            binding: binding.clone(),
+            hold,
+            now: self.ctx.clock.now(),
+            lease_ms: self.lease_ms,
+        };
+        self.ctx
+            .stores
+            .claim(claim)
+            .await
+            .map_err(|e| RunError::store(key, e))
+    }
+
+    /// SC-13 / SC-14: same binding → the stored view, loading and sending nothing; different →
+    /// conflict naming the fields.
+    pub async fn replay(
+        &self,
+        existing: &ExecutionRecord,
+        binding: &Binding,
+    ) -> Result<View, RunError> {
+        if existing.binding_digest != binding.digest() {
+            return Err(RunError::Conflict {
+                operation_key: existing.operation_key.clone(),
+                fields: existing.binding.differing_fields(binding),
+            });
+        }
+        let mut view = self.view(existing).await?;
+        view.replayed = true;
+        Ok(view)
+    }
+
+    /// The stored view of a record.
+    pub async fn view(&self, record: &ExecutionRecord) -> Result<View, RunError> {
+        views::view_of(self.ctx.stores.as_ref(), record, self.ctx.clock.now())
+            .await
+            .map_err(|e| RunError::store(&record.operation_key, e))
+    }
+
+    /// Records why a claimed call never went out, and answers with the stored view.
+    pub async fn not_dispatched(
+        &self,
+        record: &ExecutionRecord,
+        cause: NotDispatchedCause,
+    ) -> Result<View, RunError> {
+        let stored = self
+            .ctx
+            .stores
+            .mark_not_dispatched(record.fence(), cause, self.ctx.clock.now())
+            .await
+            .map_err(|e| RunError::store(&record.operation_key, e))?;
+        self.view(&stored).await
+    }
+
+    /// From a fresh claim to the stored outcome: load input (or record why not), check it, mark
+    /// the dispatch, drive the send in its own task bounded by `read_ms`, and read back.
+    pub async fn run_claimed(
+        &self,
+        record: ExecutionRecord,
+        load_input: InputLoader,
+        cancel: CancellationToken,
+        read_ms: u64,
+    ) -> Result<View, RunError> {
+        let key = record.operation_key.clone();
+        let request = match self.load(&record, load_input, &cancel).await {
+            Ok(request) => request,
+            Err(cause) => return self.not_dispatched(&record, cause).await,
+        };
+        let now = self.ctx.clock.now();
+        let dispatched = match self.ctx.stores.mark_dispatched(record.fence(), now).await {
+            Ok(r) => r,
+            Err(e) => {
+                // Still prepared: record why it never went out (best effort). Nothing was sent
+                // either way, and an unfinished claim expires into not_dispatched(expired).
+                let _ = self
+                    .ctx
+                    .stores
+                    .mark_not_dispatched(record.fence(), NotDispatchedCause::Store, now)
+                    .await;
+                return Err(RunError::store(&key, e));
+            }
+        };
+        let invalid_reason = self
+            .drive_in_background(dispatched, request, cancel, read_ms)
+            .await?;
+        let stored = self
+            .ctx
+            .stores
+            .execution(&record.scope, &key)
+            .await
+            .map_err(|e| RunError::store(&key, e))?
+            .ok_or_else(|| RunError::store(&key, StoreError::NotFound(key.to_string())))?;
+        let mut view = self.view(&stored).await?;
+        view.invalid_reason = invalid_reason;
+        Ok(view)
+    }
+
+    async fn load(
+        &self,
+        record: &ExecutionRecord,
+        load_input: InputLoader,
+        cancel: &CancellationToken,
+    ) -> Result<ProviderRequest, NotDispatchedCause> {
+        if cancel.is_cancelled() {
+            return Err(NotDispatchedCause::Aborted);
+        }
+        let loaded = tokio::select! {
+            loaded = load_input => loaded,
+            _ = cancel.cancelled() => return Err(NotDispatchedCause::Aborted),
+        };
+        let messages = loaded.map_err(|_| NotDispatchedCause::Input)?;
+        let config = &record.binding.config;
+        check_input(config, &messages).map_err(|_| NotDispatchedCause::Invalid)?;
+        let request = provider_request(config, messages);
+        self.ctx
+            .client
+            .check(&request)
+            .map_err(|_| NotDispatchedCause::Invalid)?;
+        if cancel.is_cancelled() {
+            return Err(NotDispatchedCause::Aborted);
+        }
+        Ok(request)
+    }
+
+    /// Runs the drive as its own task, so that a caller who stops waiting does not stop the
+    /// stream: it is drained to its end or its read bound, and its evidence settles the call
+    /// (SC-60). Failures in the background are reported as metadata only.
+    async fn drive_in_background(
+        &self,
+        record: ExecutionRecord,
+        request: ProviderRequest,
+        cancel: CancellationToken,
+        read_ms: u64,
+    ) -> Result<Option<InvalidReason>, RunError> {
+        let key = record.operation_key.clone();
+        let report = self.background_error.clone();
+        let report_key = key.to_string();
+        let policy = Arc::clone(&self.policy);
+        let mut task = tokio::spawn(drive(self.ctx.clone(), record, request, policy, read_ms));
+        let interrupted = |cause| RunError::Interrupted {
+            operation_key: key.clone(),
+            cause,
+        };
+        tokio::select! {
+            joined = &mut task => joined.map_err(|_| interrupted(Interruption::Aborted))?,
+            _ = cancel.cancelled() => {
+                tokio::spawn(report_when_done(task, report, report_key));
+                Err(interrupted(Interruption::Aborted))
+            }
+            _ = tokio::time::sleep(Duration::from_millis(read_ms + FINISH_SLACK_MS)) => {
+                tokio::spawn(report_when_done(task, report, report_key));
+                Err(interrupted(Interruption::Timeout))
+            }
+        }
+    }
+}
+
+async fn report_when_done(
+    task: tokio::task::JoinHandle<Result<Option<InvalidReason>, RunError>>,
+    report: Option<BackgroundErrorFn>,
+    operation_key: String,
+) {
+    let failure = match task.await {
+        Ok(Ok(_)) => return,
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "background drain task failed".to_string(),
+    };
+    if let Some(report) = report {
+        report(BackgroundFailure {
+            operation_key,
+            stage: "drain",
+            error: failure,
+        });
+    }
+}

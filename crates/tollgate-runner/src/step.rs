@@ -1,0 +1,393 @@
+//! The governed step runner (`createGovernedStepRunner`, ST-1..ST-35): one structured model
+//! response inside a root-fenced operation.
+
+use crate::engine::Engine;
+use crate::error::RunError;
+use crate::outcome::OutputPolicy;
+use crate::single::{InputLoader, RunnerSettings};
+use chrono::Duration as ChronoDuration;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use tollgate_core::digest::{Binding, ROOT_BINDING_DOMAIN};
+use tollgate_core::ids::{InputRevision, Intent, OperationKey, RootKey, Scope, SessionId};
+use tollgate_core::invalid::InvalidReason;
+use tollgate_core::state::CallKind;
+use tollgate_core::step::Step;
+use tollgate_core::view::{Output, View, ViewState};
+use tollgate_provider::ProviderClient;
+use tollgate_store::{
+    ClaimOutcome, ExecutionRecord, OpenRootRequest, Reservation, RootOpen, RootRecord, RootState,
+    TreeStores,
+};
+
+/// Longest root deadline accepted (a root is a turn, not a session).
+pub const ROOT_DEADLINE_MS_MAX: u64 = 24 * 3600 * 1000;
+
+/// Opening a root.
+#[derive(Debug, Clone)]
+pub struct OpenRoot {
+    /// Tenant.
+    pub scope: Scope,
+    /// Root key.
+    pub root_key: RootKey,
+    /// Session.
+    pub session_id: SessionId,
+    /// Intent.
+    pub intent: Intent,
+    /// Input revision.
+    pub input_revision: InputRevision,
+    /// Admission window from now.
+    pub deadline_ms: u64,
+}
+
+/// One step under a root.
+pub struct StepRequest {
+    /// Tenant.
+    pub scope: Scope,
+    /// The root.
+    pub root_key: RootKey,
+    /// The step's idempotency key.
+    pub operation_key: OperationKey,
+    /// Lazy, trusted, already-planned input (ST-1).
+    pub load_input: InputLoader,
+    /// The caller's signal.
+    pub cancel: CancellationToken,
+}
+
+/// Step output: the visible text; the step itself is kept with the result (ST-8).
+pub(crate) struct StepPolicy;
+
+impl OutputPolicy for StepPolicy {
+    fn output(&self, step: &Step) -> Result<Output, InvalidReason> {
+        Ok(Output {
+            text: Some(step.text.clone()),
+            json: None,
+        })
+    }
+
+    fn keeps_step(&self) -> bool {
+        true
+    }
+}
+
+/// The governed step runner.
+pub struct GovernedStepRunner {
+    pub(crate) engine: Engine,
+    pub(crate) tree: Arc<dyn TreeStores>,
+}
+
+impl GovernedStepRunner {
+    /// Builds the runner: a valid `step` (or `structured`) snapshot whose tools come from the
+    /// host-authorized registry (ST-3, TC-1), a tool choice naming one of them and supported by
+    /// the client's matrix (TC-2), and an explicit single-shot client (SC-7).
+    ///
+    /// # Errors
+    /// [`RunError::InvalidConfig`].
+    pub fn new(
+        stores: Arc<dyn TreeStores>,
+        client: Arc<dyn ProviderClient>,
+        settings: RunnerSettings,
+    ) -> Result<Self, RunError> {
+        if !matches!(settings.config.kind, CallKind::Step | CallKind::Structured) {
+            return Err(RunError::InvalidConfig(format!(
+                "a step runner cannot run {} calls",
+                settings.config.kind
+            )));
+        }
+        let base: Arc<dyn tollgate_store::Stores> = stores.clone();
+        Ok(Self {
+            engine: Engine::build(base, client, settings, Arc::new(StepPolicy))?,
+            tree: stores,
+        })
+    }
+
+    fn binding(
+        &self,
+        session_id: SessionId,
+        intent: Intent,
+        input_revision: InputRevision,
+    ) -> Binding {
+        Binding {
+            session_id,
+            intent,
+            input_revision,
+            config: self.engine.config.clone(),
+        }
+    }
+
+    /// Opens a root, or returns the existing one when its immutable binding (without deadline)
+    /// is the same (SR-5); a different binding is a conflict.
+    ///
+    /// # Errors
+    /// Conflict, invalid deadline, store failure.
+    pub async fn open_root(&self, request: OpenRoot) -> Result<RootRecord, RunError> {
+        if request.deadline_ms == 0 || request.deadline_ms > ROOT_DEADLINE_MS_MAX {
+            return Err(RunError::InvalidRequest(format!(
+                "deadline_ms must be between 1 and {ROOT_DEADLINE_MS_MAX}"
+            )));
+        }
+        let now = self.engine.ctx.clock.now();
+        let binding = self.binding(request.session_id, request.intent, request.input_revision);
+        let key = OperationKey::parse(request.root_key.as_str())
+            .map_err(|e| RunError::InvalidRequest(e.to_string()))?;
+        let deadline_ms = i64::try_from(request.deadline_ms).unwrap_or(i64::MAX);
+        let open = OpenRootRequest {
+            scope: request.scope,
+            root_key: request.root_key,
+            binding: binding.clone(),
+            deadline: now + ChronoDuration::milliseconds(deadline_ms),
+            now,
+        };
+        match self
+            .tree
+            .open_root(open)
+            .await
+            .map_err(|e| RunError::store(&key, e))?
+        {
+            RootOpen::Opened(root) => Ok(root),
+            RootOpen::Existing(root)
+                if root.binding_digest == binding.digest_in(ROOT_BINDING_DOMAIN) =>
+            {
+                Ok(root)
+            }
+            RootOpen::Existing(root) => Err(RunError::Conflict {
+                operation_key: key,
+                fields: root.binding.differing_fields(&binding),
+            }),
+        }
+    }
+
+    /// Runs one step: the root slot is reserved before the child claim, and the claim (with its
+    /// audit row) precedes loading the content (ST-5). One send → one governed charge and one
+    /// root receipt (ST-6), block caps on the inclusive root cost (ST-7). The run is bounded by
+    /// `run_timeout_ms`, the caller's signal and the root's deadline (ST-34).
+    ///
+    /// # Errors
+    /// Root closed / expired / missing, conflict, cap blocked, store failure, interruption.
+    pub async fn run_step(&self, request: StepRequest) -> Result<View, RunError> {
+        let key = request.operation_key.clone();
+        let root = self
+            .root_or_missing(&request.scope, &request.root_key, &key)
+            .await?;
+        let binding = self.binding(
+            root.binding.session_id.clone(),
+            root.binding.intent.clone(),
+            root.binding.input_revision.clone(),
+        );
+        let stores = &self.engine.ctx.stores;
+        // A known key is a replay or a conflict, whatever the root's state now.
+        if let Some(existing) = stores
+            .execution(&request.scope, &key)
+            .await
+            .map_err(|e| RunError::store(&key, e))?
+        {
+            return self.replay(&existing, &request.root_key, &binding).await;
+        }
+        let now = self.engine.ctx.clock.now();
+        match self
+            .tree
+            .reserve_slot(&request.scope, &request.root_key, now)
+            .await
+            .map_err(|e| RunError::store(&key, e))?
+        {
+            Reservation::Reserved(_) => {}
+            Reservation::Missing => {
+                return Err(RunError::RootNotFound(request.root_key.to_string()))
+            }
+            Reservation::Refused(r) if r.state == RootState::Closed => {
+                return Err(RunError::RootClosed(r.root_key.to_string()))
+            }
+            Reservation::Refused(r) => return Err(RunError::RootExpired(r.root_key.to_string())),
+        }
+        let claim = self
+            .engine
+            .claim(
+                &request.scope,
+                &key,
+                Some(request.root_key.clone()),
+                &binding,
+            )
+            .await;
+        let record = match claim? {
+            ClaimOutcome::Claimed(record) => record,
+            ClaimOutcome::Blocked(blocked) => {
+                self.release(&request.scope, &request.root_key, &key)
+                    .await?;
+                return Err(RunError::CapBlocked(blocked));
+            }
+            ClaimOutcome::Existing(existing) => {
+                self.release(&request.scope, &request.root_key, &key)
+                    .await?;
+                return self.replay(&existing, &request.root_key, &binding).await;
+            }
+        };
+        let until_deadline = (root.deadline - now).num_milliseconds().max(1);
+        let read_ms = self
+            .engine
+            .config
+            .run_timeout_ms
+            .min(u64::try_from(until_deadline).unwrap_or(u64::MAX));
+        let view = self
+            .engine
+            .run_claimed(record, request.load_input, request.cancel, read_ms)
+            .await?;
+        self.with_root_receipt(view).await
+    }
+
+    async fn release(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+        key: &OperationKey,
+    ) -> Result<(), RunError> {
+        self.tree
+            .release_slot(scope, root_key, self.engine.ctx.clock.now())
+            .await
+            .map_err(|e| RunError::store(key, e))
+    }
+
+    async fn root_or_missing(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+        key: &OperationKey,
+    ) -> Result<RootRecord, RunError> {
+        self.tree
+            .root(scope, root_key)
+            .await
+            .map_err(|e| RunError::store(key, e))?
+            .ok_or_else(|| RunError::RootNotFound(root_key.to_string()))
+    }
+
+    async fn replay(
+        &self,
+        existing: &ExecutionRecord,
+        root_key: &RootKey,
+        binding: &Binding,
+    ) -> Result<View, RunError> {
+        if existing.root_key.as_ref() != Some(root_key) {
+            return Err(RunError::Conflict {
+                operation_key: existing.operation_key.clone(),
+                fields: vec!["root_key".into()],
+            });
+        }
+        let view = self.engine.replay(existing, binding).await?;
+        self.with_root_receipt(view).await
+    }
+
+    /// Adds the root receipt. `completed` requires both receipts (ST-31): a completed call under
+    /// a root without its root receipt reads `reconciliation_required`.
+    pub(crate) async fn with_root_receipt(&self, mut view: View) -> Result<View, RunError> {
+        let Some(execution_id) = view.execution_id else {
+            return Ok(view);
+        };
+        let receipt = self
+            .tree
+            .root_receipt(execution_id)
+            .await
+            .map_err(|e| RunError::store(&view.operation_key, e))?;
+        match (receipt, &view.receipt) {
+            (Some(root), Some(charge)) => {
+                view.root_receipt = Some(tollgate_core::view::Receipt {
+                    amount: root.amount,
+                    ..charge.clone()
+                });
+            }
+            _ if view.state == ViewState::Completed => {
+                view.state = ViewState::ReconciliationRequired;
+            }
+            _ => {}
+        }
+        Ok(view)
+    }
+
+    /// `read({scope, root_key, operation_key})`: the step's view, bound to its root (ST-30); a
+    /// key under another root reads as nothing.
+    ///
+    /// # Errors
+    /// Store failure.
+    pub async fn read(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+        key: &OperationKey,
+    ) -> Result<Option<View>, RunError> {
+        let Some(record) = self
+            .engine
+            .ctx
+            .stores
+            .execution(scope, key)
+            .await
+            .map_err(|e| RunError::store(key, e))?
+            .filter(|r| r.root_key.as_ref() == Some(root_key))
+        else {
+            return Ok(None);
+        };
+        let view = self.engine.view(&record).await?;
+        self.with_root_receipt(view).await.map(Some)
+    }
+
+    /// `recover(key, {lease_ms})` bound to the call's registered root (ST-30, ST-32): nothing is
+    /// sent and no input is loaded; a key under another root is not recovered.
+    ///
+    /// # Errors
+    /// Store failure.
+    pub async fn recover(
+        &self,
+        reconciler: &crate::recovery::Reconciler,
+        scope: &Scope,
+        root_key: &RootKey,
+        key: &OperationKey,
+        lease_ms: u64,
+    ) -> Result<Option<View>, RunError> {
+        if self.read(scope, root_key, key).await?.is_none() {
+            return Ok(None);
+        }
+        reconciler
+            .recover(scope, key, lease_ms)
+            .await
+            .map_err(|e| RunError::store(key, e))?;
+        self.read(scope, root_key, key).await
+    }
+
+    /// Closes a root: no new admissions; reserved calls go on (ST-33).
+    ///
+    /// # Errors
+    /// Store failure.
+    pub async fn close_root(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+    ) -> Result<Option<RootRecord>, RunError> {
+        let key = OperationKey::parse(root_key.as_str())
+            .map_err(|e| RunError::InvalidRequest(e.to_string()))?;
+        self.tree
+            .close_root(scope, root_key, self.engine.ctx.clock.now())
+            .await
+            .map_err(|e| RunError::store(&key, e))
+    }
+
+    /// Reads a root.
+    ///
+    /// # Errors
+    /// Store failure.
+    pub async fn root(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+    ) -> Result<Option<RootRecord>, RunError> {
+        let key = OperationKey::parse(root_key.as_str())
+            .map_err(|e| RunError::InvalidRequest(e.to_string()))?;
+        self.tree
+            .root(scope, root_key)
+            .await
+            .map_err(|e| RunError::store(&key, e))
+    }
+}
+
+/// `isStepInterruption(error)` (ST-35, spec: call-retry): true only for this runner's own
+/// interruption — its timeout, its deadline, or its caller's signal — never for a store failure or
+/// a stream failure.
+pub fn is_step_interruption(error: &RunError) -> bool {
+    error.is_interruption()
+}

@@ -1,0 +1,257 @@
+//! The structured single-call runner (`createStructuredCallRunner`, SR-1..SR-11): the text
+//! runner's call shape for forced-tool extraction, running one governed step inside a root it
+//! owns.
+
+use crate::drive::{BackgroundErrorFn, BackgroundFailure};
+use crate::error::RunError;
+use crate::recovery::{Reconciler, UsageCounts};
+use crate::single::{RunRequest, RunnerSettings};
+use crate::step::{GovernedStepRunner, OpenRoot, StepRequest};
+use std::sync::Arc;
+use tollgate_core::digest::domain_digest;
+use tollgate_core::ids::{OperationKey, RootKey, Scope};
+use tollgate_core::state::CallKind;
+use tollgate_core::view::{View, ViewState};
+use tollgate_provider::ProviderClient;
+use tollgate_store::{RootState, StoreError, TreeStores};
+
+/// The reserved prefix of every identifier this runner derives (SR-4).
+pub const STRUCTURED_PREFIX: &str = "alma-structured-v1";
+/// How long past `run_timeout_ms` the owned root admits its one call.
+pub const ROOT_DEADLINE_SLACK_MS: u64 = 60_000;
+
+/// `alma-structured-v1:<kind>:<sha256>`: bound to scope and host key, domain-separated by kind,
+/// never embedding the key (SR-4).
+pub fn derived_id(kind: &str, scope: &Scope, key: &OperationKey) -> String {
+    let domain = format!("{STRUCTURED_PREFIX}:{kind}");
+    let digest = domain_digest(
+        &domain,
+        &[scope.as_str().as_bytes(), key.as_str().as_bytes()],
+    );
+    format!("{domain}:{}", digest.to_hex())
+}
+
+fn derived_keys(scope: &Scope, key: &OperationKey) -> Result<(RootKey, OperationKey), RunError> {
+    let invalid = |e: tollgate_core::ids::IdError| RunError::InvalidRequest(e.to_string());
+    Ok((
+        RootKey::parse(derived_id("root", scope, key)).map_err(invalid)?,
+        OperationKey::parse(derived_id("call", scope, key)).map_err(invalid)?,
+    ))
+}
+
+/// The structured single-call runner.
+pub struct StructuredCallRunner {
+    steps: GovernedStepRunner,
+    background_error: Option<BackgroundErrorFn>,
+}
+
+impl StructuredCallRunner {
+    /// Builds the runner (SR-2): the text runner's config without `output`, plus trusted registry
+    /// tools (validated and copied into the snapshot here) and an optional tool choice.
+    ///
+    /// # Errors
+    /// [`RunError::InvalidConfig`].
+    pub fn new(
+        stores: Arc<dyn TreeStores>,
+        client: Arc<dyn ProviderClient>,
+        settings: RunnerSettings,
+    ) -> Result<Self, RunError> {
+        if settings.config.kind != CallKind::Structured {
+            return Err(RunError::InvalidConfig(format!(
+                "a structured runner cannot run {} calls",
+                settings.config.kind
+            )));
+        }
+        if settings.config.tools.is_empty() {
+            return Err(RunError::InvalidConfig(
+                "structured calls need registry tools".into(),
+            ));
+        }
+        let background_error = settings.background_error.clone();
+        Ok(Self {
+            steps: GovernedStepRunner::new(stores, client, settings)?,
+            background_error,
+        })
+    }
+
+    /// Runs the call (SR-1): preflight before any root exists (SR-6), the owned root opened or
+    /// matched by its immutable binding (SR-5), one governed step, then the root closed as
+    /// independent housekeeping (SR-8). The answer is the unmodified step view (SR-7) under the
+    /// host's key.
+    ///
+    /// # Errors
+    /// Conflict, cap blocked, store failure, interruption.
+    pub async fn run(&self, request: RunRequest) -> Result<View, RunError> {
+        let (root_key, call_key) = derived_keys(&request.scope, &request.operation_key)?;
+        let engine = &self.steps.engine;
+        let existing = self
+            .steps
+            .tree
+            .root(&request.scope, &root_key)
+            .await
+            .map_err(|e| RunError::store(&request.operation_key, e))?;
+        if existing.is_none() {
+            self.preflight(&request).await?;
+        }
+        let deadline_ms = engine.config.run_timeout_ms + ROOT_DEADLINE_SLACK_MS;
+        self.steps
+            .open_root(OpenRoot {
+                scope: request.scope.clone(),
+                root_key: root_key.clone(),
+                session_id: request.session_id,
+                intent: request.intent,
+                input_revision: request.input_revision,
+                deadline_ms,
+            })
+            .await
+            .map_err(|e| with_host_key(e, &request.operation_key))?;
+        let result = self
+            .steps
+            .run_step(StepRequest {
+                scope: request.scope.clone(),
+                root_key: root_key.clone(),
+                operation_key: call_key,
+                load_input: request.load_input,
+                cancel: request.cancel,
+            })
+            .await;
+        self.close_quietly(&request.scope, &root_key, &request.operation_key)
+            .await;
+        let mut view = result.map_err(|e| with_host_key(e, &request.operation_key))?;
+        view.operation_key = request.operation_key;
+        Ok(view)
+    }
+
+    /// SR-6: session and daily block caps, checked against settled + held spend before any root
+    /// exists. (The claim re-checks atomically with its hold.)
+    async fn preflight(&self, request: &RunRequest) -> Result<(), RunError> {
+        let engine = &self.steps.engine;
+        let config = &engine.config;
+        let stores = &engine.ctx.stores;
+        let key = &request.operation_key;
+        let day = engine.ctx.clock.now().date_naive();
+        let session = stores
+            .session_spend(&request.scope, &config.consumer, &request.session_id)
+            .await
+            .map_err(|e| RunError::store(key, e))?;
+        let daily = stores
+            .daily_spend(&request.scope, &config.consumer, day)
+            .await
+            .map_err(|e| RunError::store(key, e))?;
+        let hold = config
+            .worst_case_hold()
+            .map_err(|e| RunError::InvalidConfig(e.to_string()))?;
+        config
+            .caps
+            .admit(session, daily, hold)
+            .map_err(RunError::CapBlocked)
+    }
+
+    /// SR-8: a failed close never hides a completed result; the unclosed root expires and is
+    /// reconciled. The failure is reported as metadata.
+    async fn close_quietly(&self, scope: &Scope, root_key: &RootKey, key: &OperationKey) {
+        if let Err(e) = self.steps.close_root(scope, root_key).await {
+            if let Some(report) = &self.background_error {
+                report(BackgroundFailure {
+                    operation_key: key.to_string(),
+                    stage: "close_root",
+                    error: e.to_string(),
+                });
+            }
+        }
+    }
+
+    /// `read(scope, key)` (SR-7..SR-9): the step view when the call has a journal record;
+    /// otherwise the root decides, read under its lock: none → nothing; active → `in_progress`
+    /// whatever the clock says; inactive with reserved calls → `reconciliation_required`;
+    /// inactive with zero reserved calls → `not_dispatched` with no record and no cause (SC-32).
+    ///
+    /// # Errors
+    /// Store failure.
+    pub async fn read(&self, scope: &Scope, key: &OperationKey) -> Result<Option<View>, RunError> {
+        let (root_key, call_key) = derived_keys(scope, key)?;
+        if let Some(mut view) = self.steps.read(scope, &root_key, &call_key).await? {
+            view.operation_key = key.clone();
+            return Ok(Some(view));
+        }
+        let Some(root) = self.steps.root(scope, &root_key).await? else {
+            return Ok(None);
+        };
+        let state = match root.state {
+            RootState::Active => ViewState::InProgress,
+            _ if root.reserved_calls > 0 => ViewState::ReconciliationRequired,
+            _ => ViewState::NotDispatched,
+        };
+        Ok(Some(View {
+            state,
+            replayed: false,
+            operation_key: key.clone(),
+            execution_id: None,
+            outcome: None,
+            invalid_reason: None,
+            not_dispatched_cause: None,
+            output: None,
+            step: None,
+            receipt: None,
+            root_receipt: None,
+            warnings: Vec::new(),
+        }))
+    }
+
+    /// `recover(scope, key, {lease_ms})` with the host key (SR-11).
+    ///
+    /// # Errors
+    /// Store failure.
+    pub async fn recover(
+        &self,
+        reconciler: &Reconciler,
+        scope: &Scope,
+        key: &OperationKey,
+        lease_ms: u64,
+    ) -> Result<Option<View>, RunError> {
+        let (_, call_key) = derived_keys(scope, key)?;
+        reconciler
+            .recover(scope, &call_key, lease_ms)
+            .await
+            .map_err(|e| RunError::store(key, e))?;
+        self.read(scope, key).await
+    }
+
+    /// `reconcile_usage(scope, key, query)` with the host key (SR-11): only this call's evidence.
+    ///
+    /// # Errors
+    /// Store failure.
+    pub async fn reconcile_usage(
+        &self,
+        reconciler: &Reconciler,
+        scope: &Scope,
+        key: &OperationKey,
+        limit: Option<u32>,
+        after: Option<i64>,
+    ) -> Result<UsageCounts, StoreError> {
+        let (_, call_key) =
+            derived_keys(scope, key).map_err(|e| StoreError::NotFound(e.to_string()))?;
+        let others = move |k: &OperationKey| k != &call_key;
+        reconciler
+            .reconcile_usage(scope, limit, after, &others)
+            .await
+    }
+}
+
+fn with_host_key(error: RunError, key: &OperationKey) -> RunError {
+    match error {
+        RunError::Conflict { fields, .. } => RunError::Conflict {
+            operation_key: key.clone(),
+            fields,
+        },
+        RunError::Store { source, .. } => RunError::Store {
+            operation_key: key.clone(),
+            source,
+        },
+        RunError::Interrupted { cause, .. } => RunError::Interrupted {
+            operation_key: key.clone(),
+            cause,
+        },
+        other => other,
+    }
+}

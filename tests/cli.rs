@@ -1,0 +1,704 @@
+//! Black-box tests of the `tollgate` binary (CONTRACT §1): the built executable run as a user or a
+//! script would run it, judged only by its exit status, stdout JSON, stderr and — for the
+//! Postgres commands — the database it wrote.
+//!
+//! The Postgres tests create a brand-new database each (named `tollgate_cli_<unix secs>_<uuid>`)
+//! through the admin URL `TOLLGATE_TEST_DATABASE_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/postgres`), drop it afterwards, and drop leftovers of runs
+//! more than an hour old.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use serde_json::Value;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, Connection, PgConnection};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::str::FromStr;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Leftover test databases older than this are dropped by the next run.
+const STALE_TEST_DATABASE_SECS: u64 = 3600;
+/// Captured provider streams shared by the project (optional).
+const FIXTURES: &str = "/work/shared/fixtures/streams";
+/// Every key of the `parse-stream` object (CONTRACT §1).
+const PARSE_KEYS: [&str; 6] = [
+    "step",
+    "usage",
+    "stop",
+    "provider_ref",
+    "invalid_reason",
+    "stream_error",
+];
+/// Every key of a usage object (the receipt's keys).
+const USAGE_KEYS: [&str; 5] = ["input", "output", "cache_read", "cache_write", "reasoning"];
+
+/// The built binary, with an environment that cannot leak the developer's database or log level.
+fn tollgate() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+    command.env_remove("DATABASE_URL").env_remove("RUST_LOG");
+    command
+}
+
+fn run(command: &mut Command) -> Output {
+    command.output().expect("the tollgate binary runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Asserts exit 0 and parses stdout as one JSON value.
+fn json_ok(output: &Output) -> Value {
+    assert!(
+        output.status.success(),
+        "exit {:?}\nstderr: {}",
+        output.status,
+        stderr(output)
+    );
+    serde_json::from_str(stdout(output).trim()).unwrap_or_else(|e| {
+        panic!("stdout is not one JSON value ({e}): {}", stdout(output));
+    })
+}
+
+fn keys(value: &Value) -> BTreeSet<&str> {
+    value
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {value}"))
+        .keys()
+        .map(String::as_str)
+        .collect()
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A file under the temp dir holding `content`, removed on drop.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(name: &str, content: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "tollgate-cli-{}-{name}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::write(&path, content).unwrap();
+        Self(path)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// demo on the embedded default
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn demo_runs_on_the_embedded_default_without_a_database() {
+    let output = run(tollgate().arg("demo"));
+    assert!(
+        output.status.success(),
+        "exit {:?}\nstderr: {}",
+        output.status,
+        stderr(&output)
+    );
+    let text = stdout(&output);
+    for word in [
+        "embedded",
+        "call",
+        "replay",
+        "conflict",
+        "warning",
+        "preflight block",
+        "post-call block",
+        "recover",
+        "settlement ledger",
+        "spend",
+    ] {
+        assert!(text.contains(word), "stdout lacks {word:?}:\n{text}");
+    }
+}
+
+/// The demo's steps by name.
+fn steps(report: &Value) -> BTreeMap<String, Value> {
+    report["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| {
+            (
+                s["step"].as_str().expect("step name").to_string(),
+                s.clone(),
+            )
+        })
+        .collect()
+}
+
+fn step<'a>(steps: &'a BTreeMap<String, Value>, name: &str) -> &'a Value {
+    steps
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name:?} step in {:?}", steps.keys()))
+}
+
+/// Checks one `demo --json` report; returns its settlements.
+fn check_demo_report(report: &Value) -> Vec<Value> {
+    let steps = steps(report);
+    let call = step(&steps, "call");
+    assert_eq!(call["result"]["state"], "completed", "{call}");
+    assert_eq!(call["result"]["outcome"], "success", "{call}");
+    assert_eq!(call["provider_requests"], 1, "{call}");
+
+    // SC-13: the replay answers from the store, so the counter does not move.
+    let replay = step(&steps, "replay");
+    assert_eq!(replay["result"]["replayed"], true, "{replay}");
+    assert_eq!(
+        replay["provider_requests"], call["provider_requests"],
+        "{replay}"
+    );
+    assert_eq!(replay["result"]["receipt"], call["result"]["receipt"]);
+
+    // SC-14: a conflict is an error and sends nothing.
+    let conflict = step(&steps, "conflict");
+    assert!(conflict["result"]["error"].is_string(), "{conflict}");
+    assert_eq!(conflict["provider_requests"], call["provider_requests"]);
+
+    let warning = step(&steps, "warning");
+    assert_eq!(warning["result"]["outcome"], "success", "{warning}");
+    assert_eq!(
+        warning["result"]["warnings"][0]["level"], "warn",
+        "{warning}"
+    );
+
+    // SC-16 preflight: an error naming the cap, nothing sent.
+    let preflight = step(&steps, "preflight block");
+    let error = preflight["result"]["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("preflight block is not an error: {preflight}"))
+        .to_lowercase();
+    assert!(
+        error.contains("cap") && error.contains("session"),
+        "{error}"
+    );
+    assert_eq!(
+        preflight["provider_requests"], warning["provider_requests"],
+        "{preflight}"
+    );
+
+    // SC-16 post-call: the known cost is settled, the output suppressed.
+    let post = step(&steps, "post-call block");
+    assert_eq!(post["result"]["state"], "completed", "{post}");
+    assert_eq!(post["result"]["outcome"], "blocked", "{post}");
+    assert!(post["result"]["output"].is_null(), "{post}");
+    assert!(post["result"]["receipt"]["amount"].is_string(), "{post}");
+
+    // SC-17 then SC-40: the store failure is an error; recovery completes from the evidence
+    // without sending again.
+    let failed = step(&steps, "store failure");
+    assert!(failed["result"]["error"].is_string(), "{failed}");
+    let recover = step(&steps, "recover");
+    assert_eq!(recover["result"]["state"], "completed", "{recover}");
+    assert!(
+        recover["result"]["receipt"]["amount"].is_string(),
+        "{recover}"
+    );
+    assert_eq!(
+        recover["provider_requests"], failed["provider_requests"],
+        "{recover}"
+    );
+
+    // One settlement per dispatched call: the last counter is the number of sends.
+    let sent = report["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["provider_requests"].as_u64())
+        .max()
+        .unwrap();
+    let settlements = report["settlements"]
+        .as_array()
+        .expect("settlements")
+        .clone();
+    assert_eq!(settlements.len() as u64, sent, "{settlements:?}");
+    let executions: BTreeSet<&str> = settlements
+        .iter()
+        .map(|s| s["execution_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        executions.len(),
+        settlements.len(),
+        "one charge per execution"
+    );
+    // Every receipt a step showed is a ledger row with the same amount.
+    for s in report["steps"].as_array().unwrap() {
+        let result = &s["result"];
+        if let (Some(id), Some(amount)) = (
+            result["execution_id"].as_str(),
+            result["receipt"]["amount"].as_str(),
+        ) {
+            let row = settlements
+                .iter()
+                .find(|r| r["execution_id"] == id)
+                .unwrap_or_else(|| panic!("no settlement for {s}"));
+            assert_eq!(row["amount"], amount, "{s}");
+        }
+    }
+    settlements
+}
+
+#[test]
+fn demo_json_reports_one_send_per_dispatched_call() {
+    let report = json_ok(&run(tollgate().args(["demo", "--json"])));
+    let settlements = check_demo_report(&report);
+    for row in &settlements {
+        let source = row["source"].as_str().unwrap();
+        assert!(
+            ["stream", "recovery", "operator"].contains(&source),
+            "{row}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// parse-stream
+// ---------------------------------------------------------------------------------------------
+
+/// An OpenAI Chat Completions text stream with a usage chunk, as `stream_options.include_usage`
+/// sends it.
+const CHAT_STREAM: &str = concat!(
+    "data: {\"id\":\"chatcmpl-cli1\",\"object\":\"chat.completion.chunk\",\"created\":1,",
+    "\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",",
+    "\"content\":\"\"},\"finish_reason\":null}]}\n\n",
+    "data: {\"id\":\"chatcmpl-cli1\",\"object\":\"chat.completion.chunk\",\"created\":1,",
+    "\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"},",
+    "\"finish_reason\":null}]}\n\n",
+    "data: {\"id\":\"chatcmpl-cli1\",\"object\":\"chat.completion.chunk\",\"created\":1,",
+    "\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\", world\"},",
+    "\"finish_reason\":null}]}\n\n",
+    "data: {\"id\":\"chatcmpl-cli1\",\"object\":\"chat.completion.chunk\",\"created\":1,",
+    "\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{},",
+    "\"finish_reason\":\"stop\"}]}\n\n",
+    "data: {\"id\":\"chatcmpl-cli1\",\"object\":\"chat.completion.chunk\",\"created\":1,",
+    "\"model\":\"gpt-4o-mini\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,",
+    "\"completion_tokens\":3,\"total_tokens\":15,",
+    "\"prompt_tokens_details\":{\"cached_tokens\":4},",
+    "\"completion_tokens_details\":{\"reasoning_tokens\":0}}}\n\n",
+    "data: [DONE]\n\n",
+);
+
+#[test]
+fn parse_stream_prints_the_contract_fields() {
+    let file = TempFile::new("chat.sse", CHAT_STREAM);
+    let output = run(tollgate()
+        .args(["parse-stream", "--protocol", "openai-chat"])
+        .arg(&file.0));
+    let parsed = json_ok(&output);
+    assert_eq!(keys(&parsed), BTreeSet::from(PARSE_KEYS), "{parsed}");
+    assert_eq!(
+        keys(&parsed["usage"]),
+        BTreeSet::from(USAGE_KEYS),
+        "{parsed}"
+    );
+    // Disjoint classes: the 4 cached tokens are not input.
+    assert_eq!(parsed["usage"]["input"], 8, "{parsed}");
+    assert_eq!(parsed["usage"]["cache_read"], 4, "{parsed}");
+    assert_eq!(parsed["usage"]["output"], 3, "{parsed}");
+    assert_eq!(parsed["usage"]["reasoning"], 0, "{parsed}");
+    assert_eq!(parsed["stop"], "stop", "{parsed}");
+    assert_eq!(parsed["provider_ref"], "chatcmpl-cli1", "{parsed}");
+    assert!(parsed["invalid_reason"].is_null(), "{parsed}");
+    assert!(parsed["stream_error"].is_null(), "{parsed}");
+    assert_eq!(parsed["step"]["text"], "Hello, world", "{parsed}");
+}
+
+#[test]
+fn parse_stream_reports_a_cut_stream_as_a_stream_error() {
+    // The same stream without its usage chunk and `[DONE]`: the stream ended early.
+    let cut = CHAT_STREAM
+        .split_inclusive("\n\n")
+        .take(3)
+        .collect::<String>();
+    let file = TempFile::new("cut.sse", &cut);
+    let output = run(tollgate()
+        .args(["parse-stream", "--protocol", "openai-chat"])
+        .arg(&file.0));
+    let parsed = json_ok(&output);
+    assert_eq!(keys(&parsed), BTreeSet::from(PARSE_KEYS), "{parsed}");
+    assert!(parsed["usage"].is_null(), "{parsed}");
+    assert!(parsed["stop"].is_null(), "{parsed}");
+    assert_eq!(
+        keys(&parsed["stream_error"]),
+        BTreeSet::from(["type", "message"]),
+        "{parsed}"
+    );
+}
+
+#[test]
+fn parse_stream_rejects_an_unknown_protocol() {
+    let file = TempFile::new("any.sse", CHAT_STREAM);
+    let output = run(tollgate()
+        .args(["parse-stream", "--protocol", "openai-completions"])
+        .arg(&file.0));
+    assert!(!output.status.success(), "{output:?}");
+    let err = stderr(&output);
+    assert_eq!(err.trim_end().lines().count(), 1, "one-line reason: {err}");
+    assert!(err.contains("protocol"), "{err}");
+    assert!(stdout(&output).trim().is_empty(), "{}", stdout(&output));
+}
+
+#[test]
+fn parse_stream_rejects_a_missing_file() {
+    let missing = std::env::temp_dir().join(format!(
+        "tollgate-cli-missing-{}.sse",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let output = run(tollgate()
+        .args(["parse-stream", "--protocol", "anthropic"])
+        .arg(&missing));
+    assert!(!output.status.success(), "{output:?}");
+    assert_eq!(stderr(&output).trim_end().lines().count(), 1, "{output:?}");
+}
+
+/// The protocol a fixture file was captured from, by its name.
+fn fixture_protocol(name: &str) -> Option<&'static str> {
+    if name.starts_with("openai-chat-") {
+        Some("openai-chat")
+    } else if name.starts_with("openai-responses-") {
+        Some("openai-responses")
+    } else if name.starts_with("anthropic-") {
+        Some("anthropic")
+    } else {
+        None
+    }
+}
+
+fn u(value: &Value) -> u64 {
+    value.as_u64().unwrap_or(0)
+}
+
+/// `(stop, tool-call names, text)` and the usage checks a correct reader reaches, from
+/// `EXPECTED.json`'s per-protocol shape.
+fn check_fixture(name: &str, protocol: &str, expected: &Value, parsed: &Value) {
+    let usage = &parsed["usage"];
+    let names: Vec<&str> = parsed["step"]["tool_calls"]
+        .as_array()
+        .map(|calls| calls.iter().filter_map(|c| c["name"].as_str()).collect())
+        .unwrap_or_default();
+    let malformed: Vec<bool> = parsed["step"]["tool_calls"]
+        .as_array()
+        .map(|calls| calls.iter().map(|c| c["malformed"] == true).collect())
+        .unwrap_or_default();
+    match protocol {
+        "openai-chat" => {
+            let choice = &expected["choices"]["0"];
+            assert_eq!(parsed["stop"], choice["finish"], "{name}: stop");
+            let mut tools: Vec<(u64, &Value)> = choice["tools"]
+                .as_object()
+                .map(|t| t.iter().map(|(i, v)| (i.parse().unwrap(), v)).collect())
+                .unwrap_or_default();
+            tools.sort_by_key(|(i, _)| *i);
+            let want: Vec<&str> = tools
+                .iter()
+                .map(|(_, t)| t["name"].as_str().unwrap())
+                .collect();
+            assert_eq!(names, want, "{name}: tool calls");
+            let want_text = choice["text"].as_str().unwrap_or_default();
+            let text = parsed["step"]["text"].as_str().unwrap_or_default();
+            assert_eq!(text, want_text, "{name}: text");
+            let e = &expected["usage"];
+            let cached = u(&e["prompt_tokens_details"]["cached_tokens"]);
+            assert_eq!(
+                u(&usage["input"]),
+                u(&e["prompt_tokens"]) - cached,
+                "{name}"
+            );
+            assert_eq!(u(&usage["cache_read"]), cached, "{name}");
+            assert_eq!(
+                u(&usage["output"]) + u(&usage["reasoning"]),
+                u(&e["completion_tokens"]),
+                "{name}: output"
+            );
+            assert_eq!(
+                u(&usage["reasoning"]),
+                u(&e["completion_tokens_details"]["reasoning_tokens"]),
+                "{name}: reasoning"
+            );
+        }
+        "anthropic" => {
+            assert_eq!(parsed["stop"], expected["stop_reason"], "{name}: stop");
+            let blocks = expected["blocks"].as_array().unwrap();
+            let tools: Vec<&Value> = blocks.iter().filter(|b| b["type"] == "tool_use").collect();
+            let want: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+            assert_eq!(names, want, "{name}: tool calls");
+            // Arguments that do not parse keep only the `malformed` flag (ST-9).
+            let want_malformed: Vec<bool> = tools
+                .iter()
+                .map(|t| {
+                    t["input"]
+                        .as_str()
+                        .is_some_and(|s| s.starts_with("INVALID_JSON"))
+                })
+                .collect();
+            assert_eq!(malformed, want_malformed, "{name}: malformed flags");
+            let want_text: String = blocks
+                .iter()
+                .filter(|b| b["type"] == "text")
+                .filter_map(|b| b["text"].as_str())
+                .collect();
+            let text = parsed["step"]["text"].as_str().unwrap_or_default();
+            assert_eq!(text, want_text, "{name}: text");
+            let e = &expected["usage"];
+            assert_eq!(u(&usage["input"]), u(&e["input_tokens"]), "{name}: input");
+            assert_eq!(
+                u(&usage["cache_read"]),
+                u(&e["cache_read_input_tokens"]),
+                "{name}: cache_read"
+            );
+            assert_eq!(
+                u(&usage["cache_write"]),
+                u(&e["cache_creation_input_tokens"]),
+                "{name}: cache_write"
+            );
+            assert_eq!(
+                u(&usage["output"]) + u(&usage["reasoning"]),
+                u(&e["output_tokens"]),
+                "{name}: output"
+            );
+        }
+        other => panic!("{name}: no expectations for {other}"),
+    }
+    let clean = expected["errors"].as_array().is_none_or(Vec::is_empty);
+    if clean {
+        assert!(parsed["stream_error"].is_null(), "{name}: {parsed}");
+    }
+}
+
+#[test]
+fn parse_stream_matches_the_captured_fixtures() {
+    let dir = Path::new(FIXTURES);
+    if !dir.is_dir() {
+        eprintln!("note: {FIXTURES} is absent; captured-fixture check skipped");
+        return;
+    }
+    let expected: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("EXPECTED.json")).unwrap()).unwrap();
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.ends_with(".sse") {
+            continue;
+        }
+        let Some(protocol) = fixture_protocol(&name) else {
+            eprintln!("note: {name}: unknown protocol prefix, skipped");
+            continue;
+        };
+        let Some(want) = expected.get(&name) else {
+            eprintln!("note: {name}: not in EXPECTED.json, skipped");
+            continue;
+        };
+        let output = run(tollgate()
+            .args(["parse-stream", "--protocol", protocol])
+            .arg(&path));
+        let parsed = json_ok(&output);
+        assert_eq!(keys(&parsed), BTreeSet::from(PARSE_KEYS), "{name}");
+        check_fixture(&name, protocol, want, &parsed);
+        checked += 1;
+    }
+    assert!(checked > 0, "no fixture was checked in {FIXTURES}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Postgres: migrate and demo
+// ---------------------------------------------------------------------------------------------
+
+fn admin_url() -> String {
+    std::env::var("TOLLGATE_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+async fn connect(url: &str) -> PgConnection {
+    let options = PgConnectOptions::from_str(url)
+        .unwrap()
+        .disable_statement_logging();
+    PgConnection::connect_with(&options)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to the test database server: {e}"))
+}
+
+/// A brand-new empty database, dropped by [`FreshDatabase::drop_now`].
+struct FreshDatabase {
+    name: String,
+    url: String,
+}
+
+impl FreshDatabase {
+    async fn create() -> Self {
+        let mut admin = connect(&admin_url()).await;
+        drop_stale_databases(&mut admin).await;
+        let name = format!(
+            "tollgate_cli_{}_{}",
+            now_secs(),
+            uuid::Uuid::new_v4().simple()
+        );
+        // An identifier we generated (digits, hex and underscores): it cannot be bound.
+        sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let options = PgConnectOptions::from_str(&admin_url())
+            .unwrap()
+            .database(&name);
+        let url = options.to_url_lossy().to_string();
+        Self { name, url }
+    }
+
+    async fn connect(&self) -> PgConnection {
+        connect(&self.url).await
+    }
+
+    async fn drop_now(self) {
+        let mut admin = connect(&admin_url()).await;
+        let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
+        let _ = sqlx::raw_sql(&sql).execute(&mut admin).await;
+    }
+}
+
+/// Drops this file's databases left over from runs more than an hour ago.
+async fn drop_stale_databases(admin: &mut PgConnection) {
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT datname FROM pg_database WHERE datname LIKE 'tollgate\\_cli\\_%'",
+    )
+    .fetch_all(&mut *admin)
+    .await
+    .unwrap();
+    for name in names {
+        let created = name
+            .strip_prefix("tollgate_cli_")
+            .and_then(|rest| rest.split('_').next())
+            .and_then(|secs| secs.parse::<u64>().ok());
+        if created.is_some_and(|c| c + STALE_TEST_DATABASE_SECS < now_secs()) {
+            // A name read from the catalog that matched our own pattern; errors are ignored.
+            let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+            let _ = sqlx::raw_sql(&sql).execute(&mut *admin).await;
+        }
+    }
+}
+
+fn migration_files() -> i64 {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../migrations");
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "sql"))
+        })
+        .count() as i64
+}
+
+#[tokio::test]
+async fn migrate_is_idempotent_on_postgres() {
+    let db = FreshDatabase::create().await;
+    for attempt in 1..=2 {
+        let output = run(tollgate().arg("migrate").env("DATABASE_URL", &db.url));
+        let report = json_ok(&output);
+        assert_eq!(report["migrated"], true, "attempt {attempt}: {report}");
+    }
+    let mut conn = db.connect().await;
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(applied, migration_files(), "each migration applied once");
+    let view: Option<String> =
+        sqlx::query_scalar("SELECT to_regclass('finance.settlements')::text")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(view.as_deref(), Some("finance.settlements"));
+    conn.close().await.unwrap();
+    db.drop_now().await;
+}
+
+#[test]
+fn migrate_without_a_database_url_fails_with_one_line() {
+    let output = run(tollgate().arg("migrate"));
+    assert!(!output.status.success(), "{output:?}");
+    let err = stderr(&output);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("DATABASE_URL"), "{err}");
+}
+
+/// `x.xx000` → `x.xx`, so that NUMERIC text and the report's decimal strings compare.
+fn normalized(amount: &str) -> String {
+    if amount.contains('.') {
+        amount
+            .trim_end_matches('0')
+            .trim_end_matches('.')
+            .to_string()
+    } else {
+        amount.to_string()
+    }
+}
+
+#[tokio::test]
+async fn demo_runs_on_postgres_when_database_url_is_set() {
+    let db = FreshDatabase::create().await;
+    let output = run(tollgate()
+        .args(["demo", "--json"])
+        .env("DATABASE_URL", &db.url));
+    let report = json_ok(&output);
+    let reported = check_demo_report(&report);
+
+    let mut conn = db.connect().await;
+    let column_type: String = sqlx::query_scalar(
+        "SELECT data_type FROM information_schema.columns \
+         WHERE table_schema = 'finance' AND table_name = 'settlements' \
+           AND column_name = 'amount'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(column_type, "numeric");
+    let rows: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT execution_id::text, amount::text, source FROM finance.settlements")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), reported.len(), "{rows:?}");
+    let sources: BTreeSet<&str> = rows.iter().map(|(_, _, s)| s.as_str()).collect();
+    assert!(
+        sources.is_subset(&BTreeSet::from(["stream", "recovery", "operator"])),
+        "{sources:?}"
+    );
+    // The tour settles calls from their streams and one by recovery (CONTRACT §1).
+    assert!(
+        sources.contains("stream") && sources.contains("recovery"),
+        "{sources:?}"
+    );
+    for (execution, amount, source) in &rows {
+        let row = reported
+            .iter()
+            .find(|r| r["execution_id"] == execution.as_str())
+            .unwrap_or_else(|| panic!("{execution} is not in the demo's ledger"));
+        assert_eq!(
+            normalized(amount),
+            normalized(row["amount"].as_str().unwrap()),
+            "{execution}"
+        );
+        assert_eq!(row["source"], source.as_str(), "{execution}");
+    }
+    conn.close().await.unwrap();
+    db.drop_now().await;
+}
