@@ -2,6 +2,7 @@
 
 mod commands;
 mod demo;
+mod operator;
 mod out;
 
 use clap::{Parser, Subcommand};
@@ -38,6 +39,99 @@ enum Command {
         /// The captured stream.
         file: std::path::PathBuf,
     },
+    /// Recover one execution whose fence expired (SC-40); never loads input, never sends.
+    Recover {
+        /// Scope.
+        #[arg(long)]
+        scope: String,
+        /// Operation key.
+        #[arg(long)]
+        key: String,
+        /// Lease of the recovery fence.
+        #[arg(long, default_value_t = 30_000)]
+        lease_ms: u64,
+    },
+    /// Reconcile expired executions or usage evidence of a scope.
+    Reconcile {
+        #[command(subcommand)]
+        what: Reconcile,
+    },
+    /// The read view plus journal, receipts and audit trail (no content unless asked).
+    Inspect {
+        /// Scope.
+        #[arg(long)]
+        scope: String,
+        /// Operation key.
+        #[arg(long)]
+        key: String,
+        /// Include output, step and system prompt.
+        #[arg(long)]
+        with_content: bool,
+    },
+    /// Audit log commands.
+    Audit {
+        #[command(subcommand)]
+        what: Audit,
+    },
+    /// Finance commands.
+    Finance {
+        #[command(subcommand)]
+        what: Finance,
+    },
+}
+
+#[derive(Subcommand)]
+enum Reconcile {
+    /// Finish executions whose fences expired; prints {"roots", "executions"}.
+    Expired {
+        /// Scope.
+        #[arg(long)]
+        scope: String,
+        /// At most this many (≤ 100).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Lease of each recovery fence.
+        #[arg(long, default_value_t = 30_000)]
+        lease_ms: u64,
+    },
+    /// Acknowledge exact usage evidence; prints {"scanned", "acknowledged", "cursor"}.
+    Usage {
+        /// Scope.
+        #[arg(long)]
+        scope: String,
+        /// Page size (default 50, at most 100).
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Continue after this cursor.
+        #[arg(long)]
+        after: Option<i64>,
+    },
+}
+
+#[derive(Subcommand)]
+enum Audit {
+    /// Check a scope's audit hash chain; exit 1 and the first bad row if broken.
+    Verify {
+        /// Scope.
+        #[arg(long)]
+        scope: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum Finance {
+    /// Settlement rows with from ≤ accounting day ≤ to.
+    Export {
+        /// First day (YYYY-MM-DD).
+        #[arg(long)]
+        from: chrono::NaiveDate,
+        /// Last day (YYYY-MM-DD).
+        #[arg(long)]
+        to: chrono::NaiveDate,
+        /// csv or json.
+        #[arg(long, default_value = "csv")]
+        format: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -62,6 +156,38 @@ fn main() -> ExitCode {
             Command::Migrate => commands::migrate().await,
             Command::MockProvider { listen } => commands::mock_provider(listen).await,
             Command::ParseStream { protocol, file } => commands::parse_stream(&protocol, &file),
+            Command::Recover {
+                scope,
+                key,
+                lease_ms,
+            } => operator::recover(&scope, &key, lease_ms).await,
+            Command::Reconcile {
+                what:
+                    Reconcile::Expired {
+                        scope,
+                        limit,
+                        lease_ms,
+                    },
+            } => operator::reconcile_expired(&scope, limit, lease_ms).await,
+            Command::Reconcile {
+                what:
+                    Reconcile::Usage {
+                        scope,
+                        limit,
+                        after,
+                    },
+            } => operator::reconcile_usage(&scope, limit, after).await,
+            Command::Inspect {
+                scope,
+                key,
+                with_content,
+            } => operator::inspect(&scope, &key, with_content).await,
+            Command::Audit {
+                what: Audit::Verify { scope },
+            } => operator::audit_verify(&scope).await,
+            Command::Finance {
+                what: Finance::Export { from, to, format },
+            } => operator::finance_export(from, to, &format).await,
         }
     });
     match result {
