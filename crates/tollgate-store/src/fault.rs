@@ -35,6 +35,8 @@ pub enum FaultPoint {
     Read,
     /// `close_root` fails before writing.
     CloseRoot,
+    /// `root_receipt` reads nothing, as if the receipt set were incomplete.
+    HideRootReceipt,
 }
 
 /// Stores with injectable faults.
@@ -321,6 +323,9 @@ impl TreeStore for FaultyStores {
         self.tree()?.root(scope, root_key).await
     }
     async fn root_receipt(&self, execution_id: ExecutionId) -> StoreResult<Option<RootReceipt>> {
+        if self.check(FaultPoint::HideRootReceipt).is_err() {
+            return Ok(None);
+        }
         self.tree()?.root_receipt(execution_id).await
     }
     async fn root_receipts(

@@ -519,7 +519,7 @@ pub async fn rf_2_prestream_refusal_completes_unavailable_with_null_stop(h: H) {
     assert!(view.step.is_none_or(|s| s.stop.is_none()));
 }
 
-pub async fn tc_2_forced_tool_must_be_a_registry_tool(h: H) {
+pub async fn st_3_tc_2_forced_tool_must_be_a_registry_tool(h: H) {
     let mut config = step_config();
     config.tool_choice = Some(ToolChoice::Tool {
         name: "delete_everything".into(),
@@ -606,7 +606,7 @@ pub async fn sr_6_preflight_runs_before_any_root_exists(h: H) {
     assert_eq!(c.sends(), 0);
 }
 
-pub async fn sr_7_completed_view_is_the_step_view_and_root_is_closed(h: H) {
+pub async fn sr_3_sr_7_tc_1_completed_view_is_the_step_view_and_root_is_closed(h: H) {
     let c = client(vec![tool_reply(r#"{"city":"Paris"}"#)]);
     let runner = h.structured(&c);
     let view = runner.run(h.call("extract-1")).await.unwrap();
@@ -672,7 +672,7 @@ pub async fn sr_8_failed_close_never_hides_a_completed_result(h: H) {
     );
 }
 
-pub async fn sr_9_read_without_record_is_decided_by_the_root(h: H) {
+pub async fn sr_9_sc_32_read_without_record_is_decided_by_the_root(h: H) {
     let c = client(vec![]);
     let runner = h.structured(&c);
     assert!(runner
@@ -807,4 +807,71 @@ pub async fn root_with_concurrent_steps_is_never_overrun(h: H) {
     assert_eq!(sum, root.charged);
     assert_eq!(c.sends(), ok);
     assert!(ok >= 5);
+}
+
+pub async fn sr_2_tools_are_validated_and_copied_at_construction(h: H) {
+    let c = client(vec![tool_reply("{}")]);
+    let mut none = structured_config();
+    none.tools.clear();
+    none.tool_choice = None;
+    assert!(StructuredCallRunner::new(h.stores.clone(), c.clone(), h.settings(none)).is_err());
+    let mut dup = structured_config();
+    dup.tools.push(weather());
+    assert!(StructuredCallRunner::new(h.stores.clone(), c.clone(), h.settings(dup)).is_err());
+    let mut config = structured_config();
+    let runner =
+        StructuredCallRunner::new(h.stores.clone(), c.clone(), h.settings(config.clone())).unwrap();
+    config.tools[0].name = "changed_after_construction".into();
+    runner.run(h.call("k")).await.unwrap();
+    assert_eq!(c.last_request().unwrap().tools[0].name, "get_weather");
+}
+
+pub async fn st_31_completed_requires_both_receipts(h: H) {
+    let c = client(vec![tool_reply("{}")]);
+    let runner = h.steps(step_config(), &c);
+    h.open(&runner, "turn-1", 60_000).await;
+    runner.run_step(h.step("turn-1", "s1")).await.unwrap();
+    h.faults.arm(FaultPoint::HideRootReceipt);
+    let v = runner
+        .read(&scope("acme"), &rk("turn-1"), &key("s1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(v.state, ViewState::ReconciliationRequired);
+    h.faults.disarm(FaultPoint::HideRootReceipt);
+    let v = runner
+        .read(&scope("acme"), &rk("turn-1"), &key("s1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(v.state, ViewState::Completed);
+}
+
+pub async fn st_32_st_4_recovery_sends_nothing_and_keeps_the_original_snapshot(h: H) {
+    let c = client(vec![tool_reply("{}")]);
+    let runner = h.steps(step_config(), &c);
+    h.open(&runner, "turn-1", 600_000).await;
+    h.faults.arm(FaultPoint::Settle);
+    assert!(runner.run_step(h.step("turn-1", "s1")).await.is_err());
+    h.faults.disarm(FaultPoint::Settle);
+    h.clock.advance_ms(30_001);
+    let r = Reconciler::with_tree(h.stores.clone(), h.clock.clone());
+    let v = runner
+        .recover(&r, &scope("acme"), &rk("turn-1"), &key("s1"), 1000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(v.state, ViewState::Completed);
+    assert_eq!(
+        v.outcome,
+        Some(Outcome::Unavailable),
+        "lost output is never regenerated"
+    );
+    assert_eq!(
+        v.receipt.clone().unwrap().amount,
+        money("0.00002"),
+        "original prices"
+    );
+    assert_eq!(v.root_receipt.unwrap().amount, money("0.00002"));
+    assert_eq!(c.sends(), 1);
 }

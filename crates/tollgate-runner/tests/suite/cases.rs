@@ -39,7 +39,7 @@ pub async fn sc_12_claim_happens_before_input_is_loaded(h: Harness) {
     assert_eq!((d.settled, d.held), (m("0.00002"), Money::ZERO));
 }
 
-pub async fn sc_13_replay_loads_nothing_and_sends_nothing(h: Harness) {
+pub async fn sc_13_h_2_replay_loads_nothing_and_sends_nothing(h: Harness) {
     let c = client(vec![ok_reply("first")]);
     let runner = h.runner(text_config(), &c);
     let first = runner.run(h.request("k1", "x")).await.unwrap();
@@ -204,7 +204,7 @@ pub async fn sc_17_settle_failure_rejects_and_recovery_settles_without_resend(h:
     assert_eq!(settled.source.as_str(), "recovery");
 }
 
-pub async fn sc_17_lost_settle_acknowledgement_is_read_back(h: Harness) {
+pub async fn sc_17_h_1_lost_settle_acknowledgement_is_read_back(h: Harness) {
     h.faults.arm(FaultPoint::SettleAfterCommit);
     let c = client(vec![ok_reply("done")]);
     let runner = h.runner(text_config(), &c);
@@ -429,7 +429,7 @@ pub async fn sc_7_client_with_retries_is_rejected(h: Harness) {
     ));
 }
 
-pub async fn sc_8_tool_choice_is_rejected(h: Harness) {
+pub async fn sc_8_tc_5_tool_choice_is_rejected(h: Harness) {
     let mut config = text_config();
     config.tool_choice = Some(tollgate_core::message::ToolChoice::Auto);
     let c = client(vec![]);
@@ -530,7 +530,7 @@ pub async fn no_response_goes_to_operators(h: Harness) {
     assert_eq!(v.state, ViewState::ReconciliationRequired);
 }
 
-pub async fn sc_40_recover_finishes_expired_claims_without_sending(h: Harness) {
+pub async fn sc_40_h_4_recover_finishes_expired_claims_without_sending(h: Harness) {
     // A claim whose process died before dispatch.
     let mut claim = tollgate_store::conformance::claim_req("acme", "dead", text_config(), "0.001");
     claim.now = h.clock.now();
@@ -561,7 +561,7 @@ pub async fn sc_40_recover_finishes_expired_claims_without_sending(h: Harness) {
         .is_none());
 }
 
-pub async fn sc_41_reconcile_expired_counts_and_routes(h: Harness) {
+pub async fn sc_41_sc_61_reconcile_expired_counts_and_routes(h: Harness) {
     // One dispatched without evidence (→ operator), one prepared (→ not dispatched).
     for k in ["a", "b"] {
         let mut claim = tollgate_store::conformance::claim_req("acme", k, text_config(), "0.001");
@@ -790,4 +790,128 @@ pub async fn no_overspend_with_200_parallel_runs(h: Harness) {
             .map(|x| Money::new(x, "t").unwrap())
             .unwrap()
     );
+}
+
+pub async fn sc_1_version_ids_are_bound_to_the_execution(h: Harness) {
+    let c = client(vec![ok_reply("a")]);
+    h.runner(text_config(), &c)
+        .run(h.request("k1", "x"))
+        .await
+        .unwrap();
+    for field in ["policy", "output"] {
+        let mut changed = text_config();
+        match field {
+            "policy" => changed.policy_version = VersionId::parse("policy-2").unwrap(),
+            _ => changed.output_contract_version = VersionId::parse("out-2").unwrap(),
+        }
+        let err = h
+            .runner(changed, &c)
+            .run(h.request("k1", "x"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, RunError::Conflict { .. }), "{field}: {err}");
+    }
+    assert_eq!(c.sends(), 1);
+}
+
+pub async fn sc_2_settlement_uses_the_snapshot_prices_consumer_and_day(h: Harness) {
+    let mut config = text_config();
+    config.consumer = ConsumerId::parse("team-z").unwrap();
+    config.prices.output = m("3");
+    let c = client(vec![ok_reply("a")]);
+    let v = h
+        .runner(config, &c)
+        .run(h.request("k1", "x"))
+        .await
+        .unwrap();
+    let s = h
+        .stores
+        .settlement(v.execution_id.unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.consumer.as_str(), "team-z");
+    assert_eq!(s.amount, m("0.000025"), "10 × 1 + 5 × 3 per million");
+    assert_eq!(
+        (s.price_version.as_str(), s.policy_version.as_str()),
+        ("prices-1", "policy-1")
+    );
+    assert_eq!(s.accounting_day, t0().date_naive());
+}
+
+pub async fn sc_3_cache_choice_is_snapshotted_and_sent(h: Harness) {
+    let mut off = text_config();
+    off.cache = Some(false);
+    let c = client(vec![ok_reply("a"), ok_reply("b")]);
+    h.runner(off, &c).run(h.request("k1", "x")).await.unwrap();
+    assert_eq!(c.last_request().unwrap().cache, Some(false));
+    h.runner(text_config(), &c)
+        .run(h.request("k2", "x"))
+        .await
+        .unwrap();
+    assert_eq!(
+        c.last_request().unwrap().cache,
+        None,
+        "omitted: the policy decides"
+    );
+    let err = h
+        .runner(text_config(), &c)
+        .run(h.request("k1", "x"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RunError::Conflict { fields, .. } if fields == ["config.cache"]));
+}
+
+pub async fn sc_31_an_unusable_key_is_final_retry_needs_a_new_key(h: Harness) {
+    let c = client(vec![ok_reply("ok")]);
+    let runner = h.runner(text_config(), &c);
+    let first = runner
+        .run(h.request("k1", &"x".repeat(1001)))
+        .await
+        .unwrap();
+    assert_eq!(
+        first.not_dispatched_cause,
+        Some(NotDispatchedCause::Invalid)
+    );
+    let same = runner.run(h.request("k1", "short")).await.unwrap();
+    assert!(same.replayed);
+    assert_eq!(same.state, ViewState::NotDispatched);
+    assert_eq!(c.sends(), 0);
+    let fresh = runner.run(h.request("k1-retry-1", "short")).await.unwrap();
+    assert_eq!(fresh.outcome, Some(Outcome::Success));
+    assert_eq!(c.sends(), 1);
+}
+
+pub async fn sc_52_only_governed_settlement_writes_finance_rows(h: Harness) {
+    let c = client(vec![
+        ok_reply("a"),
+        ScriptedReply::Events(events_without_usage("cut")),
+    ]);
+    let runner = h.runner(text_config(), &c);
+    runner.run(h.request("settled", "x")).await.unwrap();
+    runner.run(h.request("settled", "x")).await.unwrap();
+    runner.run(h.request("cut", "x")).await.unwrap();
+    runner
+        .run(h.request("invalid", &"x".repeat(1001)))
+        .await
+        .unwrap();
+    let mut blocked = text_config();
+    blocked.caps.daily_block = Some(m("0.0001"));
+    assert!(h
+        .runner(blocked, &c)
+        .run(h.request("blocked", "x"))
+        .await
+        .is_err());
+    let day = t0().date_naive();
+    let rows = h.stores.settlements(day, day, 100).await.unwrap();
+    assert_eq!(
+        rows.len(),
+        1,
+        "replays, cut streams, not-dispatched and blocked calls write none"
+    );
+    let audit = serde_json::to_string(&h.stores.audit_rows(&scope("acme"), 0, 1000).await.unwrap())
+        .unwrap();
+    for legacy in ["run_id", "turn_id", "attempt_id", "call_id"] {
+        assert!(!audit.contains(legacy));
+    }
 }
