@@ -249,15 +249,16 @@ impl CallConfig {
     }
 }
 
-#[cfg(test)]
-pub(crate) mod fixtures {
+/// Example snapshots for tests, examples and benches.
+pub mod fixtures {
     use super::*;
 
     fn m(s: &str) -> Money {
         Money::parse(s, "t").unwrap_or(Money::ZERO)
     }
 
-    /// A valid text config for tests.
+    /// A valid text config: model `mock-echo`, prices 1 / 2 / 0.1 / 1.25 / 2 per million tokens,
+    /// no caps, `max_tokens` 100, 1000-char input and output limits, a 10 s run timeout.
     pub fn text_config() -> CallConfig {
         CallConfig {
             kind: CallKind::Text,

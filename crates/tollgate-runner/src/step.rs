@@ -359,12 +359,10 @@ impl GovernedStepRunner {
         scope: &Scope,
         root_key: &RootKey,
     ) -> Result<Option<RootRecord>, RunError> {
-        let key = OperationKey::parse(root_key.as_str())
-            .map_err(|e| RunError::InvalidRequest(e.to_string()))?;
         self.tree
             .close_root(scope, root_key, self.engine.ctx.clock.now())
             .await
-            .map_err(|e| RunError::store(&key, e))
+            .map_err(|e| root_error(root_key, e))
     }
 
     /// Reads a root.
@@ -376,12 +374,18 @@ impl GovernedStepRunner {
         scope: &Scope,
         root_key: &RootKey,
     ) -> Result<Option<RootRecord>, RunError> {
-        let key = OperationKey::parse(root_key.as_str())
-            .map_err(|e| RunError::InvalidRequest(e.to_string()))?;
         self.tree
             .root(scope, root_key)
             .await
-            .map_err(|e| RunError::store(&key, e))
+            .map_err(|e| root_error(root_key, e))
+    }
+}
+
+/// A store failure on a root, reported under the root key (root keys are valid operation keys).
+fn root_error(root_key: &RootKey, error: tollgate_store::StoreError) -> RunError {
+    match OperationKey::parse(root_key.as_str()) {
+        Ok(key) => RunError::store(&key, error),
+        Err(_) => RunError::InvalidRequest(format!("root {root_key}: {error}")),
     }
 }
 

@@ -7,6 +7,7 @@ use crate::error::RunError;
 use crate::recovery::{Reconciler, UsageCounts};
 use crate::single::{RunRequest, RunnerSettings};
 use crate::step::{GovernedStepRunner, OpenRoot, StepRequest};
+use crate::views;
 use std::sync::Arc;
 use tollgate_core::digest::domain_digest;
 use tollgate_core::ids::{OperationKey, RootKey, Scope};
@@ -182,20 +183,7 @@ impl StructuredCallRunner {
             _ if root.reserved_calls > 0 => ViewState::ReconciliationRequired,
             _ => ViewState::NotDispatched,
         };
-        Ok(Some(View {
-            state,
-            replayed: false,
-            operation_key: key.clone(),
-            execution_id: None,
-            outcome: None,
-            invalid_reason: None,
-            not_dispatched_cause: None,
-            output: None,
-            step: None,
-            receipt: None,
-            root_receipt: None,
-            warnings: Vec::new(),
-        }))
+        Ok(Some(views::bare(key.clone(), state)))
     }
 
     /// `recover(scope, key, {lease_ms})` with the host key (SR-11).

@@ -19,10 +19,18 @@ pub fn receipt(settlement: &SettlementRecord) -> Receipt {
 
 fn base(record: &ExecutionRecord, state: ViewState) -> View {
     View {
+        execution_id: Some(record.id),
+        ..bare(record.operation_key.clone(), state)
+    }
+}
+
+/// A view with no journal record behind it (e.g. a structured call decided by its root).
+pub fn bare(operation_key: OperationKey, state: ViewState) -> View {
+    View {
         state,
         replayed: false,
-        operation_key: record.operation_key.clone(),
-        execution_id: Some(record.id),
+        operation_key,
+        execution_id: None,
         outcome: None,
         invalid_reason: None,
         not_dispatched_cause: None,

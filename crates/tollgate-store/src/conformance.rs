@@ -11,11 +11,11 @@ use crate::record::*;
 use crate::traits::*;
 use chrono::{DateTime, Duration, Utc};
 use std::sync::Arc;
-use tollgate_core::caps::{CapLevel, Caps};
+use tollgate_core::caps::CapLevel;
 use tollgate_core::config::CallConfig;
 use tollgate_core::digest::Binding;
 use tollgate_core::ids::*;
-use tollgate_core::money::{Currency, Money, TokenPrices};
+use tollgate_core::money::Money;
 use tollgate_core::state::{
     CallKind, ExecutionState, NotDispatchedCause, Outcome, SettlementSource,
 };
@@ -74,39 +74,7 @@ pub fn key(s: &str) -> OperationKey {
 
 /// A valid text config: prices 1/2/0.1/1.25/2 per million, no caps.
 pub fn text_config() -> CallConfig {
-    CallConfig {
-        kind: CallKind::Text,
-        provider: "mock".into(),
-        model: "mock-echo".into(),
-        policy_version: VersionId::parse("policy-1").unwrap(),
-        price_version: VersionId::parse("prices-1").unwrap(),
-        output_contract_version: VersionId::parse("out-1").unwrap(),
-        consumer: ConsumerId::parse("team-a").unwrap(),
-        currency: Currency::parse("USD").unwrap(),
-        prices: TokenPrices {
-            input: money("1"),
-            output: money("2"),
-            cache_read: money("0.1"),
-            cache_write: money("1.25"),
-            reasoning: money("2"),
-        },
-        caps: Caps::default(),
-        system: Some("Be brief.".into()),
-        max_tokens: 100,
-        max_input_chars: 1000,
-        max_output_chars: 1000,
-        max_request_chars: None,
-        max_reasoning_chars: 1000,
-        max_consecutive_reasoning: None,
-        run_timeout_ms: 10_000,
-        result_retention_secs: 3600,
-        cache: None,
-        temperature: None,
-        output: None,
-        tools: vec![],
-        tool_choice: None,
-        context_window_tokens: None,
-    }
+    tollgate_core::config::fixtures::text_config()
 }
 
 pub fn binding(session: &str, config: CallConfig) -> Binding {
