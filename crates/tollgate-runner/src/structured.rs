@@ -4,6 +4,7 @@
 
 use crate::drive::{BackgroundErrorFn, BackgroundFailure};
 use crate::error::RunError;
+use crate::outcome::{REFUSAL_STOPS, TRUNCATION_STOPS};
 use crate::recovery::{Reconciler, UsageCounts};
 use crate::single::{RunRequest, RunnerSettings};
 use crate::step::{GovernedStepRunner, OpenRoot, StepRequest};
@@ -11,7 +12,8 @@ use crate::views;
 use std::sync::Arc;
 use tollgate_core::digest::domain_digest;
 use tollgate_core::ids::{OperationKey, RootKey, Scope};
-use tollgate_core::state::CallKind;
+use tollgate_core::state::{CallKind, Outcome};
+use tollgate_core::step::ToolCall;
 use tollgate_core::view::{View, ViewState};
 use tollgate_provider::ProviderClient;
 use tollgate_store::{RootState, StoreError, TreeStores};
@@ -224,6 +226,27 @@ impl StructuredCallRunner {
             .reconcile_usage(scope, limit, after, &others)
             .await
     }
+}
+
+/// The one valid extraction of a completed view (TC-6): outcome `success`, a stop that is neither
+/// a refusal nor a truncation, exactly the expected tool name, arguments that parsed. Refusals,
+/// truncation, unavailable output and malformed arguments are never a valid extraction. The caller
+/// still validates the arguments against its business schema.
+pub fn valid_extraction<'a>(view: &'a View, tool: &str) -> Option<&'a ToolCall> {
+    if view.state != ViewState::Completed || view.outcome != Some(Outcome::Success) {
+        return None;
+    }
+    let step = view.step.as_ref()?;
+    let stop = step.stop.as_deref()?;
+    if REFUSAL_STOPS.contains(&stop) || TRUNCATION_STOPS.contains(&stop) {
+        return None;
+    }
+    let mut calls = step.tool_calls.iter().filter(|c| c.name == tool);
+    let call = calls.next()?;
+    if calls.next().is_some() || call.malformed {
+        return None;
+    }
+    Some(call)
 }
 
 fn with_host_key(error: RunError, key: &OperationKey) -> RunError {

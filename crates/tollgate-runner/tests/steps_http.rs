@@ -228,7 +228,7 @@ async fn rf_1_rf_2_refusal_proofs_over_http_settle_zero_on_both_receipts() {
 }
 
 #[tokio::test]
-async fn sr_1_tc_1_structured_call_over_http_forces_the_tool_and_replays_without_sending() {
+async fn sr_1_tc_1_tc_3_structured_call_over_http_forces_the_tool_never_executes_it_and_replays() {
     let rig = Rig::new().await;
     for (i, protocol) in ALL.into_iter().enumerate() {
         let mut c = config("mock-tool", CallKind::Structured);

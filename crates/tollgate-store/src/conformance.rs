@@ -40,7 +40,7 @@ macro_rules! store_conformance {
             reconciliation_required_keeps_hold_until_operator_settles,
             sc_40_take_fence_only_after_lease_expiry,
             sc_41_expired_lists_only_expired_unfinished,
-            sc_73_erasure_is_final,
+            sc_71_sc_73_retention_and_erasure_are_final,
             sc_42_inbox_pages_by_seq_and_acknowledges_once,
             audit_chain_verifies_and_never_holds_content,
             settlements_by_day,
@@ -404,7 +404,7 @@ pub async fn sc_41_expired_lists_only_expired_unfinished<S: Stores>(s: Arc<S>) {
     assert_eq!(s.expired(&scope("a"), later, 1).await.unwrap().len(), 1);
 }
 
-pub async fn sc_73_erasure_is_final<S: Stores>(s: Arc<S>) {
+pub async fn sc_71_sc_73_retention_and_erasure_are_final<S: Stores>(s: Arc<S>) {
     let r = dispatched(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
     s.settle(settle_req(&r, "0.1", "x")).await.unwrap();
     assert!(

@@ -875,3 +875,80 @@ pub async fn st_32_st_4_recovery_sends_nothing_and_keeps_the_original_snapshot(h
     assert_eq!(v.root_receipt.unwrap().amount, money("0.00002"));
     assert_eq!(c.sends(), 1);
 }
+
+pub async fn st_1_a_step_takes_a_planned_conversation_with_tool_results(h: H) {
+    let c = client(vec![tool_reply("{}")]);
+    let runner = h.steps(step_config(), &c);
+    h.open(&runner, "turn-1", 60_000).await;
+    let mut req = h.step("turn-1", "s2");
+    req.load_input = async {
+        Ok(serde_json::from_value(serde_json::json!([
+            {"role": "user", "content": "weather in Paris?"},
+            {"role": "assistant", "content": [{"type": "tool_call", "id": "c1", "name": "get_weather", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "call_id": "c1", "content": "18C"}]}
+        ]))
+        .unwrap())
+    }
+    .boxed();
+    let view = runner.run_step(req).await.unwrap();
+    assert_eq!(view.state, ViewState::Completed);
+    assert_eq!(c.last_request().unwrap().messages.len(), 3);
+}
+
+pub async fn st_2_step_runner_refuses_other_kinds_and_unbounded_limits(h: H) {
+    let c = client(vec![]);
+    let build = |config: CallConfig| {
+        GovernedStepRunner::new(h.stores.clone(), c.clone(), h.settings(config))
+    };
+    assert!(build(text_config()).is_err(), "a text snapshot");
+    let mut slow = step_config();
+    slow.run_timeout_ms = 600_001;
+    assert!(build(slow).is_err(), "run_timeout_ms above 10 minutes");
+    let mut chatty = step_config();
+    chatty.max_reasoning_chars = 1_000_001;
+    assert!(
+        build(chatty).is_err(),
+        "max_reasoning_chars above 1,000,000"
+    );
+    assert!(build(step_config()).is_ok());
+}
+
+pub async fn tc_6_only_a_successful_parsed_expected_call_is_an_extraction(h: H) {
+    use tollgate_runner::structured::valid_extraction;
+    let c = client(vec![
+        tool_reply(r#"{"city":"Paris"}"#),
+        tool_reply(r#"{"city": "Par"#),
+        ScriptedReply::Events(vec![
+            E::ProviderRef { id: "r".into() },
+            E::ToolCallStart {
+                index: 0,
+                id: "c".into(),
+                name: "get_weather".into(),
+            },
+            E::ToolCallArgsDelta {
+                index: 0,
+                delta: "{}".into(),
+            },
+            E::Stop {
+                reason: "max_tokens".into(),
+            },
+            E::Usage {
+                usage: u(1, 1),
+                terminal: true,
+            },
+            E::Done,
+        ]),
+    ]);
+    let runner = h.structured(&c);
+    let good = runner.run(h.call("good")).await.unwrap();
+    assert_eq!(
+        valid_extraction(&good, "get_weather").unwrap().input["city"],
+        "Paris"
+    );
+    assert!(valid_extraction(&good, "other_tool").is_none());
+    let malformed = runner.run(h.call("malformed")).await.unwrap();
+    assert!(valid_extraction(&malformed, "get_weather").is_none());
+    let truncated = runner.run(h.call("truncated")).await.unwrap();
+    assert_eq!(truncated.outcome, Some(Outcome::Truncated));
+    assert!(valid_extraction(&truncated, "get_weather").is_none());
+}

@@ -27,5 +27,8 @@ step_suite!(fresh;
     root_with_concurrent_steps_is_never_overrun,
     sr_2_tools_are_validated_and_copied_at_construction,
     st_31_completed_requires_both_receipts,
+    st_1_a_step_takes_a_planned_conversation_with_tool_results,
+    st_2_step_runner_refuses_other_kinds_and_unbounded_limits,
+    tc_6_only_a_successful_parsed_expected_call_is_an_extraction,
     st_32_st_4_recovery_sends_nothing_and_keeps_the_original_snapshot,
 );
