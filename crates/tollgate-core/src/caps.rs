@@ -77,7 +77,7 @@ pub struct SpendTotals {
 
 /// A block cap that refused a call before dispatch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-#[error("{window:?} block cap {limit} would be exceeded")]
+#[error("{} block cap {limit} would be exceeded", window.as_str())]
 pub struct CapBlocked {
     /// Which cap.
     pub window: CapWindow,

@@ -21,6 +21,10 @@ use tollgate_store::{ClaimOutcome, ClaimRequest, ExecutionRecord, StoreError, St
 
 /// Slack the caller waits past the read bound for the drive to record its outcome.
 const FINISH_SLACK_MS: u64 = 5_000;
+/// Slack of a claim's lease past the run timeout, for the evidence and settlement writes. A
+/// recoverer that takes over after it only makes those writes fail on the stale fence; the
+/// evidence is in the inbox and recovery settles from it.
+pub const LEASE_SLACK_MS: u64 = 1_000;
 
 /// Shared runner machinery.
 pub(crate) struct Engine {
@@ -78,6 +82,11 @@ impl Engine {
             .config
             .worst_case_hold()
             .map_err(|e| RunError::InvalidConfig(e.to_string()))?;
+        // The fence must outlive the whole run, or a recoverer could take over a call that is
+        // still reading its stream.
+        let lease_ms = self
+            .lease_ms
+            .max(self.config.run_timeout_ms + LEASE_SLACK_MS);
         let claim = ClaimRequest {
             scope: scope.clone(),
             operation_key: key.clone(),
@@ -85,7 +94,7 @@ impl Engine {
             binding: binding.clone(),
             hold,
             now: self.ctx.clock.now(),
-            lease_ms: self.lease_ms,
+            lease_ms,
         };
         self.ctx
             .stores

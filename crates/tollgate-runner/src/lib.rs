@@ -9,7 +9,7 @@
 
 pub mod clock;
 mod drive;
-mod engine;
+pub mod engine;
 pub mod error;
 pub mod input;
 pub mod outcome;

@@ -26,6 +26,8 @@ use tollgate_store::{MemoryStores, SettlementStore, SpendStore, Stores};
 
 /// Lease of the demo's runners: short, so the recovery step need not wait long.
 const DEMO_LEASE_MS: u64 = 300;
+/// Run timeout of the demo's profiles; a claim's lease covers it (plus a second of slack).
+const DEMO_RUN_TIMEOUT_MS: u64 = 500;
 
 fn money(text: &str) -> Result<Money, String> {
     Money::parse(text, "demo amount").map_err(|e| e.to_string())
@@ -60,7 +62,7 @@ fn profile(model: &str, consumer: &str, caps: Caps) -> Result<CallConfig, String
         max_request_chars: None,
         max_reasoning_chars: 10_000,
         max_consecutive_reasoning: Some(64),
-        run_timeout_ms: 10_000,
+        run_timeout_ms: DEMO_RUN_TIMEOUT_MS,
         result_retention_secs: 30 * 24 * 3600,
         cache: None,
         temperature: None,
@@ -260,7 +262,9 @@ async fn tour_recovery(tour: &mut Tour) -> Result<(), String> {
         .await;
     tour.stores.disarm(FaultPoint::Settle);
     tour.report("store failure", &crashed);
-    tokio::time::sleep(Duration::from_millis(DEMO_LEASE_MS + 100)).await;
+    // The claim's lease covers the run timeout; wait it out, as a crashed process would.
+    let lease_ms = DEMO_LEASE_MS.max(DEMO_RUN_TIMEOUT_MS + tollgate_runner::engine::LEASE_SLACK_MS);
+    tokio::time::sleep(Duration::from_millis(lease_ms + 100)).await;
     let stores: Arc<dyn Stores> = tour.stores.clone();
     let reconciler = Reconciler::new(stores, Arc::new(SystemClock));
     let scope = id(Scope::parse, "demo")?;
@@ -338,9 +342,12 @@ async fn ledger(tour: &Tour) -> Result<(), String> {
     }
     out::line("\nspend today (settled / held):");
     for s in &spend {
+        let text = |k: &str| s[k].as_str().unwrap_or_default().to_string();
         out::line(&format!(
-            "  {} {} / {}",
-            s["consumer"], s["settled"], s["held"]
+            "  {:<8} {} / {}",
+            text("consumer"),
+            text("settled"),
+            text("held")
         ));
     }
     Ok(())
