@@ -11,7 +11,7 @@ use crate::step::{GovernedStepRunner, OpenRoot, StepRequest};
 use crate::views;
 use std::sync::Arc;
 use tollgate_core::digest::domain_digest;
-use tollgate_core::ids::{OperationKey, RootKey, Scope};
+use tollgate_core::ids::{OperationKey, RootKey, Scope, SessionId};
 use tollgate_core::state::{CallKind, Outcome};
 use tollgate_core::step::ToolCall;
 use tollgate_core::view::{View, ViewState};
@@ -94,7 +94,8 @@ impl StructuredCallRunner {
             .await
             .map_err(|e| RunError::store(&request.operation_key, e))?;
         if existing.is_none() {
-            self.preflight(&request).await?;
+            self.preflight(&request.scope, &request.session_id, &request.operation_key)
+                .await?;
         }
         let deadline_ms = engine.config.run_timeout_ms + ROOT_DEADLINE_SLACK_MS;
         self.steps
@@ -127,18 +128,22 @@ impl StructuredCallRunner {
 
     /// SR-6: session and daily block caps, checked against settled + held spend before any root
     /// exists. (The claim re-checks atomically with its hold.)
-    async fn preflight(&self, request: &RunRequest) -> Result<(), RunError> {
+    async fn preflight(
+        &self,
+        scope: &Scope,
+        session_id: &SessionId,
+        key: &OperationKey,
+    ) -> Result<(), RunError> {
         let engine = &self.steps.engine;
         let config = &engine.config;
         let stores = &engine.ctx.stores;
-        let key = &request.operation_key;
         let day = engine.ctx.clock.now().date_naive();
         let session = stores
-            .session_spend(&request.scope, &config.consumer, &request.session_id)
+            .session_spend(scope, &config.consumer, session_id)
             .await
             .map_err(|e| RunError::store(key, e))?;
         let daily = stores
-            .daily_spend(&request.scope, &config.consumer, day)
+            .daily_spend(scope, &config.consumer, day)
             .await
             .map_err(|e| RunError::store(key, e))?;
         let hold = config

@@ -266,3 +266,35 @@ async fn sr_1_tc_1_tc_3_structured_call_over_http_forces_the_tool_never_executes
         );
     }
 }
+
+/// Every runner's future can be spawned on a multi-threaded runtime (an HTTP handler does).
+#[test]
+fn every_run_future_is_send() {
+    fn assert_send<T: Send>(_: &T) {}
+    let stores: Arc<dyn TreeStores> = Arc::new(MemoryStores::new());
+    let client = Arc::new(
+        HttpClient::new(HttpClientConfig {
+            protocol: Protocol::OpenAiChat,
+            base_url: "http://127.0.0.1:9".into(),
+            api_key: None,
+            connect_timeout_ms: 100,
+            read_timeout_ms: 100,
+            max_attempts: 1,
+        })
+        .unwrap(),
+    );
+    let mut c = config("mock-tool", CallKind::Structured);
+    c.tool_choice = None;
+    let runner = StructuredCallRunner::new(stores, client, RunnerSettings::new(c)).unwrap();
+    let request = RunRequest {
+        scope: scope("acme"),
+        session_id: SessionId::parse("s").unwrap(),
+        operation_key: OperationKey::parse("k").unwrap(),
+        input_revision: InputRevision::parse("r").unwrap(),
+        intent: Intent::parse("extract").unwrap(),
+        load_input: async { Ok(vec![Message::text(Role::User, "x")]) }.boxed(),
+        cancel: CancellationToken::new(),
+    };
+    let future = runner.run(request);
+    assert_send(&future);
+}
