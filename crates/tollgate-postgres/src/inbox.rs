@@ -7,10 +7,10 @@ use crate::PgStores;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tollgate_core::ids::{EvidenceId, ExecutionId, Scope};
-use tollgate_store::record::{AuditEvent, Evidence, NewEvidence};
+use tollgate_store::logic;
+use tollgate_store::record::{Evidence, NewEvidence};
 use tollgate_store::traits::UsageInbox;
 use tollgate_store::{StoreError, StoreResult};
-use uuid::Uuid;
 
 const INSERT: &str = concat!(
     "INSERT INTO usage_inbox (id, scope, execution_id, operation_key, provider_ref, \
@@ -28,9 +28,11 @@ const OPEN: &str = concat!(
      ORDER BY seq LIMIT $3"
 );
 
-const ACKNOWLEDGE: &str = "UPDATE usage_inbox SET acknowledged_at = $3 \
-     WHERE id = $1 AND scope = $2 AND acknowledged_at IS NULL \
-     RETURNING execution_id, seq";
+const ACKNOWLEDGE: &str = concat!(
+    "UPDATE usage_inbox SET acknowledged_at = $3 \
+     WHERE id = $1 AND scope = $2 AND acknowledged_at IS NULL RETURNING ",
+    evidence_columns!()
+);
 
 #[async_trait]
 impl UsageInbox for PgStores {
@@ -92,14 +94,14 @@ impl UsageInbox for PgStores {
         now: DateTime<Utc>,
     ) -> StoreResult<()> {
         let mut tx = self.pool().begin().await.map_err(db)?;
-        let acknowledged: Option<(Uuid, i64)> = sqlx::query_as(ACKNOWLEDGE)
+        let acknowledged: Option<EvidenceRow> = sqlx::query_as(ACKNOWLEDGE)
             .bind(id.0)
             .bind(scope.as_str())
             .bind(now)
             .fetch_optional(&mut *tx)
             .await
             .map_err(db)?;
-        let Some((execution_id, seq)) = acknowledged else {
+        let Some(acknowledged) = acknowledged else {
             let exists: bool = sqlx::query_scalar(
                 "SELECT EXISTS (SELECT 1 FROM usage_inbox WHERE id = $1 AND scope = $2)",
             )
@@ -115,13 +117,8 @@ impl UsageInbox for PgStores {
                 Err(StoreError::NotFound(id.to_string()))
             };
         };
-        let event = AuditEvent {
-            scope: scope.clone(),
-            execution_id: Some(ExecutionId(execution_id)),
-            kind: "evidence_acknowledged".into(),
-            detail: serde_json::json!({"evidence_id": id.to_string(), "seq": seq}),
-            at: now,
-        };
+        let evidence = acknowledged.into_record()?;
+        let event = logic::evidence_acknowledged_event(scope, &evidence, now);
         audit::append(&mut tx, event).await?;
         tx.commit().await.map_err(db)?;
         Ok(())

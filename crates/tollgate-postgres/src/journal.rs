@@ -2,6 +2,7 @@
 
 use crate::audit;
 use crate::error::db;
+use crate::roots;
 use crate::rows::{execution_columns, ExecutionRow};
 use crate::spend::{self, SpendKeys};
 use crate::PgStores;
@@ -127,8 +128,13 @@ async fn insert(conn: &mut PgConnection, r: &ExecutionRecord) -> StoreResult<Opt
 
 impl PgStores {
     /// [`ExecutionStore::claim`](tollgate_store::ExecutionStore::claim): one transaction that
-    /// inserts the row (or finds the existing one), locks both spend rows, admits the hold
-    /// against the block caps, adds it, and audits `claimed`. A refusal rolls everything back.
+    /// inserts the row (or finds the existing one), takes the root lock when the call is under a
+    /// root, locks both spend rows, admits the hold against the block caps (then against the
+    /// root block cap on the root's inclusive cost), adds it to the spend rows and the root, and
+    /// audits `claimed`. A refusal rolls everything back; a missing root is `NotFound`.
+    ///
+    /// Locks in the crate's order: the new execution row (the insert), the root row, the
+    /// session spend row, the day spend row, the audit head.
     pub(crate) async fn claim_tx(&self, request: ClaimRequest) -> StoreResult<ClaimOutcome> {
         let mut tx = self.pool().begin().await.map_err(db)?;
         let Some(row) = insert(&mut tx, &logic::new_execution(&request)).await? else {
@@ -140,12 +146,31 @@ impl PgStores {
             return Ok(ClaimOutcome::Existing(existing));
         };
         let record = row.into_record()?;
+        let root = match &request.root_key {
+            Some(root_key) => Some((
+                root_key,
+                roots::lock(&mut tx, &request.scope, root_key).await?,
+            )),
+            None => None,
+        };
         let keys = SpendKeys::of(&record);
         let (session, daily) = spend::lock(&mut tx, &keys).await?;
         let caps = &request.binding.config.caps;
         if let Err(blocked) = caps.admit(session, daily, request.hold) {
             tx.rollback().await.map_err(db)?;
             return Ok(ClaimOutcome::Blocked(blocked));
+        }
+        if let Some((root_key, root)) = root {
+            let Some(root) = root else {
+                tx.rollback().await.map_err(db)?;
+                return Err(StoreError::NotFound(format!("root {root_key}")));
+            };
+            if let Err(blocked) = caps.admit_root(root.totals(), request.hold) {
+                tx.rollback().await.map_err(db)?;
+                return Ok(ClaimOutcome::Blocked(blocked));
+            }
+            let totals = logic::add_hold(root.totals(), request.hold)?;
+            roots::write_totals(&mut tx, root.id, totals, Some(request.now)).await?;
         }
         let session = logic::add_hold(session, request.hold)?;
         let daily = logic::add_hold(daily, request.hold)?;
@@ -190,7 +215,8 @@ impl PgStores {
         Ok(record)
     }
 
-    /// `prepared → not_dispatched(cause)`, releasing the hold from both spend rows.
+    /// `prepared → not_dispatched(cause)`, releasing the hold from the root (under the root
+    /// lock, for a call under a root) and from both spend rows.
     pub(crate) async fn not_dispatched_tx(
         &self,
         fence: Fence,
@@ -200,6 +226,13 @@ impl PgStores {
         let mut tx = self.pool().begin().await.map_err(db)?;
         let before = lock(&mut tx, fence.execution_id).await?;
         logic::check_fence(&before, fence, &[ExecutionState::Prepared])?;
+        if let Some(root_key) = &before.root_key {
+            if let Some(root) = roots::lock(&mut tx, &before.scope, root_key).await? {
+                // Like the in-memory store: the hold goes, `updated_at` stays.
+                let totals = logic::release_hold(root.totals(), before.hold);
+                roots::write_totals(&mut tx, root.id, totals, None).await?;
+            }
+        }
         let keys = SpendKeys::of(&before);
         let (session, daily) = spend::lock(&mut tx, &keys).await?;
         let session = logic::release_hold(session, before.hold);

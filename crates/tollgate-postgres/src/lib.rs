@@ -9,9 +9,12 @@
 //!
 //! 1. the execution row (a fresh insert in `claim`, `SELECT … FOR UPDATE` or a fenced `UPDATE`
 //!    elsewhere; result and evidence rows of that execution come with it);
-//! 2. the consumer's session spend row, then its day spend row (upserted and locked in one
+//! 2. the operation root's row, "the root lock" (`SELECT … FOR UPDATE` in `claim`,
+//!    `mark_not_dispatched` and `settle` of a call under a root, and in the root operations;
+//!    root receipts come with it; `reconcile_roots` skips locked roots instead of waiting);
+//! 3. the consumer's session spend row, then its day spend row (upserted and locked in one
 //!    statement each, so they exist before they are locked);
-//! 3. last, the scope's audit head (`audit_heads`), which serializes a scope's audit appends and
+//! 4. last, the scope's audit head (`audit_heads`), which serializes a scope's audit appends and
 //!    makes its `seq` gapless. A transaction holding a head waits for nothing but its commit.
 //!
 //! SQL is fixed text with bound parameters (never formatted values), checked at run time, so
@@ -25,14 +28,19 @@ mod executions;
 mod inbox;
 mod journal;
 mod results;
+mod roots;
 mod rows;
 mod settle;
 mod settlements;
 mod spend;
+#[cfg(feature = "test-support")]
+mod test_support;
 
 use error::{db, sqlstate, UNDEFINED_TABLE};
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::postgres::{PgPool, PgPoolOptions};
+#[cfg(feature = "test-support")]
+pub use test_support::{fresh_test_database, TEST_POOL_CONNECTIONS};
 use tollgate_store::StoreError;
 
 /// The embedded migrations (`migrations/` at the workspace root).

@@ -9,7 +9,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use tollgate_core::ids::{ExecutionId, Scope};
-use tollgate_store::record::{AuditEvent, ResultRecord};
+use tollgate_store::logic;
+use tollgate_store::record::ResultRecord;
 use tollgate_store::traits::ResultStore;
 use tollgate_store::{StoreError, StoreResult};
 use uuid::Uuid;
@@ -36,17 +37,6 @@ const ERASE_EXPIRED: &str = "WITH due AS (\
      WHERE r.execution_id = due.execution_id AND e.id = r.execution_id \
      RETURNING e.scope, r.execution_id";
 
-/// The audit event of an erasure (the same as the in-memory store's).
-fn erased_event(scope: &Scope, id: ExecutionId, now: DateTime<Utc>) -> AuditEvent {
-    AuditEvent {
-        scope: scope.clone(),
-        execution_id: Some(id),
-        kind: "erased".into(),
-        detail: serde_json::json!({}),
-        at: now,
-    }
-}
-
 async fn audit_erased(
     conn: &mut PgConnection,
     erased: Vec<(String, Uuid)>,
@@ -57,7 +47,7 @@ async fn audit_erased(
     erased.sort();
     for (scope, id) in erased {
         let scope = Scope::parse(scope).map_err(|_| crate::error::corrupt("scope"))?;
-        audit::append(conn, erased_event(&scope, ExecutionId(id), now)).await?;
+        audit::append(conn, logic::erased_event(&scope, ExecutionId(id), now)).await?;
     }
     Ok(())
 }
@@ -105,7 +95,7 @@ impl ResultStore for PgStores {
                 Err(StoreError::NotFound(execution_id.to_string()))
             };
         }
-        audit::append(&mut tx, erased_event(scope, execution_id, now)).await?;
+        audit::append(&mut tx, logic::erased_event(scope, execution_id, now)).await?;
         tx.commit().await.map_err(db)?;
         Ok(())
     }

@@ -65,6 +65,23 @@ macro_rules! audit_columns {
 }
 pub(crate) use audit_columns;
 
+/// Columns of `roots`, in [`RootRow`] order.
+macro_rules! root_columns {
+    () => {
+        "id, scope, root_key, binding, binding_digest, deadline, state, reserved_calls, \
+         charged, held, created_at, updated_at"
+    };
+}
+pub(crate) use root_columns;
+
+/// Columns of `root_receipts`.
+macro_rules! receipt_columns {
+    () => {
+        "root_id, execution_id, amount, currency, created_at"
+    };
+}
+pub(crate) use receipt_columns;
+
 fn parse<T: FromStr>(text: &str, field: &str) -> StoreResult<T> {
     text.parse().map_err(|_| corrupt(field))
 }
@@ -354,6 +371,67 @@ impl SpendRow {
         Ok(SpendTotals {
             settled: money(self.settled, "settled")?,
             held: money(self.held, "held")?,
+        })
+    }
+}
+
+/// A row of `roots`.
+#[derive(sqlx::FromRow)]
+pub(crate) struct RootRow {
+    id: Uuid,
+    scope: String,
+    root_key: String,
+    binding: serde_json::Value,
+    binding_digest: String,
+    deadline: DateTime<Utc>,
+    state: String,
+    reserved_calls: i64,
+    charged: Decimal,
+    held: Decimal,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl RootRow {
+    /// The record.
+    pub(crate) fn into_record(self) -> StoreResult<RootRecord> {
+        Ok(RootRecord {
+            id: RootId(self.id),
+            scope: id(self.scope, "scope", Scope::parse)?,
+            root_key: id(self.root_key, "root_key", RootKey::parse)?,
+            binding: json(self.binding, "binding")?,
+            binding_digest: Digest256::from_hex(&self.binding_digest)
+                .map_err(|_| corrupt("binding_digest"))?,
+            deadline: self.deadline,
+            state: parse(&self.state, "root state")?,
+            reserved_calls: self.reserved_calls,
+            charged: money(self.charged, "charged")?,
+            held: money(self.held, "held")?,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+        })
+    }
+}
+
+/// A row of `root_receipts`.
+#[derive(sqlx::FromRow)]
+pub(crate) struct ReceiptRow {
+    root_id: Uuid,
+    execution_id: Uuid,
+    amount: Decimal,
+    currency: String,
+    created_at: DateTime<Utc>,
+}
+
+impl ReceiptRow {
+    /// The record.
+    pub(crate) fn into_record(self) -> StoreResult<RootReceipt> {
+        Ok(RootReceipt {
+            root_id: RootId(self.root_id),
+            execution_id: ExecutionId(self.execution_id),
+            amount: money(self.amount, "amount")?,
+            currency: Currency::parse(&self.currency).map_err(|_| corrupt("currency"))?,
+            created_at: self.created_at,
         })
     }
 }

@@ -1,9 +1,11 @@
-//! Settlement: governed charge, spend, result, journal completion, evidence acknowledgement
-//! and audit in one transaction (DESIGN §4, SC-52).
+//! Settlement: governed charge, spend, root totals and root receipt (under a root), result,
+//! journal completion and audit in one transaction (DESIGN §4, SC-52, ST-6). Evidence is not
+//! acknowledged here: reconcile usage compares it with the durable settlement.
 
 use crate::audit;
 use crate::error::{db, is_unique_violation};
 use crate::journal;
+use crate::roots;
 use crate::rows::{execution_columns, result_columns, to_json_text, ExecutionRow, ResultRow};
 use crate::settlements;
 use crate::spend::{self, SpendKeys};
@@ -26,10 +28,6 @@ const COMPLETE: &str = concat!(
      updated_at = $6 WHERE id = $1 RETURNING ",
     execution_columns!()
 );
-
-/// Marks the evidence a settlement is based on acknowledged (within the execution's scope).
-const ACKNOWLEDGE: &str = "UPDATE usage_inbox SET acknowledged_at = $3 \
-     WHERE id = $1 AND scope = $2 AND acknowledged_at IS NULL";
 
 /// A unique violation while settling means a settlement (or result) already exists.
 fn duplicate(error: sqlx::Error, record: &ExecutionRecord) -> StoreError {
@@ -76,13 +74,20 @@ async fn complete(conn: &mut PgConnection, done: &ExecutionRecord) -> StoreResul
 
 impl PgStores {
     /// [`ExecutionStore::settle`](tollgate_store::ExecutionStore::settle) as one transaction:
-    /// lock the execution, check the fence, lock the spend rows, insert the charge (UNIQUE per
-    /// execution: a second one is `Duplicate`), store the result after the post-call block
-    /// check, complete the journal, acknowledge the evidence, audit `settled`.
+    /// lock the execution, check the fence, take the root lock (for a call under a root), lock
+    /// the spend rows, insert the charge (UNIQUE per execution: a second one is `Duplicate`),
+    /// move the hold to the settled totals of the spend rows and the root, store the result
+    /// after the post-call block checks (spend caps, then the root block cap on the root's
+    /// inclusive cost), insert the root receipt (UNIQUE per execution), complete the journal,
+    /// audit `settled`.
     pub(crate) async fn settle_tx(&self, request: SettleRequest) -> StoreResult<SettleOutcome> {
         let mut tx = self.pool().begin().await.map_err(db)?;
         let record = journal::lock(&mut tx, request.fence.execution_id).await?;
         logic::check_fence(&record, request.fence, &logic::SETTLEABLE)?;
+        let root = match &record.root_key {
+            Some(root_key) => roots::lock(&mut tx, &record.scope, root_key).await?,
+            None => None,
+        };
         let keys = SpendKeys::of(&record);
         let (session, daily) = spend::lock(&mut tx, &keys).await?;
         let session = logic::apply_settlement(session, record.hold, request.amount)?;
@@ -90,22 +95,21 @@ impl PgStores {
         let settlement = logic::settlement_row(&record, &request);
         let settlement = settlements::insert(&mut tx, &settlement).await?;
         spend::write(&mut tx, &keys, session, daily).await?;
-        let result = logic::settled_result(&record, &request, session, daily);
+        let mut result = logic::settled_result(&record, &request, session, daily);
+        let mut root_receipt = None;
+        if let Some(root) = root {
+            let totals = logic::apply_settlement(root.totals(), record.hold, request.amount)?;
+            roots::write_totals(&mut tx, root.id, totals, Some(request.now)).await?;
+            logic::apply_root_caps(&record, &mut result, totals.settled);
+            let receipt = logic::root_receipt(&root, &settlement);
+            root_receipt = Some(roots::insert_receipt(&mut tx, &receipt).await?);
+        }
         let result = insert_result(&mut tx, &result, &record).await?;
         let done = complete(
             &mut tx,
             &logic::completed(&record, &request, result.outcome),
         )
         .await?;
-        if let Some(evidence_id) = request.evidence_id {
-            sqlx::query(ACKNOWLEDGE)
-                .bind(evidence_id.0)
-                .bind(done.scope.as_str())
-                .bind(request.now)
-                .execute(&mut *tx)
-                .await
-                .map_err(db)?;
-        }
         audit::append(&mut tx, logic::settled_event(&done, &settlement, &result)).await?;
         tx.commit().await.map_err(db)?;
         Ok(SettleOutcome {
@@ -114,7 +118,7 @@ impl PgStores {
             result,
             session,
             daily,
-            root_receipt: None,
+            root_receipt,
         })
     }
 }

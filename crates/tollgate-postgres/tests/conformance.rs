@@ -1,6 +1,6 @@
 //! The store conformance suite on Postgres (one brand-new database per test), plus the
-//! guarantees only a database schema can give: exactly-once settlement, an append-only audit
-//! log, and the finance view with its read-only role.
+//! guarantees only a database schema can give: exactly-once settlement and root receipts, an
+//! append-only audit log, and the finance view with its read-only role.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use chrono::Utc;
@@ -10,11 +10,16 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::OnceCell;
+use tollgate_core::state::CallKind;
 use tollgate_core::state::Outcome;
 use tollgate_core::view::Output;
 use tollgate_postgres::PgStores;
-use tollgate_store::conformance::{claim_req, key, scope, settle_req, t0, text_config};
-use tollgate_store::{ClaimOutcome, ExecutionRecord, ExecutionStore, ResultStore, StoreError};
+use tollgate_store::conformance::{
+    claim_req, key, open_root, root_key, scope, settle_req, t0, text_config,
+};
+use tollgate_store::{
+    ClaimOutcome, ExecutionRecord, ExecutionStore, ResultStore, StoreError, TreeStore,
+};
 
 /// Test databases are named `tollgate_t_<unix seconds>_<uuid>`; older ones than this are
 /// dropped by the next run, so repeated runs do not fill the disk.
@@ -102,6 +107,11 @@ async fn fresh() -> Arc<PgStores> {
 
 tollgate_store::store_conformance!(fresh);
 
+mod roots {
+    use super::fresh;
+    tollgate_store::tree_conformance!(fresh);
+}
+
 async fn settled(s: &PgStores) -> ExecutionRecord {
     let ClaimOutcome::Claimed(r) = s
         .claim(claim_req("a", "k1", text_config(), "0.5"))
@@ -157,6 +167,70 @@ async fn exactly_one_settlement_is_enforced_by_the_schema() {
         .await
         .unwrap_err();
     assert_eq!(sqlstate(&negative).as_deref(), Some("23514"));
+}
+
+#[tokio::test]
+async fn exactly_one_root_receipt_is_enforced_by_the_schema() {
+    let s = fresh().await;
+    let mut config = text_config();
+    config.kind = CallKind::Step;
+    let root = open_root(&*s, "r1", config.clone()).await;
+    let mut req = claim_req("a", "c1", config, "0.5");
+    req.root_key = Some(root_key("r1"));
+    let ClaimOutcome::Claimed(r) = s.claim(req).await.unwrap() else {
+        panic!("expected a claim");
+    };
+    let d = s.mark_dispatched(r.fence(), t0()).await.unwrap();
+    let out = s.settle(settle_req(&d, "0.1", "x")).await.unwrap();
+    let receipt = out.root_receipt.unwrap();
+    assert_eq!(receipt.root_id, root.id);
+    assert_eq!(s.root_receipt(r.id).await.unwrap(), Some(receipt));
+    let second = sqlx::query(
+        "INSERT INTO root_receipts (root_id, execution_id, amount, currency, created_at) \
+         SELECT root_id, execution_id, amount, currency, created_at FROM root_receipts \
+         WHERE execution_id = $1",
+    )
+    .bind(r.id.0)
+    .execute(s.pool())
+    .await
+    .unwrap_err();
+    assert_eq!(sqlstate(&second).as_deref(), Some("23505"));
+    let sqlx::Error::Database(e) = &second else {
+        panic!("database error expected");
+    };
+    assert_eq!(e.constraint(), Some("root_receipts_pkey"));
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM root_receipts")
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    // A receipt needs a real execution and a real root, and a non-negative amount.
+    let orphan = sqlx::query(
+        "INSERT INTO root_receipts (root_id, execution_id, amount, currency, created_at) \
+         VALUES ($1, $2, 0, 'USD', now())",
+    )
+    .bind(root.id.0)
+    .bind(uuid::Uuid::new_v4())
+    .execute(s.pool())
+    .await
+    .unwrap_err();
+    assert_eq!(sqlstate(&orphan).as_deref(), Some("23503"));
+    let negative = sqlx::query("UPDATE root_receipts SET amount = -1")
+        .execute(s.pool())
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&negative).as_deref(), Some("23514"));
+    // The root's totals are guarded the same way.
+    let overdrawn = sqlx::query("UPDATE roots SET held = -1")
+        .execute(s.pool())
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&overdrawn).as_deref(), Some("23514"));
+    let unknown = sqlx::query("UPDATE roots SET state = 'gone'")
+        .execute(s.pool())
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&unknown).as_deref(), Some("23514"));
 }
 
 #[tokio::test]

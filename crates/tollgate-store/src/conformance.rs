@@ -574,9 +574,11 @@ pub async fn no_overspend_under_concurrent_claims<S: Stores + 'static>(s: Arc<S>
     for t in tasks {
         admitted += t.await.unwrap();
     }
-    let any = s.execution(&scope("a"), &key("k0")).await.unwrap();
-    let r = any.unwrap_or_else(|| panic!("k0 is the first claim"));
-    let d = daily(&*s, &r).await;
+    let consumer = ConsumerId::parse("team-a").unwrap();
+    let d = s
+        .daily_spend(&scope("a"), &consumer, t0().date_naive())
+        .await
+        .unwrap();
     let total = d.settled.checked_add(d.held).unwrap();
     assert!(
         total <= cap,

@@ -6,7 +6,7 @@ use crate::record::*;
 use chrono::{DateTime, Duration, Utc};
 use serde_json::json;
 use tollgate_core::caps::{CapLevel, SpendTotals};
-use tollgate_core::ids::{ExecutionId, FenceToken, SettlementId};
+use tollgate_core::ids::{ExecutionId, FenceToken, Scope, SettlementId};
 use tollgate_core::money::Money;
 use tollgate_core::state::{ExecutionState, Outcome};
 
@@ -222,6 +222,32 @@ pub fn settled_event(
             "fence": record.fence.0,
         }),
         at: settlement.settled_at,
+    }
+}
+
+/// Audit event of a result's erasure (metadata only: the content is gone).
+pub fn erased_event(scope: &Scope, id: ExecutionId, now: DateTime<Utc>) -> AuditEvent {
+    AuditEvent {
+        scope: scope.clone(),
+        execution_id: Some(id),
+        kind: "erased".into(),
+        detail: json!({}),
+        at: now,
+    }
+}
+
+/// Audit event of an evidence acknowledgement (by reconcile usage).
+pub fn evidence_acknowledged_event(
+    scope: &Scope,
+    evidence: &Evidence,
+    now: DateTime<Utc>,
+) -> AuditEvent {
+    AuditEvent {
+        scope: scope.clone(),
+        execution_id: Some(evidence.execution_id),
+        kind: "evidence_acknowledged".into(),
+        detail: json!({"evidence_id": evidence.id.to_string(), "seq": evidence.seq}),
+        at: now,
     }
 }
 

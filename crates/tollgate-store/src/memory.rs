@@ -400,16 +400,6 @@ fn erase_content(result: &mut ResultRecord, now: DateTime<Utc>) -> bool {
     true
 }
 
-fn erased_event(scope: &Scope, id: ExecutionId, now: DateTime<Utc>) -> AuditEvent {
-    AuditEvent {
-        scope: scope.clone(),
-        execution_id: Some(id),
-        kind: "erased".into(),
-        detail: serde_json::json!({}),
-        at: now,
-    }
-}
-
 #[async_trait]
 impl ResultStore for MemoryStores {
     async fn result(&self, execution_id: ExecutionId) -> StoreResult<Option<ResultRecord>> {
@@ -433,7 +423,7 @@ impl ResultStore for MemoryStores {
             .filter(|_| in_scope)
             .ok_or_else(|| StoreError::NotFound(execution_id.to_string()))?;
         if erase_content(result, now) {
-            t.append(erased_event(scope, execution_id, now));
+            t.append(logic::erased_event(scope, execution_id, now));
         }
         Ok(())
     }
@@ -451,7 +441,7 @@ impl ResultStore for MemoryStores {
             let scope = t.executions.get(id).map(|r| r.scope.clone());
             if let (Some(result), Some(scope)) = (t.results.get_mut(id), scope) {
                 erase_content(result, now);
-                t.append(erased_event(&scope, *id, now));
+                t.append(logic::erased_event(&scope, *id, now));
             }
         }
         Ok(due.len() as u64)
@@ -521,13 +511,7 @@ impl UsageInbox for MemoryStores {
             return Ok(());
         }
         evidence.acknowledged_at = Some(now);
-        let event = AuditEvent {
-            scope: scope.clone(),
-            execution_id: Some(evidence.execution_id),
-            kind: "evidence_acknowledged".into(),
-            detail: serde_json::json!({"evidence_id": id.to_string(), "seq": evidence.seq}),
-            at: now,
-        };
+        let event = logic::evidence_acknowledged_event(scope, evidence, now);
         t.append(event);
         Ok(())
     }

@@ -4,6 +4,7 @@ mod commands;
 mod demo;
 mod operator;
 mod out;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -21,6 +22,23 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// HTTP API + scheduler (the embedded default without a database).
+    Serve {
+        /// Configuration file (default: tollgate.toml when present).
+        #[arg(long)]
+        config: Option<std::path::PathBuf>,
+    },
+    /// The scheduler alone (no HTTP); needs a database.
+    Scheduler {
+        /// Configuration file (default: tollgate.toml when present).
+        #[arg(long)]
+        config: Option<std::path::PathBuf>,
+    },
+    /// API keys.
+    Keys {
+        #[command(subcommand)]
+        what: Keys,
+    },
     /// A scripted tour on the embedded default (or on DATABASE_URL when set).
     Demo,
     /// Apply migrations to DATABASE_URL (idempotent).
@@ -109,6 +127,19 @@ enum Reconcile {
 }
 
 #[derive(Subcommand)]
+enum Keys {
+    /// Create a key (stored as its hash in DATABASE_URL); prints it once.
+    Create {
+        /// Scope the key acts in.
+        #[arg(long)]
+        scope: String,
+        /// caller, operator or finance.
+        #[arg(long)]
+        role: String,
+    },
+}
+
+#[derive(Subcommand)]
 enum Audit {
     /// Check a scope's audit hash chain; exit 1 and the first bad row if broken.
     Verify {
@@ -152,6 +183,11 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
+            Command::Serve { config } => serve::serve(config).await,
+            Command::Scheduler { config } => serve::scheduler(config).await,
+            Command::Keys {
+                what: Keys::Create { scope, role },
+            } => serve::keys_create(&scope, &role, cli.json).await,
             Command::Demo => demo::run(cli.json).await,
             Command::Migrate => commands::migrate().await,
             Command::MockProvider { listen } => commands::mock_provider(listen).await,

@@ -1,0 +1,204 @@
+//! Test support (cargo feature `test-support`): a brand-new, migrated database per test, for
+//! suites that run against Postgres (the runner suites). Not for production use.
+//!
+//! Databases are named `tollgate_t_<unix seconds>_<uuid>`, like the store conformance suite's.
+//! A background thread drops the databases this process created once their pool is gone (the
+//! test that used it has ended), and the first call in a process drops such databases older
+//! than an hour (left by other runs), so repeated runs do not fill the disk. Each database gets a small pool
+//! ([`TEST_POOL_CONNECTIONS`]) that keeps no idle connection for long, so suites that create
+//! one database per test stay far below the server's `max_connections` even when tests run in
+//! parallel.
+
+use crate::error::db;
+use crate::PgStores;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgConnection};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::OnceCell;
+use tollgate_store::StoreError;
+
+/// Connections of each test database's pool.
+pub const TEST_POOL_CONNECTIONS: u32 = 4;
+
+/// Test databases older than this are dropped by the next process that creates one.
+const STALE_TEST_DATABASE_SECS: u64 = 3600;
+
+/// The prefix of every test database's name.
+const PREFIX: &str = "tollgate_t_";
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn options(admin_url: &str) -> Result<PgConnectOptions, StoreError> {
+    Ok(PgConnectOptions::from_str(admin_url)
+        .map_err(db)?
+        .disable_statement_logging())
+}
+
+async fn admin(admin_url: &str) -> Result<PgConnection, StoreError> {
+    PgConnection::connect_with(&options(admin_url)?)
+        .await
+        .map_err(db)
+}
+
+/// Drops test databases left over from runs more than an hour ago (once per process; failures,
+/// e.g. a database still in use, are ignored).
+async fn drop_stale_databases(admin_url: &str) {
+    static ONCE: OnceCell<()> = OnceCell::const_new();
+    ONCE.get_or_init(|| async {
+        let Ok(mut admin) = admin(admin_url).await else {
+            return;
+        };
+        let names: Vec<String> = sqlx::query_scalar(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'tollgate\\_t\\_%'",
+        )
+        .fetch_all(&mut admin)
+        .await
+        .unwrap_or_default();
+        for name in names {
+            let created = name
+                .strip_prefix(PREFIX)
+                .and_then(|rest| rest.split('_').next())
+                .and_then(|secs| secs.parse::<u64>().ok());
+            let stale = created.is_some_and(|c| c + STALE_TEST_DATABASE_SECS < now_secs());
+            let ours = name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+            if stale && ours {
+                // An identifier, not a value: it cannot be bound. The name was read from the
+                // catalog and consists of our own pattern's characters only.
+                let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+                let _ = sqlx::raw_sql(&sql).execute(&mut admin).await;
+            }
+        }
+        let _ = admin.close().await;
+    })
+    .await;
+}
+
+/// A database this process created, and whether its pool still exists.
+struct Created {
+    admin_url: String,
+    name: String,
+    /// Upgradable while the pool exists (its options hold the strong reference).
+    pool_alive: Weak<()>,
+}
+
+/// The databases this process created and has not dropped yet.
+static CREATED: Mutex<Vec<Created>> = Mutex::new(Vec::new());
+
+/// How often the dropper looks for finished databases.
+const DROPPER_PERIOD: Duration = Duration::from_millis(250);
+
+/// Takes this process's databases whose pool is gone (their test has ended) off the list.
+fn take_finished() -> Vec<Created> {
+    let mut created = CREATED.lock().unwrap_or_else(PoisonError::into_inner);
+    let (done, live): (Vec<Created>, Vec<Created>) = created
+        .drain(..)
+        .partition(|c| c.pool_alive.strong_count() == 0);
+    *created = live;
+    done
+}
+
+/// Drops finished databases, off the tests' path: a thread of its own (each test has its own
+/// runtime, which ends with the test) with one admin connection per server. Failures are
+/// ignored; the age-based cleanup of a later run catches what is left, including the databases
+/// of the last tests when the process exits.
+fn start_dropper() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let spawned = std::thread::Builder::new()
+            .name("tollgate-test-db-dropper".into())
+            .spawn(|| {
+                let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                else {
+                    return;
+                };
+                let mut connections: Vec<(String, PgConnection)> = Vec::new();
+                loop {
+                    std::thread::sleep(DROPPER_PERIOD);
+                    for done in take_finished() {
+                        runtime.block_on(drop_database(&mut connections, done));
+                    }
+                }
+            });
+        // Without the thread, databases are left to the age-based cleanup.
+        drop(spawned);
+    });
+}
+
+async fn drop_database(connections: &mut Vec<(String, PgConnection)>, done: Created) {
+    let index = match connections
+        .iter()
+        .position(|(url, _)| *url == done.admin_url)
+    {
+        Some(index) => index,
+        None => {
+            let Ok(connection) = admin(&done.admin_url).await else {
+                return;
+            };
+            connections.push((done.admin_url.clone(), connection));
+            connections.len() - 1
+        }
+    };
+    let Some((_, connection)) = connections.get_mut(index) else {
+        return;
+    };
+    // An identifier we generated (digits, hex and underscores): it cannot be bound.
+    let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", done.name);
+    if sqlx::raw_sql(&sql).execute(&mut *connection).await.is_err() {
+        // Perhaps a broken connection: open a new one next time.
+        connections.swap_remove(index);
+    }
+}
+
+/// Creates a brand-new database on the server of `admin_url` (a URL whose user may create
+/// databases), applies the migrations, and returns stores over a small pool to it.
+///
+/// # Errors
+/// [`StoreError::Unavailable`] when the server cannot be reached, the database cannot be
+/// created, or a migration fails.
+pub async fn fresh_test_database(admin_url: &str) -> Result<PgStores, StoreError> {
+    drop_stale_databases(admin_url).await;
+    let name = format!("{PREFIX}{}_{}", now_secs(), uuid::Uuid::new_v4().simple());
+    start_dropper();
+    let mut admin = admin(admin_url).await?;
+    // An identifier we generated (digits, hex and underscores): it cannot be bound.
+    sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
+        .execute(&mut admin)
+        .await
+        .map_err(db)?;
+    admin.close().await.map_err(db)?;
+    // The pool's options keep `alive` until the pool itself is dropped.
+    let alive = Arc::new(());
+    CREATED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(Created {
+            admin_url: admin_url.to_string(),
+            name: name.clone(),
+            pool_alive: Arc::downgrade(&alive),
+        });
+    let pool = PgPoolOptions::new()
+        .max_connections(TEST_POOL_CONNECTIONS)
+        .min_connections(0)
+        .idle_timeout(Duration::from_secs(5))
+        .acquire_timeout(Duration::from_secs(60))
+        .after_connect(move |_, _| {
+            let _alive = &alive;
+            Box::pin(async { Ok(()) })
+        })
+        .connect_with(options(admin_url)?.database(&name))
+        .await
+        .map_err(db)?;
+    let stores = PgStores::new(pool);
+    stores.migrate().await?;
+    Ok(stores)
+}

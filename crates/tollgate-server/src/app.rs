@@ -1,0 +1,185 @@
+//! The application state: one runner per profile, built once at startup over shared stores and
+//! single-shot provider clients; the key store; the reconciler; the metrics.
+
+use crate::auth::KeyStore;
+use crate::backend::Backend;
+use crate::config::{ProviderSettings, Settings};
+use crate::metrics::Metrics;
+use crate::profiles::Profile;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tollgate_core::config::CallConfig;
+use tollgate_core::state::CallKind;
+use tollgate_provider::http::{HttpClient, HttpClientConfig};
+use tollgate_runner::recovery::Reconciler;
+use tollgate_runner::single::{RunnerSettings, SingleCallRunner};
+use tollgate_runner::step::GovernedStepRunner;
+use tollgate_runner::structured::StructuredCallRunner;
+use tollgate_runner::SystemClock;
+
+/// Why the service cannot start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct StartError(pub String);
+
+/// The runner of one profile.
+pub enum ProfileRunner {
+    /// Text and json profiles.
+    Single(SingleCallRunner),
+    /// Structured profiles.
+    Structured(StructuredCallRunner),
+    /// Step profiles.
+    Step(GovernedStepRunner),
+}
+
+/// A loaded profile with its runner.
+pub struct Loaded {
+    /// The profile.
+    pub profile: Profile,
+    /// Its runner.
+    pub runner: ProfileRunner,
+}
+
+/// Everything a request needs.
+pub struct AppState {
+    /// Profiles and their runners, by name.
+    pub profiles: BTreeMap<String, Loaded>,
+    /// The stores.
+    pub backend: Backend,
+    /// Recovery and reconciliation over the stores (with roots).
+    pub reconciler: Reconciler,
+    /// API keys.
+    pub keys: Arc<KeyStore>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Fence lease for operator recovery passes.
+    pub lease_ms: u64,
+}
+
+/// The application, cheap to clone.
+#[derive(Clone)]
+pub struct App(pub Arc<AppState>);
+
+impl std::ops::Deref for App {
+    type Target = AppState;
+    fn deref(&self) -> &AppState {
+        &self.0
+    }
+}
+
+/// A reconciler over `backend`'s stores, with roots.
+pub fn reconciler(backend: &Backend) -> Reconciler {
+    Reconciler::with_tree(backend.stores(), Arc::new(SystemClock))
+}
+
+fn client(provider: &ProviderSettings, config: &CallConfig) -> Result<HttpClient, StartError> {
+    HttpClient::new(HttpClientConfig {
+        protocol: provider.protocol,
+        base_url: provider.base_url.clone(),
+        api_key: provider.api_key.as_ref().map(|k| k.expose().to_string()),
+        connect_timeout_ms: provider.connect_timeout_ms,
+        // The run itself is bounded by `run_timeout_ms`; one chunk may not wait longer.
+        read_timeout_ms: config.run_timeout_ms,
+        max_attempts: 1,
+    })
+    .map_err(|e| StartError(format!("provider {:?}: {e}", provider.name)))
+}
+
+/// Background failures (metadata only: key, stage, error) go to the log.
+fn log_background<F: std::fmt::Debug + 'static>(slot: &mut Option<Arc<dyn Fn(F) + Send + Sync>>) {
+    *slot = Some(Arc::new(|failure: F| {
+        tracing::warn!(?failure, "background failure");
+    }));
+}
+
+fn runner(
+    profile: &Profile,
+    settings: &Settings,
+    backend: &Backend,
+) -> Result<ProfileRunner, StartError> {
+    let config = &profile.config;
+    let provider = settings
+        .providers
+        .get(&config.provider)
+        .ok_or_else(|| StartError(format!("provider {:?} is not declared", config.provider)))?;
+    let client = Arc::new(client(provider, config)?);
+    let mut runner_settings = RunnerSettings::new(config.clone());
+    runner_settings.lease_ms = settings.lease_ms;
+    log_background(&mut runner_settings.background_error);
+    let stores = backend.stores();
+    let built = match config.kind {
+        CallKind::Text | CallKind::Json => {
+            SingleCallRunner::new(stores, client, runner_settings).map(ProfileRunner::Single)
+        }
+        CallKind::Structured => StructuredCallRunner::new(stores, client, runner_settings)
+            .map(ProfileRunner::Structured),
+        CallKind::Step => {
+            GovernedStepRunner::new(stores, client, runner_settings).map(ProfileRunner::Step)
+        }
+    };
+    built.map_err(|e| StartError(format!("profile {:?}: {e}", profile.name)))
+}
+
+impl App {
+    /// Builds one runner per profile over `backend` (checking each against its client's support
+    /// matrix) and the shared state.
+    ///
+    /// # Errors
+    /// A profile no runner accepts, a provider client that cannot be built.
+    pub fn build(
+        settings: &Settings,
+        backend: Backend,
+        keys: Arc<KeyStore>,
+        metrics: Arc<Metrics>,
+    ) -> Result<App, StartError> {
+        let mut profiles = BTreeMap::new();
+        for profile in settings.profiles.values() {
+            let runner = runner(profile, settings, &backend)?;
+            profiles.insert(
+                profile.name.clone(),
+                Loaded {
+                    profile: profile.clone(),
+                    runner,
+                },
+            );
+        }
+        Ok(App(Arc::new(AppState {
+            profiles,
+            reconciler: reconciler(&backend),
+            backend,
+            keys,
+            metrics,
+            lease_ms: settings.lease_ms,
+        })))
+    }
+}
+
+impl AppState {
+    /// Any structured runner (reads and recovery of structured calls depend only on the scope
+    /// and the key, not on the profile).
+    pub fn structured_runner(&self) -> Option<&StructuredCallRunner> {
+        self.profiles.values().find_map(|l| match &l.runner {
+            ProfileRunner::Structured(r) => Some(r),
+            _ => None,
+        })
+    }
+
+    /// The step profile whose snapshot is `config` (a root's binding names its snapshot, not
+    /// its profile).
+    pub fn step_profile_of(&self, config: &CallConfig) -> Option<(&str, &GovernedStepRunner)> {
+        self.profiles.values().find_map(|l| match &l.runner {
+            ProfileRunner::Step(r) if &l.profile.config == config => {
+                Some((l.profile.name.as_str(), r))
+            }
+            _ => None,
+        })
+    }
+
+    /// Any step runner (root reads depend only on the stores).
+    pub fn any_step_runner(&self) -> Option<&GovernedStepRunner> {
+        self.profiles.values().find_map(|l| match &l.runner {
+            ProfileRunner::Step(r) => Some(r),
+            ProfileRunner::Structured(_) | ProfileRunner::Single(_) => None,
+        })
+    }
+}

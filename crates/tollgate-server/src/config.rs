@@ -1,0 +1,573 @@
+//! The configuration file (CONTRACT §5) and its layers: defaults → TOML file → `TOLLGATE_…`
+//! environment variables (`__` between levels) → `DATABASE_URL`, then [`FileConfig::validate`].
+//!
+//! Environment overrides address the file's keys: `TOLLGATE_SERVER__LISTEN=0.0.0.0:8080`,
+//! `TOLLGATE_SCHEDULER__INTERVAL_MS=500`, and array entries by index:
+//! `TOLLGATE_PROFILES__0__MAX_TOKENS=512`. A value replacing an existing one keeps its type;
+//! a new value is read as an integer, then a boolean, else a string. Variables whose first level
+//! is not a section of the file (e.g. `TOLLGATE_TEST_DATABASE_URL`) are ignored.
+
+use crate::auth::Role;
+use crate::layers;
+use crate::profiles::{self, Profile};
+use crate::secret::Secret;
+use serde::Deserialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::Path;
+use tollgate_core::ids::Scope;
+use tollgate_core::message::{Temperature, ToolChoice, ToolSpec};
+use tollgate_provider::Protocol;
+
+/// The file read when `--config` is not given, if it exists.
+pub const DEFAULT_CONFIG_FILE: &str = "tollgate.toml";
+/// Prefix of the environment overrides.
+pub const ENV_PREFIX: &str = "TOLLGATE_";
+/// Default listen address.
+pub const LISTEN_DEFAULT: &str = "127.0.0.1:8080";
+/// Default scheduler period.
+pub const INTERVAL_MS_DEFAULT: u64 = 1_000;
+/// Shortest and longest scheduler period.
+pub const INTERVAL_MS_MIN: u64 = 10;
+/// Longest scheduler period.
+pub const INTERVAL_MS_MAX: u64 = 3_600_000;
+/// Default scheduler batch (rows per scope and task per pass).
+pub const BATCH_DEFAULT: u32 = 100;
+/// Largest scheduler batch (the reconciler's page limit).
+pub const BATCH_MAX: u32 = tollgate_runner::recovery::RECONCILE_PAGE_MAX;
+/// Shortest and longest fence lease.
+pub const LEASE_MS_MIN: u64 = 100;
+/// Longest fence lease.
+pub const LEASE_MS_MAX: u64 = 3_600_000;
+/// Default provider connect timeout.
+pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+/// Default database pool size.
+pub const POOL_CONNECTIONS_DEFAULT: u32 = 16;
+
+const SECTIONS: [&str; 8] = [
+    "server",
+    "database",
+    "scheduler",
+    "runner",
+    "providers",
+    "prices",
+    "profiles",
+    "keys",
+];
+
+/// Why the configuration cannot be used. Names files, keys and fields, never secret values.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+fn err(message: impl Into<String>) -> ConfigError {
+    ConfigError(message.into())
+}
+
+/// `[server]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    /// Listen address.
+    pub listen: Option<String>,
+}
+
+/// `[database]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSection {
+    /// Postgres URL; none (and no `DATABASE_URL`) → the embedded default.
+    pub url: Option<Secret>,
+    /// Pool size.
+    pub max_connections: Option<u32>,
+}
+
+/// `[scheduler]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerSection {
+    /// Period between passes (± 20 % jitter).
+    pub interval_ms: Option<u64>,
+    /// Rows per scope and task per pass.
+    pub batch: Option<u32>,
+}
+
+/// `[runner]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunnerSection {
+    /// Fence lease of a claimed execution.
+    pub lease_ms: Option<u64>,
+}
+
+/// `[[providers]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSection {
+    /// Name profiles refer to.
+    pub name: String,
+    /// `openai-chat`, `openai-responses` or `anthropic`.
+    pub kind: String,
+    /// Base URL.
+    pub base_url: String,
+    /// Name of the environment variable holding the API key.
+    pub api_key_env: Option<String>,
+    /// Connect timeout.
+    pub connect_timeout_ms: Option<u64>,
+}
+
+/// The prices of one model, decimal strings per million tokens.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPricesSection {
+    /// Uncached input.
+    pub input: String,
+    /// Output.
+    pub output: String,
+    /// Cache read.
+    pub cache_read: String,
+    /// Cache write.
+    pub cache_write: String,
+    /// Reasoning.
+    pub reasoning: String,
+}
+
+/// `[[prices]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceSection {
+    /// Version id.
+    pub version: String,
+    /// Currency code.
+    pub currency: String,
+    /// Prices by model.
+    #[serde(default)]
+    pub models: BTreeMap<String, ModelPricesSection>,
+}
+
+/// `[profiles.caps]`: decimal strings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapsSection {
+    /// Session warn.
+    pub session_warn: Option<String>,
+    /// Session block.
+    pub session_block: Option<String>,
+    /// Daily warn.
+    pub daily_warn: Option<String>,
+    /// Daily block.
+    pub daily_block: Option<String>,
+    /// Root warn.
+    pub root_warn: Option<String>,
+    /// Root block.
+    pub root_block: Option<String>,
+}
+
+/// `[[profiles]]` (CONTRACT §2.1).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileSection {
+    /// Name callers use.
+    pub name: String,
+    /// `text`, `json`, `structured` or `step`.
+    pub kind: String,
+    /// Provider name.
+    pub provider: String,
+    /// Model.
+    pub model: String,
+    /// Policy version.
+    pub policy_version: String,
+    /// Price version (prices are snapshotted from it).
+    pub price_version: String,
+    /// Output contract version (default `none`).
+    pub output_contract_version: Option<String>,
+    /// Who is charged.
+    pub consumer: String,
+    /// System prompt.
+    pub system: Option<String>,
+    /// Output token cap.
+    pub max_tokens: Option<u32>,
+    /// Input limit, UTF-16 code units.
+    pub max_input_chars: Option<u64>,
+    /// Output limit.
+    pub max_output_chars: Option<u64>,
+    /// Whole-request limit.
+    pub max_request_chars: Option<u64>,
+    /// Reasoning limit.
+    pub max_reasoning_chars: Option<u64>,
+    /// Reasoning-loop limit.
+    pub max_consecutive_reasoning: Option<u32>,
+    /// Bound of one run.
+    pub run_timeout_ms: Option<u64>,
+    /// Retention, e.g. `30d` (units s, m, h, d).
+    pub result_retention: Option<String>,
+    /// Prompt-cache override.
+    pub cache: Option<bool>,
+    /// Temperature.
+    pub temperature: Option<Temperature>,
+    /// JSON Schema of the output (json profiles).
+    pub output_schema: Option<serde_json::Value>,
+    /// Tools (structured and step profiles).
+    #[serde(default)]
+    pub tools: Vec<ToolSpec>,
+    /// Tool choice (structured and step profiles).
+    pub tool_choice: Option<ToolChoice>,
+    /// Context window for the request-fit check.
+    pub context_window_tokens: Option<u64>,
+    /// Caps.
+    #[serde(default)]
+    pub caps: CapsSection,
+}
+
+/// `[[keys]]`: a static API key, by its hash only.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeySection {
+    /// Scope the key acts in.
+    pub scope: String,
+    /// `caller`, `operator` or `finance`.
+    pub role: String,
+    /// Lower-case hex SHA-256 of the key.
+    pub sha256: String,
+}
+
+/// The file as read, after all layers, before validation.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// `[server]`.
+    #[serde(default)]
+    pub server: ServerSection,
+    /// `[database]`.
+    #[serde(default)]
+    pub database: DatabaseSection,
+    /// `[scheduler]`.
+    #[serde(default)]
+    pub scheduler: SchedulerSection,
+    /// `[runner]`.
+    #[serde(default)]
+    pub runner: RunnerSection,
+    /// `[[providers]]`.
+    #[serde(default)]
+    pub providers: Vec<ProviderSection>,
+    /// `[[prices]]`.
+    #[serde(default)]
+    pub prices: Vec<PriceSection>,
+    /// `[[profiles]]`.
+    #[serde(default)]
+    pub profiles: Vec<ProfileSection>,
+    /// `[[keys]]`.
+    #[serde(default)]
+    pub keys: Vec<KeySection>,
+}
+
+/// A provider ready to build clients for.
+#[derive(Debug, Clone)]
+pub struct ProviderSettings {
+    /// Name.
+    pub name: String,
+    /// Wire protocol.
+    pub protocol: Protocol,
+    /// Base URL.
+    pub base_url: String,
+    /// API key read from the named environment variable.
+    pub api_key: Option<Secret>,
+    /// Connect timeout.
+    pub connect_timeout_ms: u64,
+}
+
+/// A static key grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyGrant {
+    /// SHA-256 of the key, lower-case hex.
+    pub sha256: String,
+    /// Scope.
+    pub scope: Scope,
+    /// Role.
+    pub role: Role,
+}
+
+/// Scheduler settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedulerSettings {
+    /// Period between passes.
+    pub interval_ms: u64,
+    /// Rows per scope and task per pass.
+    pub batch: u32,
+}
+
+/// The validated configuration. Profiles are immutable once loaded.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Database URL; `None` → the embedded default.
+    pub database_url: Option<Secret>,
+    /// Pool size.
+    pub max_connections: u32,
+    /// Scheduler.
+    pub scheduler: SchedulerSettings,
+    /// Fence lease.
+    pub lease_ms: u64,
+    /// Providers by name.
+    pub providers: BTreeMap<String, ProviderSettings>,
+    /// Profiles, by name.
+    pub profiles: BTreeMap<String, Profile>,
+    /// Static keys.
+    pub keys: Vec<KeyGrant>,
+}
+
+/// The environment as name → value (the binary passes `std::env::vars()`; tests pass a map).
+pub type Env = BTreeMap<String, String>;
+
+impl FileConfig {
+    /// Reads the layers: `path` (or [`DEFAULT_CONFIG_FILE`] when present), then the
+    /// `TOLLGATE_…` overrides and `DATABASE_URL` of `env`.
+    ///
+    /// # Errors
+    /// An unreadable or malformed file, a bad override, an unknown key.
+    pub fn load(path: Option<&Path>, env: &Env) -> Result<Self, ConfigError> {
+        let text = match path {
+            Some(path) => std::fs::read_to_string(path)
+                .map_err(|e| err(format!("cannot read {}: {e}", path.display())))?,
+            None if Path::new(DEFAULT_CONFIG_FILE).exists() => {
+                std::fs::read_to_string(DEFAULT_CONFIG_FILE)
+                    .map_err(|e| err(format!("cannot read {DEFAULT_CONFIG_FILE}: {e}")))?
+            }
+            None => String::new(),
+        };
+        Self::from_toml(&text, env)
+    }
+
+    /// Like [`FileConfig::load`] with the file's text given.
+    ///
+    /// # Errors
+    /// Malformed TOML, a bad override, an unknown key.
+    pub fn from_toml(text: &str, env: &Env) -> Result<Self, ConfigError> {
+        let table: toml::Table =
+            toml::from_str(text).map_err(|e| err(layers::toml_error(text, &e)))?;
+        let mut root = toml::Value::Table(table);
+        layers::apply_env(&mut root, env, ENV_PREFIX, &SECTIONS).map_err(err)?;
+        let mut config: FileConfig = root
+            .try_into()
+            .map_err(|e: toml::de::Error| err(format!("configuration: {}", e.message())))?;
+        if let Some(url) = env.get("DATABASE_URL").filter(|u| !u.trim().is_empty()) {
+            config.database.url = Some(Secret::new(url.clone()));
+        }
+        Ok(config)
+    }
+
+    /// Whether no database is configured (→ the embedded default).
+    pub fn is_embedded(&self) -> bool {
+        self.database.url.is_none()
+    }
+
+    /// Validates everything and snapshots each profile into a checked `CallConfig` (prices from
+    /// its price version). Provider API keys are read from `env`.
+    ///
+    /// # Errors
+    /// The first problem, naming the section and field.
+    pub fn validate(self, env: &Env) -> Result<Settings, ConfigError> {
+        let listen_text = self.server.listen.as_deref().unwrap_or(LISTEN_DEFAULT);
+        let listen: SocketAddr = listen_text
+            .parse()
+            .map_err(|_| err(format!("server.listen {listen_text:?} is not host:port")))?;
+        let interval_ms = self.scheduler.interval_ms.unwrap_or(INTERVAL_MS_DEFAULT);
+        range(
+            "scheduler.interval_ms",
+            interval_ms,
+            INTERVAL_MS_MIN,
+            INTERVAL_MS_MAX,
+        )?;
+        let batch = self.scheduler.batch.unwrap_or(BATCH_DEFAULT);
+        range("scheduler.batch", batch.into(), 1, BATCH_MAX.into())?;
+        let lease_ms = self
+            .runner
+            .lease_ms
+            .unwrap_or(tollgate_runner::single::LEASE_MS_DEFAULT);
+        range("runner.lease_ms", lease_ms, LEASE_MS_MIN, LEASE_MS_MAX)?;
+        let max_connections = self
+            .database
+            .max_connections
+            .unwrap_or(POOL_CONNECTIONS_DEFAULT);
+        range("database.max_connections", max_connections.into(), 1, 1_000)?;
+        let providers = providers(&self.providers, env)?;
+        let profiles = profiles::build(&self.profiles, &self.prices, &providers)?;
+        let keys = keys(&self.keys)?;
+        Ok(Settings {
+            listen,
+            database_url: self.database.url,
+            max_connections,
+            scheduler: SchedulerSettings { interval_ms, batch },
+            lease_ms,
+            providers,
+            profiles,
+            keys,
+        })
+    }
+}
+
+/// Checks `min ≤ value ≤ max`.
+///
+/// # Errors
+/// Naming `field`.
+pub fn range(field: &str, value: u64, min: u64, max: u64) -> Result<(), ConfigError> {
+    if value < min || value > max {
+        return Err(err(format!("{field} must be between {min} and {max}")));
+    }
+    Ok(())
+}
+
+fn providers(
+    sections: &[ProviderSection],
+    env: &Env,
+) -> Result<BTreeMap<String, ProviderSettings>, ConfigError> {
+    let mut out = BTreeMap::new();
+    for p in sections {
+        let protocol: Protocol = p
+            .kind
+            .parse()
+            .map_err(|e| err(format!("providers {:?}: {e}", p.name)))?;
+        let api_key = match &p.api_key_env {
+            Some(var) => Some(Secret::new(env.get(var).cloned().ok_or_else(|| {
+                err(format!(
+                    "providers {:?}: environment variable {var} (api_key_env) is not set",
+                    p.name
+                ))
+            })?)),
+            None => None,
+        };
+        let connect_timeout_ms = p.connect_timeout_ms.unwrap_or(CONNECT_TIMEOUT_MS_DEFAULT);
+        range(
+            "providers.connect_timeout_ms",
+            connect_timeout_ms,
+            1,
+            600_000,
+        )?;
+        let settings = ProviderSettings {
+            name: p.name.clone(),
+            protocol,
+            base_url: p.base_url.clone(),
+            api_key,
+            connect_timeout_ms,
+        };
+        if out.insert(p.name.clone(), settings).is_some() {
+            return Err(err(format!("providers: {:?} is declared twice", p.name)));
+        }
+    }
+    Ok(out)
+}
+
+fn keys(sections: &[KeySection]) -> Result<Vec<KeyGrant>, ConfigError> {
+    let mut seen = BTreeSet::new();
+    sections
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let scope =
+                Scope::parse(k.scope.clone()).map_err(|e| err(format!("keys[{i}]: {e}")))?;
+            let role: Role = k.role.parse().map_err(|e| err(format!("keys[{i}]: {e}")))?;
+            let hex_ok = k.sha256.len() == 64
+                && k.sha256
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+            if !hex_ok {
+                return Err(err(format!(
+                    "keys[{i}]: sha256 must be 64 lower-case hex digits"
+                )));
+            }
+            if !seen.insert(k.sha256.clone()) {
+                return Err(err(format!(
+                    "keys[{i}]: the same key hash is declared twice"
+                )));
+            }
+            Ok(KeyGrant {
+                sha256: k.sha256.clone(),
+                scope,
+                role,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Env {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn env_overrides_the_file_and_database_url_wins() {
+        let text = "[server]\nlisten = \"127.0.0.1:1\"\n[scheduler]\ninterval_ms = 5\n[database]\nurl = \"postgres://u:pw@h/db\"\n";
+        let e = env(&[
+            ("TOLLGATE_SERVER__LISTEN", "127.0.0.1:2"),
+            ("TOLLGATE_SCHEDULER__INTERVAL_MS", "250"),
+            ("TOLLGATE_RUNNER__LEASE_MS", "5000"),
+            ("TOLLGATE_TEST_DATABASE_URL", "ignored"),
+            ("DATABASE_URL", "postgres://other"),
+        ]);
+        let config = FileConfig::from_toml(text, &e).unwrap();
+        assert_eq!(config.server.listen.as_deref(), Some("127.0.0.1:2"));
+        assert_eq!(config.scheduler.interval_ms, Some(250));
+        assert_eq!(config.runner.lease_ms, Some(5000));
+        assert_eq!(
+            config.database.url.as_ref().map(Secret::expose),
+            Some("postgres://other")
+        );
+        assert!(!format!("{config:?}").contains("other"));
+        let settings = config.validate(&e).unwrap();
+        assert_eq!(settings.listen.port(), 2);
+        assert_eq!(settings.scheduler.interval_ms, 250);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_named() {
+        let e = Env::new();
+        let bad = FileConfig::from_toml("[server]\nlisten_on = 1\n", &e).unwrap_err();
+        assert!(bad.0.contains("listen_on"), "{bad}");
+        let bad = FileConfig::from_toml("[scheduler]\ninterval_ms = 1\n", &e)
+            .unwrap()
+            .validate(&e)
+            .unwrap_err();
+        assert!(bad.0.contains("scheduler.interval_ms"), "{bad}");
+        let bad =
+            FileConfig::from_toml("", &env(&[("TOLLGATE_PROFILES__0__NAME", "x")])).unwrap_err();
+        assert!(bad.0.contains("TOLLGATE_PROFILES__0__NAME"), "{bad}");
+    }
+
+    #[test]
+    fn malformed_toml_errors_do_not_quote_the_line() {
+        let bad =
+            FileConfig::from_toml("[database]\nurl = \"postgres://u:hunter2@h\n", &Env::new())
+                .unwrap_err();
+        assert!(!bad.0.contains("hunter2"), "{bad}");
+        assert!(bad.0.contains("line"), "{bad}");
+    }
+
+    #[test]
+    fn provider_keys_come_from_the_named_variable_and_never_print() {
+        let text = "[[providers]]\nname = \"p\"\nkind = \"anthropic\"\nbase_url = \"http://x\"\napi_key_env = \"P_KEY\"\n";
+        let missing = FileConfig::from_toml(text, &Env::new())
+            .unwrap()
+            .validate(&Env::new())
+            .unwrap_err();
+        assert!(missing.0.contains("P_KEY"), "{missing}");
+        let e = env(&[("P_KEY", "sk-very-secret")]);
+        let settings = FileConfig::from_toml(text, &e)
+            .unwrap()
+            .validate(&e)
+            .unwrap();
+        let p = &settings.providers["p"];
+        assert_eq!(
+            p.api_key.as_ref().map(Secret::expose),
+            Some("sk-very-secret")
+        );
+        assert!(!format!("{settings:?}").contains("sk-very-secret"));
+    }
+}

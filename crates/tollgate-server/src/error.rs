@@ -1,0 +1,279 @@
+//! The one error type of the HTTP edge (CONTRACT §2.5). Each variant knows its code and status;
+//! internals (store errors, runner messages) are logged here and never sent. No body ever
+//! carries message content or secrets: every message is built from field names, limits and ids.
+
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use tollgate_core::caps::CapBlocked;
+use tollgate_runner::{Interruption, RunError};
+use tollgate_store::StoreError;
+
+/// An API error.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ApiError {
+    /// No or unknown key (401).
+    #[error("a valid API key is required")]
+    Unauthenticated,
+    /// The key's role may not do this (403).
+    #[error("this key's role may not do this")]
+    Forbidden,
+    /// Nothing under that key in this scope (404), also for another scope's keys.
+    #[error("{0} not found")]
+    NotFound(String),
+    /// Same key, different binding (409).
+    #[error("operation key is bound differently")]
+    Conflict {
+        /// The key.
+        operation_key: String,
+        /// Names of the differing fields.
+        fields: Vec<String>,
+    },
+    /// Malformed body (400).
+    #[error("{0}")]
+    Malformed(String),
+    /// A well-formed body that cannot be run (422): unknown profile, non-text message,
+    /// oversized input, a bad identifier.
+    #[error("{0}")]
+    Invalid(String),
+    /// A block cap refused the call before dispatch (402).
+    #[error("a block cap refuses the call")]
+    CapBlocked(CapBlocked),
+    /// The root is closed (409).
+    #[error("root {0} is closed")]
+    RootClosed(String),
+    /// The root is expired (409).
+    #[error("root {0} is expired")]
+    RootExpired(String),
+    /// The execution is not in a state this operation applies to (409).
+    #[error("{0}")]
+    InvalidState(String),
+    /// A store failed (503): read `operation_key` back later.
+    #[error("a store is unavailable")]
+    Unavailable {
+        /// The key to read back, when the request had one.
+        operation_key: Option<String>,
+    },
+    /// The run stopped waiting (504); a dispatched call finishes in the background.
+    #[error("the call did not finish in time")]
+    Interrupted {
+        /// The key to read back.
+        operation_key: String,
+        /// Why.
+        cause: &'static str,
+    },
+    /// No such route (404) or method (405).
+    #[error("no such route")]
+    NoRoute(StatusCode),
+    /// A server bug (500); details are in the log only.
+    #[error("internal error")]
+    Internal,
+}
+
+impl ApiError {
+    /// The HTTP status.
+    pub fn status_code(&self) -> StatusCode {
+        match self {
+            Self::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Self::Forbidden => StatusCode::FORBIDDEN,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::Conflict { .. }
+            | Self::RootClosed(_)
+            | Self::RootExpired(_)
+            | Self::InvalidState(_) => StatusCode::CONFLICT,
+            Self::Malformed(_) => StatusCode::BAD_REQUEST,
+            Self::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::CapBlocked(_) => StatusCode::PAYMENT_REQUIRED,
+            Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Interrupted { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::NoRoute(status) => *status,
+            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Unauthenticated => "unauthenticated",
+            Self::Forbidden => "forbidden",
+            Self::NotFound(_) => "not_found",
+            Self::Conflict { .. } => "conflict",
+            Self::Malformed(_) | Self::Invalid(_) => "invalid_request",
+            Self::CapBlocked(_) => "cap_blocked",
+            Self::RootClosed(_) => "root_closed",
+            Self::RootExpired(_) => "root_expired",
+            Self::InvalidState(_) => "invalid_state",
+            Self::Unavailable { .. } => "unavailable",
+            Self::Interrupted { .. } => "interrupted",
+            Self::NoRoute(s) if *s == StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+            Self::NoRoute(_) => "not_found",
+            Self::Internal => "internal",
+        }
+    }
+
+    /// The JSON body: `{"error": {"code", "message", …}}`.
+    pub fn body(&self) -> Value {
+        let mut error = json!({"code": self.code(), "message": self.to_string()});
+        match self {
+            Self::Conflict {
+                operation_key,
+                fields,
+            } => {
+                error["operation_key"] = json!(operation_key);
+                error["fields"] = json!(fields);
+            }
+            Self::CapBlocked(b) => {
+                error["message"] = json!(format!(
+                    "the {} block cap refuses the call before dispatch",
+                    b.window.as_str()
+                ));
+                error["cap"] = json!(b.window.as_str());
+                error["level"] = json!("block");
+                error["limit"] = json!(b.limit);
+                error["settled"] = json!(b.settled);
+                error["held"] = json!(b.held);
+                error["hold"] = json!(b.hold);
+            }
+            Self::Unavailable {
+                operation_key: Some(key),
+            } => {
+                error["operation_key"] = json!(key);
+                error["message"] = json!("a store is unavailable; read the operation back later");
+            }
+            Self::Interrupted {
+                operation_key,
+                cause,
+            } => {
+                error["operation_key"] = json!(operation_key);
+                error["cause"] = json!(cause);
+            }
+            _ => {}
+        }
+        json!({ "error": error })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status_code(), Json(self.body())).into_response()
+    }
+}
+
+impl From<RunError> for ApiError {
+    fn from(error: RunError) -> Self {
+        match error {
+            RunError::InvalidRequest(message) => Self::Invalid(message),
+            RunError::Conflict {
+                operation_key,
+                fields,
+            } => Self::Conflict {
+                operation_key: operation_key.to_string(),
+                fields,
+            },
+            RunError::CapBlocked(blocked) => Self::CapBlocked(blocked),
+            RunError::Store {
+                operation_key,
+                source,
+            } => {
+                tracing::warn!(%operation_key, error = %source, "store failure");
+                Self::Unavailable {
+                    operation_key: Some(operation_key.to_string()),
+                }
+            }
+            RunError::RootClosed(root) => Self::RootClosed(root),
+            RunError::RootExpired(root) => Self::RootExpired(root),
+            RunError::RootNotFound(root) => Self::NotFound(format!("root {root}")),
+            RunError::Interrupted {
+                operation_key,
+                cause,
+            } => Self::Interrupted {
+                operation_key: operation_key.to_string(),
+                cause: match cause {
+                    Interruption::Timeout => "timeout",
+                    Interruption::Aborted => "aborted",
+                    Interruption::Deadline => "deadline",
+                },
+            },
+            RunError::InvalidConfig(reason) => {
+                tracing::error!(%reason, "runner configuration rejected at run time");
+                Self::Internal
+            }
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::NotFound(what) => Self::NotFound(what),
+            StoreError::StaleFence(id) => Self::InvalidState(format!(
+                "execution {id} is not in a state this operation applies to"
+            )),
+            other => {
+                tracing::warn!(error = %other, "store failure");
+                Self::Unavailable {
+                    operation_key: None,
+                }
+            }
+        }
+    }
+}
+
+impl From<BytesRejection> for ApiError {
+    fn from(rejection: BytesRejection) -> Self {
+        Self::Malformed(format!("cannot read the body: {}", rejection.body_text()))
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(_: PathRejection) -> Self {
+        Self::Malformed("invalid path parameter".into())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(_: QueryRejection) -> Self {
+        Self::Malformed("invalid query string".into())
+    }
+}
+
+/// A JSON body error, by category and position only: serde's own messages can quote values.
+pub fn malformed_json(error: &serde_json::Error) -> ApiError {
+    let what = match error.classify() {
+        serde_json::error::Category::Data => "does not have the expected shape",
+        _ => "is not valid JSON",
+    };
+    ApiError::Malformed(format!(
+        "the request body {what} (line {}, column {})",
+        error.line(),
+        error.column()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn shape_errors_never_quote_the_value() {
+        let e = serde_json::from_str::<Vec<u32>>(r#"["sk-secret-123"]"#).unwrap_err();
+        let body = malformed_json(&e).body().to_string();
+        assert!(!body.contains("sk-secret"), "{body}");
+        assert!(body.contains("invalid_request"), "{body}");
+    }
+
+    #[test]
+    fn store_failures_hide_internals_and_carry_the_key() {
+        let e = ApiError::from(RunError::Store {
+            operation_key: tollgate_core::ids::OperationKey::parse("k-1").unwrap(),
+            source: StoreError::Unavailable("connection refused to 10.0.0.1".into()),
+        });
+        assert_eq!(e.status_code(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = e.body().to_string();
+        assert!(body.contains("\"operation_key\":\"k-1\""), "{body}");
+        assert!(!body.contains("10.0.0.1"), "{body}");
+    }
+}

@@ -1,0 +1,197 @@
+//! The scheduler (DESIGN §7): every `interval_ms` (± 20 % jitter) it visits the scopes that have
+//! work and runs, in bounded batches, `reconcile_expired` (executions, then roots: expiry and
+//! reconciliation), `reconcile_usage`, and retention erasure.
+//!
+//! Many instances may run at once (inside each `serve` and as `tollgate scheduler`): every
+//! finishing write goes through a fence, so two instances can never finish one execution twice —
+//! the loser of a race finds no eligible fence and skips. A failed task is logged and counted;
+//! the pass goes on with the next one. Shutdown is checked between tasks and during the sleep.
+
+use crate::auth::KeyStore;
+use crate::backend::Backend;
+use crate::config::SchedulerSettings;
+use crate::metrics::{Metrics, PassCounts};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use tollgate_core::ids::{OperationKey, Scope};
+use tollgate_core::state::ExecutionState;
+use tollgate_runner::recovery::Reconciler;
+use tollgate_store::StoreError;
+
+/// Scopes visited per pass at most (the rest get their turn in the next passes).
+pub const SCOPES_PER_PASS_MAX: u32 = 1_000;
+/// Erasure batches per pass at most.
+pub const ERASE_BATCHES_PER_PASS_MAX: u32 = 10;
+/// Executions awaiting an operator counted per scope for the backlog gauge.
+pub const BACKLOG_COUNT_PER_SCOPE_MAX: u32 = 100;
+/// Jitter of the period, in percent either way.
+const JITTER_PERCENT: u64 = 20;
+
+/// The scheduler.
+pub struct Scheduler {
+    backend: Backend,
+    keys: Arc<KeyStore>,
+    reconciler: Reconciler,
+    settings: SchedulerSettings,
+    lease_ms: u64,
+    metrics: Arc<Metrics>,
+    /// Where each scope's usage scan continues (its unacknowledged rows may stay pending).
+    usage_cursors: HashMap<Scope, i64>,
+    /// The last scope visited when a pass stopped at [`SCOPES_PER_PASS_MAX`].
+    scope_cursor: String,
+}
+
+impl Scheduler {
+    /// A scheduler over `backend`; `keys` gives the scopes on the in-memory stores.
+    pub fn new(
+        backend: Backend,
+        keys: Arc<KeyStore>,
+        settings: SchedulerSettings,
+        lease_ms: u64,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            reconciler: crate::app::reconciler(&backend),
+            backend,
+            keys,
+            settings,
+            lease_ms,
+            metrics,
+            usage_cursors: HashMap::new(),
+            scope_cursor: String::new(),
+        }
+    }
+
+    /// Runs passes until `shutdown` fires; a pass in progress stops at its next task.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        tracing::info!(interval_ms = self.settings.interval_ms, "scheduler started");
+        loop {
+            let started = Instant::now();
+            let counts = self.pass(&shutdown).await;
+            let took = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            self.metrics.observe_pass(&counts, took);
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(self.period()) => {}
+            }
+        }
+        tracing::info!("scheduler stopped");
+    }
+
+    fn period(&self) -> Duration {
+        let base = self.settings.interval_ms;
+        let spread = base * JITTER_PERCENT / 100;
+        // Random enough to spread instances apart; no cryptographic need.
+        let draw =
+            u64::try_from(uuid::Uuid::new_v4().as_u128() % u128::from(2 * spread + 1)).unwrap_or(0);
+        Duration::from_millis(base - spread + draw)
+    }
+
+    /// One pass over the scopes with work, then erasure.
+    pub async fn pass(&mut self, shutdown: &CancellationToken) -> PassCounts {
+        let mut counts = PassCounts::default();
+        let known = self.keys.known_scopes();
+        let scopes = match self
+            .backend
+            .scopes_with_work(&known, &self.scope_cursor, SCOPES_PER_PASS_MAX)
+            .await
+        {
+            Ok(scopes) => scopes,
+            Err(e) => {
+                failed(&mut counts, "scopes", &e);
+                Vec::new()
+            }
+        };
+        self.scope_cursor = match scopes.last() {
+            Some(last) if scopes.len() >= SCOPES_PER_PASS_MAX as usize => last.to_string(),
+            _ => String::new(),
+        };
+        for scope in &scopes {
+            if shutdown.is_cancelled() {
+                return counts;
+            }
+            counts.scopes += 1;
+            self.scope_pass(scope, &mut counts).await;
+        }
+        self.erase(&mut counts, shutdown).await;
+        counts
+    }
+
+    async fn scope_pass(&mut self, scope: &Scope, counts: &mut PassCounts) {
+        let batch = self.settings.batch;
+        match self
+            .reconciler
+            .reconcile_expired(scope, batch, self.lease_ms)
+            .await
+        {
+            Ok(done) => {
+                counts.executions += done.executions;
+                counts.roots += done.roots;
+            }
+            Err(e) => failed(counts, "reconcile_expired", &e),
+        }
+        let after = self.usage_cursors.get(scope).copied();
+        let none = |_: &OperationKey| false;
+        match self
+            .reconciler
+            .reconcile_usage(scope, Some(batch), after, &none)
+            .await
+        {
+            Ok(usage) => {
+                counts.acknowledged += usage.acknowledged;
+                counts.evidence_pending += usage.scanned - usage.acknowledged;
+                // A short page reached the end: start over next pass; otherwise continue.
+                match usage.cursor {
+                    Some(cursor) if usage.scanned >= u64::from(batch) => {
+                        self.usage_cursors.insert(scope.clone(), cursor);
+                    }
+                    _ => {
+                        self.usage_cursors.remove(scope);
+                    }
+                }
+            }
+            Err(e) => failed(counts, "reconcile_usage", &e),
+        }
+        match self
+            .backend
+            .stores()
+            .by_state(
+                scope,
+                ExecutionState::ReconciliationRequired,
+                BACKLOG_COUNT_PER_SCOPE_MAX,
+            )
+            .await
+        {
+            Ok(rows) => counts.awaiting_operator += rows.len() as u64,
+            Err(e) => failed(counts, "backlog", &e),
+        }
+    }
+
+    async fn erase(&self, counts: &mut PassCounts, shutdown: &CancellationToken) {
+        let batch = self.settings.batch;
+        for _ in 0..ERASE_BATCHES_PER_PASS_MAX {
+            if shutdown.is_cancelled() {
+                return;
+            }
+            match self.reconciler.erase_expired(batch).await {
+                Ok(erased) => {
+                    counts.erased += erased;
+                    if erased < u64::from(batch) {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    failed(counts, "erase_expired", &e);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn failed(counts: &mut PassCounts, task: &'static str, error: &StoreError) {
+    counts.errors += 1;
+    tracing::warn!(task, error = %error, "scheduler task failed");
+}

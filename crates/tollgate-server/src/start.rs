@@ -1,0 +1,186 @@
+//! Starting the service: configuration, stores (Postgres with migrations, or the embedded
+//! default), keys, runners, the scheduler and the listener. The binary only parses arguments
+//! and calls [`serve`], [`scheduler`] or [`create_key`].
+
+use crate::app::{App, StartError};
+use crate::auth::{self, KeyStore, Role};
+use crate::backend::Backend;
+use crate::config::{Env, FileConfig, Settings};
+use crate::embedded;
+use crate::metrics::Metrics;
+use crate::scheduler::Scheduler;
+use crate::secret::Secret;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use tollgate_core::ids::Scope;
+use tollgate_postgres::PgStores;
+use tollgate_provider::mock::MockProvider;
+
+/// Where the configuration comes from.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// `--config FILE`; `None` → `tollgate.toml` when present.
+    pub config: Option<PathBuf>,
+    /// The environment (`TOLLGATE_…`, `DATABASE_URL`, provider key variables).
+    pub env: Env,
+}
+
+impl Options {
+    /// `--config` and the process environment.
+    pub fn from_process(config: Option<PathBuf>) -> Self {
+        Self {
+            config,
+            env: std::env::vars().collect(),
+        }
+    }
+}
+
+fn start_error(e: impl std::fmt::Display) -> StartError {
+    StartError(e.to_string())
+}
+
+/// Writes one line to stderr (start-up notices; never content).
+fn notice(line: &str) {
+    let mut stderr = std::io::stderr().lock();
+    let _ = writeln!(stderr, "{line}");
+}
+
+/// Connects to Postgres and applies pending migrations.
+///
+/// # Errors
+/// Unreachable database or a failed migration (the URL is never part of the message).
+pub async fn connect(url: &Secret, max_connections: u32) -> Result<Arc<PgStores>, StartError> {
+    let stores = PgStores::connect(url.expose(), max_connections)
+        .await
+        .map_err(|e| StartError(format!("cannot connect to the database: {e}")))?;
+    stores
+        .migrate()
+        .await
+        .map_err(|e| StartError(format!("migration failed: {e}")))?;
+    Ok(Arc::new(stores))
+}
+
+/// `tollgate serve`: the HTTP API and the scheduler until `shutdown` fires.
+///
+/// # Errors
+/// Invalid configuration, unreachable database, a port that cannot be bound, a server failure.
+pub async fn serve(options: Options, shutdown: CancellationToken) -> Result<(), StartError> {
+    let mut file =
+        FileConfig::load(options.config.as_deref(), &options.env).map_err(start_error)?;
+    let mock = if file.is_embedded() {
+        let mock = MockProvider::start(([127, 0, 0, 1], 0).into())
+            .await
+            .map_err(|e| StartError(format!("cannot start the mock provider: {e}")))?;
+        embedded::extend(&mut file, &mock.base_url()).map_err(start_error)?;
+        Some(mock)
+    } else {
+        None
+    };
+    let settings = file.validate(&options.env).map_err(start_error)?;
+    let backend = match &settings.database_url {
+        Some(url) => Backend::Postgres(connect(url, settings.max_connections).await?),
+        None => Backend::memory(),
+    };
+    let keys = Arc::new(KeyStore::new(&settings.keys, backend.pool()));
+    if let Some(mock) = &mock {
+        notice(&format!(
+            "tollgate: embedded default — in-memory stores (lost on exit) and the built-in mock provider at {}; profiles: {}",
+            mock.base_url(),
+            settings.profiles.keys().cloned().collect::<Vec<_>>().join(", ")
+        ));
+        if keys.is_empty() {
+            let demo = embedded::demo_keys(&keys).map_err(start_error)?;
+            notice(&format!(
+                "tollgate: scope {} — caller key {}, operator key {} (shown once)",
+                embedded::DEMO_SCOPE,
+                demo.caller.expose(),
+                demo.operator.expose()
+            ));
+        }
+    }
+    let result = serve_app(&settings, backend, keys, shutdown).await;
+    if let Some(mock) = mock {
+        mock.shutdown().await;
+    }
+    result
+}
+
+async fn serve_app(
+    settings: &Settings,
+    backend: Backend,
+    keys: Arc<KeyStore>,
+    shutdown: CancellationToken,
+) -> Result<(), StartError> {
+    let metrics = Arc::new(Metrics::default());
+    let app = App::build(settings, backend.clone(), keys.clone(), metrics.clone())?;
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .map_err(|e| StartError(format!("cannot listen on {}: {e}", settings.listen)))?;
+    let addr = listener.local_addr().map_err(start_error)?;
+    notice(&format!(
+        "tollgate: listening on http://{addr} (stores: {})",
+        backend.name()
+    ));
+    let scheduler = Scheduler::new(
+        backend,
+        keys,
+        settings.scheduler,
+        settings.lease_ms,
+        metrics,
+    );
+    let stop_scheduler = shutdown.child_token();
+    let scheduler = tokio::spawn(scheduler.run(stop_scheduler.clone()));
+    let served = crate::run(listener, app, shutdown.cancelled_owned()).await;
+    stop_scheduler.cancel();
+    let _ = scheduler.await;
+    served.map_err(|e| StartError(format!("server failed: {e}")))
+}
+
+/// `tollgate scheduler`: the scheduler alone, until `shutdown` fires. It needs a database (the
+/// in-memory stores of another process are out of reach).
+///
+/// # Errors
+/// Invalid configuration, no or unreachable database.
+pub async fn scheduler(options: Options, shutdown: CancellationToken) -> Result<(), StartError> {
+    let file = FileConfig::load(options.config.as_deref(), &options.env).map_err(start_error)?;
+    let settings = file.validate(&options.env).map_err(start_error)?;
+    let url = settings.database_url.as_ref().ok_or_else(|| {
+        StartError(
+            "the scheduler alone needs a database: set DATABASE_URL or [database] url".into(),
+        )
+    })?;
+    let backend = Backend::Postgres(connect(url, settings.max_connections).await?);
+    let keys = Arc::new(KeyStore::new(&settings.keys, backend.pool()));
+    notice("tollgate: scheduler running on postgres");
+    let scheduler = Scheduler::new(
+        backend,
+        keys,
+        settings.scheduler,
+        settings.lease_ms,
+        Arc::new(Metrics::default()),
+    );
+    scheduler.run(shutdown).await;
+    Ok(())
+}
+
+/// `tollgate keys create`: a new key for `scope` and `role`, stored as its hash in Postgres
+/// (`DATABASE_URL`); returned once.
+///
+/// # Errors
+/// No `DATABASE_URL`, invalid scope or role, store failure.
+pub async fn create_key(env: &Env, scope: &str, role: &str) -> Result<Secret, StartError> {
+    let scope = Scope::parse(scope).map_err(start_error)?;
+    let role: Role = role.parse().map_err(StartError)?;
+    let url = env
+        .get("DATABASE_URL")
+        .filter(|u| !u.trim().is_empty())
+        .ok_or_else(|| {
+            StartError("DATABASE_URL is not set (keys are stored in Postgres)".into())
+        })?;
+    let stores = connect(&Secret::new(url.clone()), 2).await?;
+    auth::create_key(stores.pool(), &scope, role)
+        .await
+        .map_err(|e| StartError(format!("cannot store the key: {e}")))
+}

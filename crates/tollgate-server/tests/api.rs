@@ -1,0 +1,513 @@
+//! The HTTP API end to end: the app on a port-0 listener over in-memory stores (and once over a
+//! fresh Postgres database), a real mock provider on loopback, driven with reqwest. The mock's
+//! request counter proves "sent once" and "never sent".
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use reqwest::StatusCode;
+use serde_json::json;
+use std::str::FromStr;
+use std::sync::Arc;
+use support::{admin_url, call, Server, SECRET};
+use tokio_util::sync::CancellationToken;
+use tollgate_core::ids::Scope;
+use tollgate_postgres::PgStores;
+use tollgate_server::auth::{self, Role};
+use tollgate_server::metrics::Metrics;
+use tollgate_server::scheduler::Scheduler;
+use tollgate_server::Backend;
+
+#[tokio::test]
+async fn sc_13_a_call_then_its_replay_sends_once() {
+    let s = Server::memory().await;
+    let (status, view, _) = s
+        .post(
+            "/v1/calls",
+            &s.caller,
+            &call("summarize", "order-1", "r-1", "hello"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    assert_eq!(view["state"], "completed");
+    assert_eq!(view["outcome"], "success");
+    assert_eq!(view["replayed"], false);
+    assert_eq!(view["output"]["text"], "hello");
+    assert!(view["receipt"]["amount"].is_string(), "{view}");
+    assert_eq!(s.mock.request_count(), 1);
+
+    let (status, replay, _) = s
+        .post(
+            "/v1/calls",
+            &s.caller,
+            &call("summarize", "order-1", "r-1", "hello"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(replay["replayed"], true);
+    assert_eq!(replay["execution_id"], view["execution_id"]);
+    assert_eq!(s.mock.request_count(), 1, "a replay sends nothing");
+
+    let (status, read, _) = s.get("/v1/calls/order-1", &s.caller).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(read["output"]["text"], "hello");
+
+    // A structured call answers under the host's key and reads back under it.
+    let (status, structured, _) = s
+        .post(
+            "/v1/calls",
+            &s.caller,
+            &call("extract-tool", "rec-1", "r-1", "Paris"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{structured}");
+    assert_eq!(structured["operation_key"], "rec-1");
+    assert_eq!(
+        structured["step"]["tool_calls"][0]["name"],
+        "extract_record"
+    );
+    let (status, read, _) = s.get("/v1/calls/rec-1", &s.caller).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(read["execution_id"], structured["execution_id"]);
+    assert_eq!(s.mock.request_count(), 2);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn sc_14_conflict_is_409_with_the_differing_fields() {
+    let s = Server::memory().await;
+    let (status, _, _) = s
+        .post(
+            "/v1/calls",
+            &s.caller,
+            &call("summarize", "order-2", "r-1", "hello"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body, text) = s
+        .post(
+            "/v1/calls",
+            &s.caller,
+            &call("summarize", "order-2", "r-2", SECRET),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["code"], "conflict");
+    assert_eq!(body["error"]["fields"], json!(["input_revision"]));
+    assert!(!text.contains(SECRET), "{text}");
+    assert_eq!(s.mock.request_count(), 1);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn sc_16_a_preflight_block_is_402_naming_the_cap_and_writes_nothing() {
+    let s = Server::memory().await;
+    let (status, body, text) = s
+        .post(
+            "/v1/calls",
+            &s.caller,
+            &call("tight", "order-3", "r-1", SECRET),
+        )
+        .await;
+    assert_eq!(status, StatusCode::PAYMENT_REQUIRED, "{body}");
+    assert_eq!(body["error"]["code"], "cap_blocked");
+    assert_eq!(body["error"]["cap"], "session");
+    assert_eq!(body["error"]["limit"], "0.000001");
+    assert!(!text.contains(SECRET));
+    let (status, _, _) = s.get("/v1/calls/order-3", &s.caller).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(s.mock.request_count(), 0);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn sc_11_invalid_input_is_refused_before_anything_is_written() {
+    let s = Server::memory().await;
+    let non_text = json!({
+        "profile": "summarize", "operation_key": "bad-1", "session_id": "s",
+        "input_revision": "r", "intent": "i",
+        "input": {"messages": [{"role": "user", "content": [
+            {"type": "tool_result", "call_id": "c1", "content": SECRET}]}]}
+    });
+    let oversized = call(
+        "summarize",
+        "bad-2",
+        "r",
+        &format!("{SECRET}{}", "x".repeat(300)),
+    );
+    let unknown = call("no-such-profile", "bad-3", "r", SECRET);
+    let scoped = {
+        let mut body = call("summarize", "bad-4", "r", SECRET);
+        body["scope"] = json!("globex");
+        body
+    };
+    let step_profile = call("agent-step", "bad-5", "r", SECRET);
+    for (body, expected) in [
+        (&non_text, StatusCode::UNPROCESSABLE_ENTITY),
+        (&oversized, StatusCode::UNPROCESSABLE_ENTITY),
+        (&unknown, StatusCode::UNPROCESSABLE_ENTITY),
+        (&scoped, StatusCode::BAD_REQUEST),
+        (&step_profile, StatusCode::UNPROCESSABLE_ENTITY),
+    ] {
+        let (status, answer, text) = s.post("/v1/calls", &s.caller, body).await;
+        assert_eq!(status, expected, "{answer}");
+        assert_eq!(answer["error"]["code"], "invalid_request", "{answer}");
+        assert!(!text.contains(SECRET), "{text}");
+    }
+    for key in ["bad-1", "bad-2", "bad-3", "bad-4", "bad-5"] {
+        let (status, _, _) = s.get(&format!("/v1/calls/{key}"), &s.caller).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{key} was written");
+    }
+    // Malformed JSON and a wrong type holding a secret-looking value.
+    let wrong_type = format!(
+        r#"{{"profile": "summarize", "operation_key": "bad-6", "session_id": "s", "input_revision": "r", "intent": "i", "input": {{"messages": "{SECRET}"}}}}"#
+    );
+    for raw in [format!("{{\"profile\": \"{SECRET}"), wrong_type] {
+        let (status, answer, text) = s
+            .send(
+                reqwest::Method::POST,
+                "/v1/calls",
+                Some(&s.caller),
+                Some(&raw),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+        assert_eq!(answer["error"]["code"], "invalid_request");
+        assert!(!text.contains(SECRET), "{text}");
+    }
+    assert_eq!(s.mock.request_count(), 0, "nothing was sent");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn sc_10_another_scopes_key_gets_404() {
+    let s = Server::memory().await;
+    let (status, _, _) = s
+        .post(
+            "/v1/calls",
+            &s.caller,
+            &call("summarize", "order-a", "r-1", "hello"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body, _) = s.get("/v1/calls/order-a", &s.stranger).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(body["error"]["code"], "not_found");
+    // The same key in scope B is a different operation: it runs, it does not replay A's.
+    let (status, other, _) = s
+        .post(
+            "/v1/calls",
+            &s.stranger,
+            &call("summarize", "order-a", "r-9", "other"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(other["replayed"], false);
+    assert_eq!(other["output"]["text"], "other");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn auth_no_key_is_401_and_a_caller_on_an_operator_route_is_403() {
+    let s = Server::memory().await;
+    let body = call("summarize", "order-x", "r", "hi").to_string();
+    let (status, answer, _) = s
+        .send(reqwest::Method::POST, "/v1/calls", None, Some(&body))
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(answer["error"]["code"], "unauthenticated");
+    let (status, _, _) = s
+        .send(
+            reqwest::Method::GET,
+            "/v1/profiles",
+            Some("tg_unknown"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, answer, _) = s
+        .post("/v1/admin/reconcile/expired", &s.caller, &json!({}))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(answer["error"]["code"], "forbidden");
+    let (status, _, _) = s
+        .post(
+            "/v1/calls",
+            &s.operator,
+            &call("summarize", "order-x", "r", "hi"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "operators do not run calls");
+    let (status, profiles, _) = s.get("/v1/profiles", &s.caller).await;
+    assert_eq!(status, StatusCode::OK);
+    let names: Vec<_> = profiles["profiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        names,
+        ["agent-step", "cut", "extract-tool", "summarize", "tight"]
+    );
+    assert_eq!(s.mock.request_count(), 0);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn st_33_a_root_with_two_steps_then_close_refuses_new_steps() {
+    let s = Server::memory().await;
+    let open = json!({"root_key": "turn-1", "profile": "agent-step", "session_id": "s",
+                      "intent": "plan", "input_revision": "r", "deadline_ms": 60000});
+    let (status, root, _) = s.post("/v1/roots", &s.caller, &open).await;
+    assert_eq!(status, StatusCode::OK, "{root}");
+    assert_eq!(root["state"], "active");
+    assert_eq!(root["profile"], "agent-step");
+    let step = |key: &str| {
+        json!({"operation_key": key, "input": {"messages": [
+            {"role": "user", "content": "Paris, please"}]}})
+    };
+    for key in ["step-1", "step-2"] {
+        let (status, view, _) = s
+            .post("/v1/roots/turn-1/steps", &s.caller, &step(key))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{view}");
+        assert_eq!(view["state"], "completed");
+        assert!(view["root_receipt"]["amount"].is_string(), "{view}");
+        assert_eq!(view["step"]["tool_calls"][0]["name"], "extract_record");
+    }
+    let (status, read, _) = s.get("/v1/roots/turn-1/steps/step-2", &s.caller).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(read["operation_key"], "step-2");
+    let (status, root, _) = s.get("/v1/roots/turn-1", &s.caller).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(root["reserved_calls"], 2);
+    let (status, closed, _) = s
+        .post("/v1/roots/turn-1/close", &s.caller, &json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(closed["state"], "closed");
+    let (status, refused, _) = s
+        .post("/v1/roots/turn-1/steps", &s.caller, &step("step-3"))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(refused["error"]["code"], "root_closed");
+    // A known step still replays after the close; another scope sees no root.
+    let (status, replay, _) = s
+        .post("/v1/roots/turn-1/steps", &s.caller, &step("step-1"))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(replay["replayed"], true);
+    let (status, _, _) = s.get("/v1/roots/turn-1", &s.stranger).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(s.mock.request_count(), 2);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn sc_40_sc_42_operator_recover_reconcile_and_resolve() {
+    let s = Server::memory().await;
+    let (_, done, _) = s
+        .post(
+            "/v1/calls",
+            &s.caller,
+            &call("summarize", "order-r", "r", "hello"),
+        )
+        .await;
+    let recover = json!({"operation_key": "order-r", "lease_ms": 1000});
+    let (status, view, _) = s.post("/v1/admin/recover", &s.operator, &recover).await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    assert_eq!(
+        view["state"], "completed",
+        "nothing to recover: the current view"
+    );
+    let missing = json!({"operation_key": "nope"});
+    let (status, _, _) = s.post("/v1/admin/recover", &s.operator, &missing).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, counts, _) = s
+        .post(
+            "/v1/admin/reconcile/expired",
+            &s.operator,
+            &json!({"limit": 10}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(counts, json!({"roots": 0, "executions": 0}));
+    let (status, usage, _) = s
+        .post("/v1/admin/reconcile/usage", &s.operator, &json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{usage}");
+    assert_eq!(usage["acknowledged"], 1);
+
+    // A cut stream leaves an unproven cost: an operator lists and resolves it.
+    let (status, cut, _) = s
+        .post(
+            "/v1/calls",
+            &s.caller,
+            &call("cut", "order-cut", "r", "hello"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{cut}");
+    assert_eq!(cut["state"], "reconciliation_required");
+    let (status, list, _) = s
+        .get(
+            "/v1/admin/executions?state=reconciliation_required",
+            &s.operator,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list["executions"][0]["operation_key"], "order-cut");
+    let id = list["executions"][0]["execution_id"].as_str().unwrap();
+    let resolve = json!({"usage": {"input": 10, "output": 20}});
+    let path = format!("/v1/admin/executions/{id}/resolve");
+    let (status, resolved, _) = s.post(&path, &s.operator, &resolve).await;
+    assert_eq!(status, StatusCode::OK, "{resolved}");
+    assert_eq!(resolved["state"], "completed");
+    assert_eq!(resolved["receipt"]["amount"], "0.00005");
+    let (status, again, _) = s.post(&path, &s.operator, &resolve).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{again}");
+    let (status, _, _) = s.post(&path, &s.caller, &resolve).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+
+    let evidence = json!({"execution_id": done["execution_id"], "usage": {"input": 1}});
+    let (status, row, _) = s
+        .post("/v1/admin/usage-evidence", &s.operator, &evidence)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{row}");
+    assert_eq!(row["source"], "late");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn scheduler_pass_acknowledges_settled_evidence() {
+    let s = Server::memory().await;
+    let (status, _, _) = s
+        .post(
+            "/v1/calls",
+            &s.caller,
+            &call("summarize", "order-s", "r", "hello"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let settings = tollgate_server::config::SchedulerSettings {
+        interval_ms: 1000,
+        batch: 10,
+    };
+    let metrics = Arc::new(Metrics::default());
+    let mut scheduler = Scheduler::new(s.backend.clone(), s.keys.clone(), settings, 1000, metrics);
+    let counts = scheduler.pass(&CancellationToken::new()).await;
+    assert_eq!(counts.errors, 0);
+    assert_eq!(counts.scopes, 2, "acme and globex");
+    assert_eq!(counts.acknowledged, 1);
+    let again = scheduler.pass(&CancellationToken::new()).await;
+    assert_eq!(again.acknowledged, 0, "acknowledged once");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics_carry_no_content() {
+    let s = Server::memory().await;
+    let (status, body, _) = s.send(reqwest::Method::GET, "/healthz", None, None).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::OK, Some("ok"))
+    );
+    let (status, body, _) = s.send(reqwest::Method::GET, "/readyz", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["stores"], "memory");
+    s.post(
+        "/v1/calls",
+        &s.caller,
+        &call("summarize", "m-1", "r", SECRET),
+    )
+    .await;
+    s.post(
+        "/v1/calls",
+        &s.caller,
+        &call("summarize", "m-1", "r2", SECRET),
+    )
+    .await;
+    let (status, _, text) = s.send(reqwest::Method::GET, "/metrics", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        text.contains("tollgate_calls_total{outcome=\"success\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tollgate_call_errors_total{code=\"conflict\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tollgate_settled_spend_total{currency=\"USD\"}"),
+        "{text}"
+    );
+    assert!(text.contains("tollgate_scheduler_passes_total"), "{text}");
+    assert!(
+        !text.contains(SECRET) && !text.contains(&s.caller),
+        "{text}"
+    );
+    let (status, body, _) = s
+        .send(reqwest::Method::GET, "/v1/nothing", None, None)
+        .await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (StatusCode::NOT_FOUND, &json!("not_found"))
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn postgres_a_call_and_its_replay_through_the_api() {
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    use sqlx::{ConnectOptions, Connection};
+    let options = PgConnectOptions::from_str(&admin_url())
+        .unwrap()
+        .disable_statement_logging();
+    let name = format!("tollgate_srv_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = sqlx::PgConnection::connect_with(&options).await.unwrap();
+    // An identifier we generated (letters, digits, underscores): identifiers cannot be bound.
+    sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options.clone().database(&name))
+        .await
+        .unwrap();
+    let stores = PgStores::new(pool.clone());
+    stores.migrate().await.unwrap();
+    let s = Server::start(Backend::Postgres(Arc::new(stores))).await;
+    // A key from the api_keys table (stored as its hash only).
+    let key = auth::create_key(&pool, &Scope::parse("acme").unwrap(), Role::Caller)
+        .await
+        .unwrap();
+    let stored: String = sqlx::query_scalar("SELECT sha256 FROM api_keys")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, auth::hash_key(key.expose()));
+    let body = call("summarize", "pg-1", "r-1", "hello postgres");
+    let (status, first, _) = s.post("/v1/calls", key.expose(), &body).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(first["state"], "completed");
+    let (status, replay, _) = s.post("/v1/calls", key.expose(), &body).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(replay["replayed"], true);
+    assert_eq!(replay["receipt"], first["receipt"]);
+    assert_eq!(s.mock.request_count(), 1);
+    let (status, ready, _) = s.send(reqwest::Method::GET, "/readyz", None, None).await;
+    assert_eq!(
+        (status, &ready["stores"]),
+        (StatusCode::OK, &json!("postgres"))
+    );
+    let (status, _, _) = s.get("/v1/calls/pg-1", &s.stranger).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    s.stop().await;
+    pool.close().await;
+    sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    admin.close().await.unwrap();
+}

@@ -1,0 +1,67 @@
+//! `serve`, `scheduler` and `keys create`: thin shells over `tollgate_server::start`.
+
+use crate::out;
+use std::path::PathBuf;
+use tokio_util::sync::CancellationToken;
+use tollgate_server::start::{self, Options};
+
+/// A token cancelled on Ctrl-C or SIGTERM.
+fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let trigger = token.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::warn!("shutting down");
+        trigger.cancel();
+    });
+    token
+}
+
+#[cfg(unix)]
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(not(unix))]
+async fn wait_for_signal() {
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// `tollgate serve [--config FILE]`.
+pub async fn serve(config: Option<PathBuf>) -> Result<(), String> {
+    start::serve(Options::from_process(config), shutdown_on_signal())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// `tollgate scheduler [--config FILE]`.
+pub async fn scheduler(config: Option<PathBuf>) -> Result<(), String> {
+    start::scheduler(Options::from_process(config), shutdown_on_signal())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// `tollgate keys create --scope S --role R [--json]`: prints the key once.
+pub async fn keys_create(scope: &str, role: &str, json: bool) -> Result<(), String> {
+    let env = std::env::vars().collect();
+    let key = start::create_key(&env, scope, role)
+        .await
+        .map_err(|e| e.to_string())?;
+    if json {
+        out::json(&serde_json::json!({"key": key.expose(), "scope": scope, "role": role}));
+    } else {
+        out::line(key.expose());
+    }
+    Ok(())
+}
