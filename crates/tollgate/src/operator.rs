@@ -11,7 +11,9 @@ use tollgate_postgres::PgStores;
 use tollgate_runner::recovery::Reconciler;
 use tollgate_runner::{views, SystemClock};
 use tollgate_store::audit::verify_chain;
-use tollgate_store::{AuditLog, ExecutionStore, ResultStore, SettlementStore, Stores, UsageInbox};
+use tollgate_store::{
+    AuditLog, ExecutionStore, ResultStore, SettlementStore, TreeStores, UsageInbox,
+};
 
 /// Audit rows read per page when verifying or inspecting.
 const AUDIT_PAGE_ROWS: u32 = 1_000;
@@ -33,8 +35,8 @@ fn key(text: &str) -> Result<OperationKey, String> {
 }
 
 fn reconciler(stores: Arc<PgStores>) -> Reconciler {
-    let base: Arc<dyn Stores> = stores;
-    Reconciler::new(base, Arc::new(SystemClock))
+    let tree: Arc<dyn TreeStores> = stores;
+    Reconciler::with_tree(tree, Arc::new(SystemClock))
 }
 
 /// `tollgate recover --scope S --key K [--lease-ms N]`.
