@@ -1,0 +1,295 @@
+//! The operation-root part of the conformance suite ([`crate::tree_conformance!`]).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use super::*;
+
+/// Instantiates the operation-root suite for `$factory` (stores that also implement
+/// [`TreeStore`]).
+#[macro_export]
+macro_rules! tree_conformance {
+    ($factory:expr) => {
+        $crate::store_conformance!(@tests $factory;
+            st_5_slots_are_reserved_under_the_root_lock,
+            st_33_closed_root_refuses_admissions_but_reserved_calls_finish,
+            st_6_one_send_one_charge_one_root_receipt,
+            st_7_root_block_cap_uses_inclusive_root_cost,
+            rf_2_zero_settlement_writes_zero_root_receipt,
+            roots_expire_at_their_deadline_and_reconcile_when_final,
+            sr_5_existing_root_is_returned_untouched,
+            root_cap_never_overrun_by_concurrent_steps,
+        );
+    };
+}
+
+pub fn root_key(s: &str) -> RootKey {
+    RootKey::parse(s).unwrap()
+}
+
+fn step_config() -> CallConfig {
+    let mut c = text_config();
+    c.kind = CallKind::Step;
+    c
+}
+
+pub async fn open_root<S: TreeStores>(s: &S, key_: &str, config: CallConfig) -> RootRecord {
+    let req = OpenRootRequest {
+        scope: scope("a"),
+        root_key: root_key(key_),
+        binding: binding("s-1", config),
+        deadline: t0() + Duration::seconds(60),
+        now: t0(),
+    };
+    match s.open_root(req).await.unwrap() {
+        RootOpen::Opened(r) => r,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn child(root: &str, key_: &str, config: CallConfig, hold: &str) -> ClaimRequest {
+    let mut req = claim_req("a", key_, config, hold);
+    req.root_key = Some(root_key(root));
+    req
+}
+
+async fn root_of<S: TreeStores>(s: &S, key_: &str) -> RootRecord {
+    s.root(&scope("a"), &root_key(key_)).await.unwrap().unwrap()
+}
+
+pub async fn st_5_slots_are_reserved_under_the_root_lock<S: TreeStores>(s: Arc<S>) {
+    let root = open_root(&*s, "r1", step_config()).await;
+    assert_eq!(root.reserved_calls, 0);
+    for _ in 0..3 {
+        assert!(matches!(
+            s.reserve_slot(&scope("a"), &root_key("r1"), t0())
+                .await
+                .unwrap(),
+            Reservation::Reserved(_)
+        ));
+    }
+    s.release_slot(&scope("a"), &root_key("r1"), t0())
+        .await
+        .unwrap();
+    assert_eq!(root_of(&*s, "r1").await.reserved_calls, 2);
+    assert!(matches!(
+        s.reserve_slot(&scope("a"), &root_key("nope"), t0())
+            .await
+            .unwrap(),
+        Reservation::Missing
+    ));
+    assert!(
+        matches!(
+            s.reserve_slot(&scope("b"), &root_key("r1"), t0())
+                .await
+                .unwrap(),
+            Reservation::Missing
+        ),
+        "roots are scoped"
+    );
+}
+
+pub async fn st_33_closed_root_refuses_admissions_but_reserved_calls_finish<S: TreeStores>(
+    s: Arc<S>,
+) {
+    open_root(&*s, "r1", step_config()).await;
+    s.reserve_slot(&scope("a"), &root_key("r1"), t0())
+        .await
+        .unwrap();
+    let r = claimed(&*s, child("r1", "c1", step_config(), "0.5")).await;
+    let closed = s
+        .close_root(&scope("a"), &root_key("r1"), t0())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(closed.state, RootState::Closed);
+    assert!(s
+        .close_root(&scope("a"), &root_key("r1"), t0())
+        .await
+        .unwrap()
+        .is_some());
+    assert!(matches!(
+        s.reserve_slot(&scope("a"), &root_key("r1"), t0())
+            .await
+            .unwrap(),
+        Reservation::Refused(_)
+    ));
+    let d = s.mark_dispatched(r.fence(), t0()).await.unwrap();
+    let out = s.settle(settle_req(&d, "0.1", "x")).await.unwrap();
+    assert!(out.root_receipt.is_some(), "a reserved call still settles");
+}
+
+pub async fn st_6_one_send_one_charge_one_root_receipt<S: TreeStores>(s: Arc<S>) {
+    open_root(&*s, "r1", step_config()).await;
+    let mut amounts = Vec::new();
+    for (i, amount) in ["0.1", "0.25"].iter().enumerate() {
+        s.reserve_slot(&scope("a"), &root_key("r1"), t0())
+            .await
+            .unwrap();
+        let r = claimed(&*s, child("r1", &format!("c{i}"), step_config(), "0.5")).await;
+        assert_eq!(root_of(&*s, "r1").await.held, money("0.5"));
+        let d = s.mark_dispatched(r.fence(), t0()).await.unwrap();
+        let out = s.settle(settle_req(&d, amount, "x")).await.unwrap();
+        let receipt = out.root_receipt.unwrap();
+        assert_eq!(receipt.amount, money(amount));
+        assert_eq!(s.root_receipt(r.id).await.unwrap(), Some(receipt));
+        assert!(s.settle(settle_req(&d, amount, "x")).await.is_err());
+        amounts.push(money(amount));
+    }
+    let root = root_of(&*s, "r1").await;
+    assert_eq!((root.charged, root.held), (money("0.35"), Money::ZERO));
+    let receipts = s
+        .root_receipts(&scope("a"), &root_key("r1"), 10)
+        .await
+        .unwrap();
+    assert_eq!(receipts.len(), 2);
+    let sum = receipts
+        .iter()
+        .fold(Money::ZERO, |acc, r| acc.checked_add(r.amount).unwrap());
+    assert_eq!(sum, root.charged, "inclusive cost = sum of receipts");
+}
+
+pub async fn st_7_root_block_cap_uses_inclusive_root_cost<S: TreeStores>(s: Arc<S>) {
+    let mut c = step_config();
+    c.caps.root_block = Some(money("1"));
+    open_root(&*s, "r1", c.clone()).await;
+    let r = claimed(&*s, child("r1", "c1", c.clone(), "0.6")).await;
+    match s.claim(child("r1", "c2", c.clone(), "0.6")).await.unwrap() {
+        ClaimOutcome::Blocked(b) => assert_eq!(b.window, tollgate_core::caps::CapWindow::Root),
+        o => panic!("{o:?}"),
+    }
+    assert!(s
+        .execution(&scope("a"), &key("c2"))
+        .await
+        .unwrap()
+        .is_none());
+    // Post-call: the provider overran the hold; the cost is settled, the output suppressed.
+    let d = s.mark_dispatched(r.fence(), t0()).await.unwrap();
+    let out = s.settle(settle_req(&d, "1.2", "secret")).await.unwrap();
+    assert_eq!(out.result.outcome, Outcome::Blocked);
+    assert!(out.result.output.is_none());
+    assert_eq!(out.root_receipt.unwrap().amount, money("1.2"));
+    // Claims under a root without the root are refused loudly.
+    assert!(s.claim(child("missing", "c3", c, "0.1")).await.is_err());
+}
+
+pub async fn rf_2_zero_settlement_writes_zero_root_receipt<S: TreeStores>(s: Arc<S>) {
+    open_root(&*s, "r1", step_config()).await;
+    let r = claimed(&*s, child("r1", "c1", step_config(), "0.5")).await;
+    let d = s.mark_dispatched(r.fence(), t0()).await.unwrap();
+    let mut req = settle_req(&d, "0", "");
+    req.usage = Usage::ZERO;
+    req.outcome = Outcome::Unavailable;
+    req.output = None;
+    let out = s.settle(req).await.unwrap();
+    assert_eq!(out.root_receipt.unwrap().amount, Money::ZERO);
+    let root = root_of(&*s, "r1").await;
+    assert_eq!((root.charged, root.held), (Money::ZERO, Money::ZERO));
+}
+
+pub async fn roots_expire_at_their_deadline_and_reconcile_when_final<S: TreeStores>(s: Arc<S>) {
+    open_root(&*s, "r1", step_config()).await;
+    s.reserve_slot(&scope("a"), &root_key("r1"), t0())
+        .await
+        .unwrap();
+    let r = claimed(&*s, child("r1", "c1", step_config(), "0.5")).await;
+    assert!(s
+        .reconcile_roots(&scope("a"), t0(), 10)
+        .await
+        .unwrap()
+        .is_empty());
+    let late = t0() + Duration::seconds(61);
+    assert!(matches!(
+        s.reserve_slot(&scope("a"), &root_key("r1"), late)
+            .await
+            .unwrap(),
+        Reservation::Refused(_)
+    ));
+    let changed = s.reconcile_roots(&scope("a"), late, 10).await.unwrap();
+    assert_eq!(changed.len(), 1);
+    assert_eq!(changed[0].state, RootState::Expired);
+    // Not reconciled while its reserved call is unfinished.
+    assert!(s
+        .reconcile_roots(&scope("a"), late, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    s.mark_not_dispatched(r.fence(), NotDispatchedCause::Expired, late)
+        .await
+        .unwrap();
+    let changed = s.reconcile_roots(&scope("a"), late, 10).await.unwrap();
+    assert_eq!(changed[0].state, RootState::Reconciled);
+    assert_eq!(root_of(&*s, "r1").await.held, Money::ZERO);
+}
+
+pub async fn sr_5_existing_root_is_returned_untouched<S: TreeStores>(s: Arc<S>) {
+    let root = open_root(&*s, "r1", step_config()).await;
+    assert_eq!(
+        root.binding_digest,
+        root.binding
+            .digest_in(tollgate_core::digest::ROOT_BINDING_DOMAIN)
+    );
+    let mut other = step_config();
+    other.model = "other".into();
+    let req = OpenRootRequest {
+        scope: scope("a"),
+        root_key: root_key("r1"),
+        binding: binding("s-1", other),
+        deadline: t0() + Duration::seconds(999),
+        now: t0(),
+    };
+    match s.open_root(req).await.unwrap() {
+        RootOpen::Existing(r) => assert_eq!(r, root),
+        o => panic!("{o:?}"),
+    }
+}
+
+/// 40 concurrent steps under one root with a root block cap of 1.00 and holds of 0.1: the root's
+/// charged + held never exceeds the cap, and its inclusive cost equals the sum of its receipts.
+pub async fn root_cap_never_overrun_by_concurrent_steps<S: TreeStores + 'static>(s: Arc<S>) {
+    let mut c = step_config();
+    c.caps.root_block = Some(money("1.00"));
+    open_root(&*s, "r1", c.clone()).await;
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let s = Arc::clone(&s);
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            s.reserve_slot(&scope("a"), &root_key("r1"), t0())
+                .await
+                .unwrap();
+            match s
+                .claim(child("r1", &format!("c{i}"), c, "0.1"))
+                .await
+                .unwrap()
+            {
+                ClaimOutcome::Claimed(r) => {
+                    let d = s.mark_dispatched(r.fence(), t0()).await.unwrap();
+                    s.settle(settle_req(&d, "0.07", "x")).await.unwrap();
+                    1u32
+                }
+                _ => {
+                    s.release_slot(&scope("a"), &root_key("r1"), t0())
+                        .await
+                        .unwrap();
+                    0
+                }
+            }
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += t.await.unwrap();
+    }
+    let root = root_of(&*s, "r1").await;
+    assert!(root.charged.checked_add(root.held).unwrap() <= money("1.00"));
+    assert_eq!(root.reserved_calls, i64::from(admitted));
+    let receipts = s
+        .root_receipts(&scope("a"), &root_key("r1"), 100)
+        .await
+        .unwrap();
+    assert_eq!(receipts.len(), admitted as usize);
+    let sum = receipts
+        .iter()
+        .fold(Money::ZERO, |acc, r| acc.checked_add(r.amount).unwrap());
+    assert_eq!(sum, root.charged);
+    assert!(admitted >= 10, "at least 10 fit: {admitted}");
+}

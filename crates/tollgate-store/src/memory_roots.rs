@@ -1,0 +1,171 @@
+//! Operation roots in memory (the TreeStore half of [`MemoryStores`]).
+
+use super::{MemoryStores, Tables};
+use crate::error::StoreResult;
+use crate::logic;
+use crate::record::*;
+use crate::traits::TreeStore;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use tollgate_core::ids::{ExecutionId, RootKey, Scope};
+
+impl Tables {
+    pub(super) fn root_mut(
+        &mut self,
+        scope: &Scope,
+        root_key: &RootKey,
+    ) -> Option<&mut RootRecord> {
+        self.roots.get_mut(&(scope.clone(), root_key.clone()))
+    }
+
+    pub(super) fn root_calls_final(&self, root: &RootRecord) -> bool {
+        let calls: Vec<&ExecutionRecord> = self
+            .executions
+            .values()
+            .filter(|r| r.scope == root.scope && r.root_key.as_ref() == Some(&root.root_key))
+            .collect();
+        calls.len() as i64 >= root.reserved_calls && calls.iter().all(|r| r.state.is_final())
+    }
+}
+
+#[async_trait]
+impl TreeStore for MemoryStores {
+    async fn open_root(&self, request: OpenRootRequest) -> StoreResult<RootOpen> {
+        let mut t = self.lock()?;
+        let key = (request.scope.clone(), request.root_key.clone());
+        if let Some(existing) = t.roots.get(&key) {
+            return Ok(RootOpen::Existing(existing.clone()));
+        }
+        let root = logic::new_root(&request);
+        t.roots.insert(key, root.clone());
+        t.append(logic::root_event(&root, "root_opened", request.now));
+        Ok(RootOpen::Opened(root))
+    }
+
+    async fn reserve_slot(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Reservation> {
+        let mut t = self.lock()?;
+        let Some(root) = t.root_mut(scope, root_key) else {
+            return Ok(Reservation::Missing);
+        };
+        if !logic::root_admits(root, now) {
+            let refused = root.clone();
+            return Ok(Reservation::Refused(refused));
+        }
+        root.reserved_calls += 1;
+        root.updated_at = now;
+        let root = root.clone();
+        t.append(logic::root_event(&root, "root_slot_reserved", now));
+        Ok(Reservation::Reserved(root))
+    }
+
+    async fn release_slot(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+        now: DateTime<Utc>,
+    ) -> StoreResult<()> {
+        let mut t = self.lock()?;
+        if let Some(root) = t.root_mut(scope, root_key) {
+            root.reserved_calls = (root.reserved_calls - 1).max(0);
+            root.updated_at = now;
+            let root = root.clone();
+            t.append(logic::root_event(&root, "root_slot_released", now));
+        }
+        Ok(())
+    }
+
+    async fn close_root(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<RootRecord>> {
+        let mut t = self.lock()?;
+        let Some(root) = t.root_mut(scope, root_key) else {
+            return Ok(None);
+        };
+        if root.state != RootState::Active {
+            return Ok(Some(root.clone()));
+        }
+        root.state = RootState::Closed;
+        root.updated_at = now;
+        let root = root.clone();
+        t.append(logic::root_event(&root, "root_closed", now));
+        Ok(Some(root))
+    }
+
+    async fn root(&self, scope: &Scope, root_key: &RootKey) -> StoreResult<Option<RootRecord>> {
+        Ok(self
+            .lock()?
+            .roots
+            .get(&(scope.clone(), root_key.clone()))
+            .cloned())
+    }
+
+    async fn root_receipt(&self, execution_id: ExecutionId) -> StoreResult<Option<RootReceipt>> {
+        Ok(self.lock()?.root_receipts.get(&execution_id).cloned())
+    }
+
+    async fn root_receipts(
+        &self,
+        scope: &Scope,
+        root_key: &RootKey,
+        limit: u32,
+    ) -> StoreResult<Vec<RootReceipt>> {
+        let t = self.lock()?;
+        let Some(root) = t.roots.get(&(scope.clone(), root_key.clone())) else {
+            return Ok(Vec::new());
+        };
+        let mut out: Vec<_> = t
+            .root_receipts
+            .values()
+            .filter(|r| r.root_id == root.id)
+            .cloned()
+            .collect();
+        out.sort_by_key(|r| (r.created_at, r.execution_id));
+        out.truncate(limit as usize);
+        Ok(out)
+    }
+
+    async fn reconcile_roots(
+        &self,
+        scope: &Scope,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> StoreResult<Vec<RootRecord>> {
+        let mut t = self.lock()?;
+        let mut keys: Vec<RootKey> = t
+            .roots
+            .values()
+            .filter(|r| &r.scope == scope)
+            .map(|r| r.root_key.clone())
+            .collect();
+        keys.sort();
+        let mut changed = Vec::new();
+        for key in keys {
+            if changed.len() >= limit as usize {
+                break;
+            }
+            let Some(root) = t.roots.get(&(scope.clone(), key.clone())).cloned() else {
+                continue;
+            };
+            let all_final = t.root_calls_final(&root);
+            let Some(next) = logic::root_next_state(&root, now, all_final) else {
+                continue;
+            };
+            if let Some(r) = t.root_mut(scope, &key) {
+                r.state = next;
+                r.updated_at = now;
+                let r = r.clone();
+                t.append(logic::root_event(&r, "root_reconciled", now));
+                changed.push(r);
+            }
+        }
+        Ok(changed)
+    }
+}
