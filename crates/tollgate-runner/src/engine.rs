@@ -134,6 +134,13 @@ impl Engine {
         record: &ExecutionRecord,
         cause: NotDispatchedCause,
     ) -> Result<View, RunError> {
+        tracing::info!(
+            scope = %record.scope,
+            operation_key = %record.operation_key,
+            execution_id = %record.id,
+            cause = cause.as_str(),
+            "call not dispatched"
+        );
         let stored = self
             .ctx
             .stores
@@ -183,6 +190,17 @@ impl Engine {
             .ok_or_else(|| RunError::store(&key, StoreError::NotFound(key.to_string())))?;
         let mut view = self.view(&stored).await?;
         view.invalid_reason = invalid_reason;
+        // Ids, states and amounts only: never content.
+        tracing::info!(
+            scope = %stored.scope,
+            operation_key = %key,
+            execution_id = %stored.id,
+            state = %stored.state,
+            outcome = ?stored.outcome.map(|o| o.as_str()),
+            invalid_reason = ?invalid_reason.map(|r| r.as_str()),
+            amount = ?view.receipt.as_ref().map(|r| r.amount.to_string()),
+            "call finished"
+        );
         Ok(view)
     }
 
