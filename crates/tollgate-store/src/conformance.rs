@@ -551,6 +551,31 @@ pub async fn sc_10_scopes_are_isolated<S: Stores>(s: Arc<S>) {
 /// calls settle concurrently.
 pub async fn no_overspend_under_concurrent_claims<S: Stores + 'static>(s: Arc<S>) {
     let cap = money("1.00");
+    let consumer = ConsumerId::parse("team-a").unwrap();
+    // Samples settled + held while the claims run: the cap holds at every moment observed.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (s, done, consumer) = (Arc::clone(&s), Arc::clone(&done), consumer.clone());
+        tokio::spawn(async move {
+            let mut samples = 0u32;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let d = s
+                    .daily_spend(&scope("a"), &consumer, t0().date_naive())
+                    .await
+                    .unwrap();
+                let total = d.settled.checked_add(d.held).unwrap();
+                assert!(
+                    total <= cap,
+                    "mid-run: settled {} + held {}",
+                    d.settled,
+                    d.held
+                );
+                samples += 1;
+                tokio::task::yield_now().await;
+            }
+            samples
+        })
+    };
     let mut tasks = Vec::new();
     for i in 0..200 {
         let s = Arc::clone(&s);
@@ -574,7 +599,8 @@ pub async fn no_overspend_under_concurrent_claims<S: Stores + 'static>(s: Arc<S>
     for t in tasks {
         admitted += t.await.unwrap();
     }
-    let consumer = ConsumerId::parse("team-a").unwrap();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(sampler.await.unwrap() > 0, "the sampler observed the run");
     let d = s
         .daily_spend(&scope("a"), &consumer, t0().date_naive())
         .await
