@@ -350,6 +350,54 @@ impl TreeStore for PgStores {
         record(row)
     }
 
+    async fn repair_root_receipt(
+        &self,
+        scope: &Scope,
+        execution_id: ExecutionId,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<RootReceipt>> {
+        let mut tx = self.pool().begin().await.map_err(db)?;
+        let record = match crate::journal::lock(&mut tx, execution_id).await {
+            Ok(r) => r,
+            Err(StoreError::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let Some(root_key) = record
+            .root_key
+            .clone()
+            .filter(|_| &record.scope == scope && record.state == ExecutionState::Completed)
+        else {
+            return Ok(None);
+        };
+        if let Some(existing) = receipt_of(&mut tx, execution_id).await? {
+            return Ok(Some(existing));
+        }
+        let Some(settlement) = crate::settlements::of(&mut tx, execution_id).await? else {
+            return Ok(None);
+        };
+        let Some(root) = lock(&mut tx, scope, &root_key).await? else {
+            return Ok(None);
+        };
+        let mut totals = root.totals();
+        totals.settled = totals
+            .settled
+            .checked_add(settlement.amount)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        write_totals(&mut tx, root.id, totals, Some(now)).await?;
+        let receipt = insert_receipt(&mut tx, &logic::root_receipt(&root, &settlement)).await?;
+        let repaired = RootRecord {
+            charged: totals.settled,
+            ..root
+        };
+        audit::append(
+            &mut tx,
+            logic::root_receipt_repaired_event(&repaired, &receipt, now),
+        )
+        .await?;
+        tx.commit().await.map_err(db)?;
+        Ok(Some(receipt))
+    }
+
     async fn root_receipt(&self, execution_id: ExecutionId) -> StoreResult<Option<RootReceipt>> {
         let row: Option<ReceiptRow> = sqlx::query_as(concat!(
             "SELECT ",
@@ -422,4 +470,20 @@ impl TreeStore for PgStores {
         }
         Ok(changed)
     }
+}
+
+async fn receipt_of(
+    conn: &mut PgConnection,
+    execution_id: ExecutionId,
+) -> StoreResult<Option<RootReceipt>> {
+    let row: Option<ReceiptRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        receipt_columns!(),
+        " FROM root_receipts WHERE execution_id = $1"
+    ))
+    .bind(execution_id.0)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db)?;
+    row.map(ReceiptRow::into_record).transpose()
 }

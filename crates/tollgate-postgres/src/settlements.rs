@@ -101,3 +101,23 @@ impl SettlementStore for PgStores {
         rows.into_iter().map(SettlementRow::into_record).collect()
     }
 }
+
+/// The settlement of an execution, read inside the caller's transaction.
+///
+/// # Errors
+/// Store failure; a corrupt row.
+pub(crate) async fn of(
+    conn: &mut sqlx::PgConnection,
+    execution_id: tollgate_core::ids::ExecutionId,
+) -> tollgate_store::StoreResult<Option<tollgate_store::SettlementRecord>> {
+    let row: Option<SettlementRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        settlement_columns!(),
+        " FROM cost_settlements WHERE execution_id = $1"
+    ))
+    .bind(execution_id.0)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db)?;
+    row.map(SettlementRow::into_record).transpose()
+}

@@ -447,3 +447,55 @@ async fn records_read_back_equal() {
     assert_eq!(read, r);
     assert_eq!(read.hold.to_string(), "0.5");
 }
+
+/// ST-31 on Postgres: a receipt set damaged outside the stores (the root receipt deleted and its
+/// amount taken off the root) is repaired in one unit, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn st_31_missing_root_receipt_is_repaired_once() {
+    let s = fresh().await;
+    let mut config = text_config();
+    config.kind = CallKind::Step;
+    open_root(&*s, "r1", config.clone()).await;
+    let mut req = claim_req("a", "c1", config, "0.5");
+    req.root_key = Some(root_key("r1"));
+    let ClaimOutcome::Claimed(r) = s.claim(req).await.unwrap() else {
+        panic!("expected a claim");
+    };
+    let d = s.mark_dispatched(r.fence(), t0()).await.unwrap();
+    s.settle(settle_req(&d, "0.1", "x")).await.unwrap();
+    sqlx::query("DELETE FROM root_receipts WHERE execution_id = $1")
+        .bind(r.id.0)
+        .execute(s.pool())
+        .await
+        .unwrap();
+    sqlx::query("UPDATE roots SET charged = 0")
+        .execute(s.pool())
+        .await
+        .unwrap();
+    assert!(s.root_receipt(r.id).await.unwrap().is_none());
+    assert!(
+        s.repair_root_receipt(&scope("b"), r.id, t0())
+            .await
+            .unwrap()
+            .is_none(),
+        "another scope repairs nothing"
+    );
+    let repaired = s
+        .repair_root_receipt(&scope("a"), r.id, t0())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(repaired.amount, tollgate_store::conformance::money("0.1"));
+    let again = s
+        .repair_root_receipt(&scope("a"), r.id, t0())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again, repaired);
+    let root = s.root(&scope("a"), &root_key("r1")).await.unwrap().unwrap();
+    assert_eq!(
+        root.charged,
+        tollgate_store::conformance::money("0.1"),
+        "added once"
+    );
+}

@@ -328,7 +328,8 @@ impl GovernedStepRunner {
     }
 
     /// `recover(key, {lease_ms})` bound to the call's registered root (ST-30, ST-32): nothing is
-    /// sent and no input is loaded; a key under another root is not recovered.
+    /// sent and no input is loaded; a key under another root is not recovered. A completed call
+    /// whose root receipt is missing has it repaired from its governed charge (ST-31).
     ///
     /// # Errors
     /// Store failure.
@@ -340,13 +341,30 @@ impl GovernedStepRunner {
         key: &OperationKey,
         lease_ms: u64,
     ) -> Result<Option<View>, RunError> {
-        if self.read(scope, root_key, key).await?.is_none() {
-            return Ok(None);
-        }
-        reconciler
-            .recover(scope, key, lease_ms)
+        let store_error = |e| RunError::store(key, e);
+        let Some(record) = self
+            .engine
+            .ctx
+            .stores
+            .execution(scope, key)
             .await
-            .map_err(|e| RunError::store(key, e))?;
+            .map_err(store_error)?
+            .filter(|r| r.root_key.as_ref() == Some(root_key))
+        else {
+            return Ok(None);
+        };
+        if record.state == tollgate_core::state::ExecutionState::Completed {
+            let now = self.engine.ctx.clock.now();
+            self.tree
+                .repair_root_receipt(scope, record.id, now)
+                .await
+                .map_err(store_error)?;
+        } else {
+            reconciler
+                .recover(scope, key, lease_ms)
+                .await
+                .map_err(store_error)?;
+        }
         self.read(scope, root_key, key).await
     }
 

@@ -204,11 +204,11 @@ impl StructuredCallRunner {
         key: &OperationKey,
         lease_ms: u64,
     ) -> Result<Option<View>, RunError> {
-        let (_, call_key) = derived_keys(scope, key)?;
-        reconciler
-            .recover(scope, &call_key, lease_ms)
+        let (root_key, call_key) = derived_keys(scope, key)?;
+        self.steps
+            .recover(reconciler, scope, &root_key, &call_key, lease_ms)
             .await
-            .map_err(|e| RunError::store(key, e))?;
+            .map_err(|e| with_host_key(e, key))?;
         self.read(scope, key).await
     }
 

@@ -336,6 +336,16 @@ impl TreeStore for FaultyStores {
     ) -> StoreResult<Vec<RootReceipt>> {
         self.tree()?.root_receipts(scope, root_key, limit).await
     }
+    async fn repair_root_receipt(
+        &self,
+        scope: &Scope,
+        execution_id: ExecutionId,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<RootReceipt>> {
+        self.tree()?
+            .repair_root_receipt(scope, execution_id, now)
+            .await
+    }
     async fn reconcile_roots(
         &self,
         scope: &Scope,

@@ -331,3 +331,23 @@ pub fn root_next_state(
         _ => None,
     }
 }
+
+/// Audit event of a repaired root receipt (metadata only).
+pub fn root_receipt_repaired_event(
+    root: &RootRecord,
+    receipt: &RootReceipt,
+    at: DateTime<Utc>,
+) -> AuditEvent {
+    AuditEvent {
+        scope: root.scope.clone(),
+        execution_id: Some(receipt.execution_id),
+        kind: "root_receipt_repaired".into(),
+        detail: json!({
+            "root_key": root.root_key.as_str(),
+            "root_id": root.id.to_string(),
+            "amount": receipt.amount.to_string(),
+            "charged": root.charged.to_string(),
+        }),
+        at,
+    }
+}

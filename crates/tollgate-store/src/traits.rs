@@ -357,6 +357,21 @@ pub trait TreeStore: Send + Sync {
         limit: u32,
     ) -> StoreResult<Vec<RootReceipt>>;
 
+    /// Repairs a completed call under a root whose root receipt is missing (ST-31): in one unit,
+    /// writes the receipt from the call's governed charge and adds it to the root's charged
+    /// total, and audits `root_receipt_repaired`. Idempotent: an existing receipt is returned
+    /// untouched. `None` when the execution is not a completed, settled call under a root in
+    /// `scope`.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn repair_root_receipt(
+        &self,
+        scope: &Scope,
+        execution_id: ExecutionId,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<RootReceipt>>;
+
     /// Up to `limit` roots of `scope` that are active past their deadline (→ `expired`), or
     /// closed/expired with every reserved call finished (→ `reconciled`). Returns the changed
     /// roots. Audits each change.
