@@ -220,7 +220,7 @@ fn request_id_header(protocol: Protocol) -> &'static str {
 
 /// Waits (bounded) until no response body is being written.
 async fn streams_drain(mock: &MockProvider) {
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + Duration::from_secs(15);
     while mock.active_streams() > 0 {
         assert!(Instant::now() < deadline, "streams still active");
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -659,7 +659,7 @@ async fn mock_reasoning_loop_is_paced_and_stops_on_disconnect() {
             .await
             .unwrap();
         let mut body = String::new();
-        let deadline = Instant::now() + Duration::from_secs(3);
+        let deadline = Instant::now() + Duration::from_secs(15);
         while body.matches("Still thinking").count() < 20 {
             assert!(Instant::now() < deadline, "{protocol}: too slow");
             let chunk = response.chunk().await.unwrap().unwrap();
@@ -854,7 +854,7 @@ async fn mock_reasoning_loop_trips_the_collector_loop_check() {
         };
         let mut collector = Collector::new(limits).unwrap();
         let mut decoder = crate::parse::StreamDecoder::new(protocol);
-        let deadline = Instant::now() + Duration::from_secs(3);
+        let deadline = Instant::now() + Duration::from_secs(15);
         'read: loop {
             assert!(Instant::now() < deadline, "{protocol}: loop not detected");
             let chunk = response.chunk().await.unwrap().unwrap();

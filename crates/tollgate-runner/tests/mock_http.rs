@@ -287,15 +287,15 @@ async fn st_22_reasoning_loop_over_http_stops_reading_unsettled() {
         );
         assert!(!rig.settled(&ran).await, "{p}: loop-abort-unsettled");
         // The runner stopped reading at event 21 (the mock sends one per millisecond, for ten
-        // minutes): it returns long before the run timeout.
+        // minutes): it returns before the 10 s run timeout (a generous bound for loaded machines).
         assert!(
-            ran.elapsed < Duration::from_secs(3),
+            ran.elapsed < Duration::from_secs(9),
             "{p}: {:?}",
             ran.elapsed
         );
     }
     // Stopping reading drops the connection: the mock's writers end.
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while rig.mock.active_streams() > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -332,8 +332,9 @@ async fn sc_60_hang_over_http_times_out_into_reconciliation() {
             "{p}: {:?}",
             ran.elapsed
         );
+        // Bounded by the run timeout, not the mock (which never answers); generous for load.
         assert!(
-            ran.elapsed < Duration::from_secs(3),
+            ran.elapsed < Duration::from_secs(8),
             "{p}: {:?}",
             ran.elapsed
         );

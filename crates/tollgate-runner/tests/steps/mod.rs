@@ -455,7 +455,8 @@ pub async fn st_34_root_deadline_bounds_the_run(h: H) {
     h.open(&runner, "turn-1", 300).await;
     let started = std::time::Instant::now();
     let view = runner.run_step(h.step("turn-1", "s1")).await.unwrap();
-    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    // Bounded by the 300 ms deadline, not the 10 s run timeout (generous for loaded machines).
+    assert!(started.elapsed() < std::time::Duration::from_secs(9));
     assert_eq!(view.state, ViewState::ReconciliationRequired);
     h.clock.advance_ms(301);
     let late = runner.run_step(h.step("turn-1", "s2")).await;
