@@ -717,7 +717,7 @@ pub async fn sc_60_abort_after_dispatch_still_drains_and_settles(h: Harness) {
         "ST-35: the runner's own interruption"
     );
     let mut view = None;
-    for _ in 0..50 {
+    for _ in 0..200 {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         let v = runner
             .read(&scope("acme"), &key("k1"))
