@@ -4,7 +4,7 @@
 //! Databases are named `tollgate_t_<unix seconds>_<uuid>`, like the store conformance suite's.
 //! A background thread drops the databases this process created once their pool is gone (the
 //! test that used it has ended), and the first call in a process drops such databases older
-//! than an hour (left by other runs), so repeated runs do not fill the disk. Each database gets a small pool
+//! than ten minutes (left by earlier runs), so repeated runs do not fill the disk. Each database gets a small pool
 //! ([`TEST_POOL_CONNECTIONS`]) that keeps no idle connection for long, so suites that create
 //! one database per test stay far below the server's `max_connections` even when tests run in
 //! parallel.
@@ -23,7 +23,7 @@ use tollgate_store::StoreError;
 pub const TEST_POOL_CONNECTIONS: u32 = 4;
 
 /// Test databases older than this are dropped by the next process that creates one.
-const STALE_TEST_DATABASE_SECS: u64 = 3600;
+const STALE_TEST_DATABASE_SECS: u64 = 600;
 
 /// The prefix of every test database's name.
 const PREFIX: &str = "tollgate_t_";
@@ -46,7 +46,7 @@ async fn admin(admin_url: &str) -> Result<PgConnection, StoreError> {
         .map_err(db)
 }
 
-/// Drops test databases left over from runs more than an hour ago (once per process; failures,
+/// Drops test databases left over from runs more than ten minutes ago (once per process; failures,
 /// e.g. a database still in use, are ignored).
 async fn drop_stale_databases(admin_url: &str) {
     static ONCE: OnceCell<()> = OnceCell::const_new();

@@ -23,7 +23,7 @@ use tollgate_store::{
 
 /// Test databases are named `tollgate_t_<unix seconds>_<uuid>`; older ones than this are
 /// dropped by the next run, so repeated runs do not fill the disk.
-const STALE_TEST_DATABASE_SECS: u64 = 3600;
+const STALE_TEST_DATABASE_SECS: u64 = 600;
 
 fn admin_url() -> String {
     std::env::var("TOLLGATE_TEST_DATABASE_URL")
@@ -44,7 +44,7 @@ fn now_secs() -> u64 {
         .as_secs()
 }
 
-/// Drops this suite's databases left over from runs more than an hour ago (once per process).
+/// Drops this suite's databases left over from runs more than ten minutes ago (once per process).
 async fn drop_stale_databases() {
     static ONCE: OnceCell<()> = OnceCell::const_new();
     ONCE.get_or_init(|| async {
