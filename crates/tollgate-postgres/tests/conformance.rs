@@ -259,7 +259,7 @@ async fn audit_log_rejects_update_and_delete() {
 }
 
 #[tokio::test]
-async fn migrate_is_idempotent() {
+async fn sc_70_migrate_is_idempotent() {
     let s = fresh().await;
     s.migrate().await.unwrap();
     s.migrate().await.unwrap();
@@ -294,7 +294,7 @@ async fn ready_requires_migrations() {
 }
 
 #[tokio::test]
-async fn finance_view_has_the_contract_columns() {
+async fn sc_43_finance_view_has_the_contract_columns() {
     let s = fresh().await;
     let columns: Vec<(String, String)> = sqlx::query_as(
         "SELECT column_name::text, data_type::text FROM information_schema.columns \
@@ -335,7 +335,7 @@ async fn finance_view_has_the_contract_columns() {
 }
 
 #[tokio::test]
-async fn finance_role_can_only_read_the_view() {
+async fn sc_43_finance_role_can_only_read_the_view() {
     let s = fresh().await;
     settled(&s).await;
     let mut conn = s.pool().acquire().await.unwrap();

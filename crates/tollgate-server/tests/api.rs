@@ -121,6 +121,31 @@ async fn sc_16_a_preflight_block_is_402_naming_the_cap_and_writes_nothing() {
 }
 
 #[tokio::test]
+async fn sc_6_callers_cannot_override_profile_values() {
+    let s = Server::memory().await;
+    for (i, field) in [
+        "model",
+        "temperature",
+        "system",
+        "max_tokens",
+        "tool_choice",
+        "caps",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let key = format!("override-{i}");
+        let mut body = call("summarize", &key, "r", "hello");
+        body[*field] = json!("mock-500");
+        let (status, answer, _) = s.post("/v1/calls", &s.caller, &body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{field}: {answer}");
+        assert_eq!(answer["error"]["code"], "invalid_request");
+        let (status, _, _) = s.get(&format!("/v1/calls/{key}"), &s.caller).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{field}: nothing written");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sc_11_invalid_input_is_refused_before_anything_is_written() {
     let s = Server::memory().await;
     let non_text = json!({
@@ -379,7 +404,7 @@ async fn sc_40_sc_42_operator_recover_reconcile_and_resolve() {
 }
 
 #[tokio::test]
-async fn scheduler_pass_acknowledges_settled_evidence() {
+async fn sc_62_scheduler_pass_acknowledges_settled_evidence() {
     let s = Server::memory().await;
     let (status, _, _) = s
         .post(
