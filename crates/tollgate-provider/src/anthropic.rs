@@ -6,8 +6,8 @@
 //! final usage) and `message_stop`; `ping` may appear anywhere and `error` ends the stream.
 
 use crate::client::ProviderRequest;
-use crate::sse::decode::{at, error, index_u32, json_data, non_empty, provider_error, str_at};
-use crate::sse::decode::{u64_at, Lifecycle};
+use crate::sse::decode::{at, error, index_u32, non_empty, provider_error, str_at};
+use crate::sse::decode::{guarded, u64_at, with_json, Lifecycle};
 use crate::sse::SseEvent;
 use crate::support::temperature_json;
 use serde_json::{json, Map, Value};
@@ -191,15 +191,11 @@ impl Decoder {
 
     /// Decodes one SSE event. Nothing is decoded after `message_stop` or an error.
     pub fn push(&mut self, ev: &SseEvent) -> Vec<ProviderEvent> {
-        if self.life.closed() {
-            return Vec::new();
-        }
-        let out = match json_data(ev) {
-            Ok(data) => self.decode(ev, &data),
-            Err(e) => vec![e],
-        };
-        self.life.record(&out);
-        out
+        guarded(
+            self,
+            |d| &mut d.life,
+            |d| with_json(ev, |data| d.decode(ev, data)),
+        )
     }
 
     /// At end of input: `connection_closed` if `message_stop` never arrived (and no error did).

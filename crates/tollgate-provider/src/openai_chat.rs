@@ -6,7 +6,9 @@
 //! Only choice 0 is read (requests never ask for `n > 1`).
 
 use crate::client::ProviderRequest;
-use crate::sse::decode::{at, index_u32, json_data, non_empty, provider_error, u64_at, Lifecycle};
+use crate::sse::decode::{
+    at, guarded, index_u32, json_data, non_empty, provider_error, u64_at, Lifecycle,
+};
 use crate::sse::SseEvent;
 use crate::support::{is_openai_reasoning_model, temperature_json};
 use serde_json::{json, Map, Value};
@@ -147,12 +149,7 @@ impl Decoder {
 
     /// Decodes one SSE event. Nothing is decoded after `[DONE]` or an error.
     pub fn push(&mut self, ev: &SseEvent) -> Vec<ProviderEvent> {
-        if self.life.closed() {
-            return Vec::new();
-        }
-        let out = self.decode(ev);
-        self.life.record(&out);
-        out
+        guarded(self, |d| &mut d.life, |d| d.decode(ev))
     }
 
     /// At end of input: `connection_closed` if `[DONE]` never arrived (and no error did).

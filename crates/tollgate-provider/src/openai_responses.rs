@@ -7,7 +7,7 @@
 
 use crate::client::ProviderRequest;
 use crate::sse::decode::{
-    at, error, index_u32, json_data, non_empty, provider_error, str_at, u64_at, Lifecycle,
+    at, error, guarded, index_u32, non_empty, provider_error, str_at, u64_at, with_json, Lifecycle,
 };
 use crate::sse::SseEvent;
 use crate::support::{matrix, temperature_json};
@@ -112,15 +112,11 @@ impl Decoder {
 
     /// Decodes one SSE event. Nothing is decoded after the terminal event or an error.
     pub fn push(&mut self, ev: &SseEvent) -> Vec<ProviderEvent> {
-        if self.life.closed() {
-            return Vec::new();
-        }
-        let out = match json_data(ev) {
-            Ok(data) => self.decode(ev, &data),
-            Err(e) => vec![e],
-        };
-        self.life.record(&out);
-        out
+        guarded(
+            self,
+            |d| &mut d.life,
+            |d| with_json(ev, |data| d.decode(ev, data)),
+        )
     }
 
     /// At end of input: `connection_closed` if no terminal event (and no error) arrived.

@@ -84,6 +84,32 @@ pub(crate) struct Lifecycle {
     failed: bool,
 }
 
+/// One decoder step: nothing is decoded once the stream is closed (its end marker or an error
+/// arrived); otherwise `decode` runs and the end marker or error among its events is noted.
+pub(crate) fn guarded<D>(
+    decoder: &mut D,
+    life: fn(&mut D) -> &mut Lifecycle,
+    decode: impl FnOnce(&mut D) -> Vec<ProviderEvent>,
+) -> Vec<ProviderEvent> {
+    if life(decoder).closed() {
+        return Vec::new();
+    }
+    let out = decode(decoder);
+    life(decoder).record(&out);
+    out
+}
+
+/// Runs `decode` on the event's JSON data, or yields the parse error as the event.
+pub(crate) fn with_json(
+    ev: &SseEvent,
+    decode: impl FnOnce(&Value) -> Vec<ProviderEvent>,
+) -> Vec<ProviderEvent> {
+    match json_data(ev) {
+        Ok(data) => decode(&data),
+        Err(e) => vec![e],
+    }
+}
+
 impl Lifecycle {
     /// Whether no further events are accepted.
     pub(crate) fn closed(&self) -> bool {
