@@ -22,7 +22,7 @@ use tollgate_core::message::{Message, Role};
 use tollgate_provider::http::{HttpClient, HttpClientConfig};
 use tollgate_provider::mock::MockProvider;
 use tollgate_provider::Protocol;
-use tollgate_runner::single::{RunRequest, RunnerSettings, SingleCallRunner};
+use tollgate_runner::{RunRequest, RunnerSettings, SingleCallRunner};
 use tollgate_store::conformance::text_config;
 use tollgate_store::{MemoryStores, Stores};
 

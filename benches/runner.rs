@@ -21,7 +21,7 @@ use tollgate_core::ids::*;
 use tollgate_core::message::{Message, Role};
 use tollgate_core::usage::Usage;
 use tollgate_provider::scripted::{ScriptedClient, ScriptedReply};
-use tollgate_runner::single::{RunRequest, RunnerSettings, SingleCallRunner};
+use tollgate_runner::{RunRequest, RunnerSettings, SingleCallRunner};
 use tollgate_store::conformance::text_config;
 use tollgate_store::MemoryStores;
 

@@ -1,7 +1,7 @@
 //! The append-only audit log: per-scope hash chain, appended inside the transaction of the
 //! state change it describes (SC-50).
 
-use crate::error::{corrupt, db, unstorable};
+use crate::error::{corrupt, unstorable, DbResultExt};
 use crate::rows::{audit_columns, AuditDbRow};
 use crate::PgStores;
 use async_trait::async_trait;
@@ -10,7 +10,7 @@ use sqlx::PgConnection;
 use tollgate_core::digest::Digest256;
 use tollgate_core::ids::Scope;
 use tollgate_store::audit::{audit_time, row_hash};
-use tollgate_store::record::{AuditEvent, AuditRow};
+use tollgate_store::rows::{AuditEvent, AuditRow};
 use tollgate_store::traits::AuditLog;
 use tollgate_store::StoreResult;
 
@@ -41,7 +41,7 @@ pub(crate) async fn append(conn: &mut PgConnection, event: AuditEvent) -> StoreR
         .bind(&zero)
         .fetch_one(&mut *conn)
         .await
-        .map_err(db)?;
+        .store_err()?;
     let prev = Digest256::from_hex(&last_hash).map_err(|_| corrupt("audit head hash"))?;
     let seq = last_seq
         .checked_add(1)
@@ -58,16 +58,16 @@ pub(crate) async fn append(conn: &mut PgConnection, event: AuditEvent) -> StoreR
         .bind(hash.to_hex())
         .fetch_one(&mut *conn)
         .await
-        .map_err(db)?;
+        .store_err()?;
     row.into_record()
 }
 
 #[async_trait]
 impl AuditLog for PgStores {
     async fn append_audit(&self, event: AuditEvent) -> StoreResult<AuditRow> {
-        let mut tx = self.pool().begin().await.map_err(db)?;
+        let mut tx = self.pool().begin().await.store_err()?;
         let row = append(&mut tx, event).await?;
-        tx.commit().await.map_err(db)?;
+        tx.commit().await.store_err()?;
         Ok(row)
     }
 
@@ -87,7 +87,7 @@ impl AuditLog for PgStores {
         .bind(i64::from(limit))
         .fetch_all(self.pool())
         .await
-        .map_err(db)?;
+        .store_err()?;
         rows.into_iter().map(AuditDbRow::into_record).collect()
     }
 }

@@ -40,6 +40,18 @@ pub(crate) fn db(error: sqlx::Error) -> StoreError {
     }
 }
 
+/// `.store_err()` on a sqlx result: the error mapped by [`db`].
+pub(crate) trait DbResultExt<T> {
+    /// Maps the error to a [`StoreError`] (see [`db`]).
+    fn store_err(self) -> Result<T, StoreError>;
+}
+
+impl<T> DbResultExt<T> for Result<T, sqlx::Error> {
+    fn store_err(self) -> Result<T, StoreError> {
+        self.map_err(db)
+    }
+}
+
 /// Whether `error` is a unique violation (of `constraint`, when given).
 pub(crate) fn is_unique_violation(error: &sqlx::Error, constraint: Option<&str>) -> bool {
     let sqlx::Error::Database(e) = error else {

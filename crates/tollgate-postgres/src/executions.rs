@@ -1,15 +1,15 @@
 //! [`ExecutionStore`] for [`PgStores`]: the writes live in `journal` and `settle`; the reads
 //! are here. Every read is scoped and bounded by an index.
 
-use crate::error::db;
-use crate::journal;
+use crate::error::DbResultExt;
+use crate::locks;
 use crate::rows::{execution_columns, ExecutionRow};
 use crate::PgStores;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tollgate_core::ids::{ExecutionId, OperationKey, Scope};
 use tollgate_core::state::{ExecutionState, NotDispatchedCause};
-use tollgate_store::record::*;
+use tollgate_store::rows::*;
 use tollgate_store::traits::ExecutionStore;
 use tollgate_store::StoreResult;
 
@@ -108,8 +108,8 @@ impl ExecutionStore for PgStores {
         scope: &Scope,
         key: &OperationKey,
     ) -> StoreResult<Option<ExecutionRecord>> {
-        let mut conn = self.pool().acquire().await.map_err(db)?;
-        journal::by_key(&mut conn, scope, key).await
+        let mut conn = self.pool().acquire().await.store_err()?;
+        locks::execution_by_key(&mut conn, scope, key).await
     }
 
     async fn execution_by_id(
@@ -122,7 +122,7 @@ impl ExecutionStore for PgStores {
             .bind(scope.as_str())
             .fetch_optional(self.pool())
             .await
-            .map_err(db)?;
+            .store_err()?;
         row.map(ExecutionRow::into_record).transpose()
     }
 
@@ -143,7 +143,7 @@ impl ExecutionStore for PgStores {
             .bind(i64::from(limit))
             .fetch_all(self.pool())
             .await
-            .map_err(db)?;
+            .store_err()?;
         records(rows)
     }
 
@@ -159,7 +159,7 @@ impl ExecutionStore for PgStores {
             .bind(i64::from(limit))
             .fetch_all(self.pool())
             .await
-            .map_err(db)?;
+            .store_err()?;
         records(rows)
     }
 }

@@ -1,14 +1,14 @@
 //! The usage inbox: append-only evidence, paged by `seq`, acknowledged once.
 
 use crate::audit;
-use crate::error::db;
+use crate::error::DbResultExt;
 use crate::rows::{evidence_columns, token_columns, EvidenceRow};
 use crate::PgStores;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tollgate_core::ids::{EvidenceId, ExecutionId, Scope};
-use tollgate_store::logic;
-use tollgate_store::record::{Evidence, NewEvidence};
+use tollgate_store::rows::{Evidence, NewEvidence};
+use tollgate_store::rules;
 use tollgate_store::traits::UsageInbox;
 use tollgate_store::{StoreError, StoreResult};
 
@@ -54,7 +54,7 @@ impl UsageInbox for PgStores {
             .bind(evidence.now)
             .fetch_one(self.pool())
             .await
-            .map_err(db)?;
+            .store_err()?;
         row.into_record()
     }
 
@@ -67,7 +67,7 @@ impl UsageInbox for PgStores {
         .bind(execution_id.0)
         .fetch_all(self.pool())
         .await
-        .map_err(db)?;
+        .store_err()?;
         rows.into_iter().map(EvidenceRow::into_record).collect()
     }
 
@@ -83,7 +83,7 @@ impl UsageInbox for PgStores {
             .bind(i64::from(limit))
             .fetch_all(self.pool())
             .await
-            .map_err(db)?;
+            .store_err()?;
         rows.into_iter().map(EvidenceRow::into_record).collect()
     }
 
@@ -93,14 +93,14 @@ impl UsageInbox for PgStores {
         id: EvidenceId,
         now: DateTime<Utc>,
     ) -> StoreResult<()> {
-        let mut tx = self.pool().begin().await.map_err(db)?;
+        let mut tx = self.pool().begin().await.store_err()?;
         let acknowledged: Option<EvidenceRow> = sqlx::query_as(ACKNOWLEDGE)
             .bind(id.0)
             .bind(scope.as_str())
             .bind(now)
             .fetch_optional(&mut *tx)
             .await
-            .map_err(db)?;
+            .store_err()?;
         let Some(acknowledged) = acknowledged else {
             let exists: bool = sqlx::query_scalar(
                 "SELECT EXISTS (SELECT 1 FROM usage_inbox WHERE id = $1 AND scope = $2)",
@@ -109,8 +109,8 @@ impl UsageInbox for PgStores {
             .bind(scope.as_str())
             .fetch_one(&mut *tx)
             .await
-            .map_err(db)?;
-            tx.rollback().await.map_err(db)?;
+            .store_err()?;
+            tx.rollback().await.store_err()?;
             return if exists {
                 Ok(())
             } else {
@@ -118,9 +118,9 @@ impl UsageInbox for PgStores {
             };
         };
         let evidence = acknowledged.into_record()?;
-        let event = logic::evidence_acknowledged_event(scope, &evidence, now);
+        let event = rules::evidence_acknowledged_event(scope, &evidence, now);
         audit::append(&mut tx, event).await?;
-        tx.commit().await.map_err(db)?;
+        tx.commit().await.store_err()?;
         Ok(())
     }
 }

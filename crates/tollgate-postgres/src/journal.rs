@@ -1,8 +1,8 @@
 //! Journal writes: claim with holds, fenced transitions, and fence takeover (DESIGN §4).
 
 use crate::audit;
-use crate::error::db;
-use crate::roots;
+use crate::error::{db, DbResultExt};
+use crate::locks;
 use crate::rows::{execution_columns, ExecutionRow};
 use crate::spend::{self, SpendKeys};
 use crate::PgStores;
@@ -11,8 +11,8 @@ use sqlx::types::Json;
 use sqlx::PgConnection;
 use tollgate_core::ids::{ExecutionId, OperationKey, Scope};
 use tollgate_core::state::{ExecutionState, NotDispatchedCause};
-use tollgate_store::logic;
-use tollgate_store::record::*;
+use tollgate_store::rows::*;
+use tollgate_store::rules;
 use tollgate_store::{StoreError, StoreResult};
 
 const INSERT: &str = concat!(
@@ -21,18 +21,6 @@ const INSERT: &str = concat!(
     ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
      ON CONFLICT (scope, operation_key) DO NOTHING RETURNING ",
     execution_columns!()
-);
-
-const BY_KEY: &str = concat!(
-    "SELECT ",
-    execution_columns!(),
-    " FROM executions WHERE scope = $1 AND operation_key = $2"
-);
-
-const LOCK: &str = concat!(
-    "SELECT ",
-    execution_columns!(),
-    " FROM executions WHERE id = $1 FOR UPDATE"
 );
 
 /// A fenced state change: only the current fence, only from an allowed state.
@@ -59,35 +47,6 @@ fn state_names(states: &[ExecutionState]) -> Vec<&'static str> {
     states.iter().map(ExecutionState::as_str).collect()
 }
 
-/// Reads the row under `(scope, key)`.
-pub(crate) async fn by_key(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    key: &OperationKey,
-) -> StoreResult<Option<ExecutionRecord>> {
-    let row: Option<ExecutionRow> = sqlx::query_as(BY_KEY)
-        .bind(scope.as_str())
-        .bind(key.as_str())
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(db)?;
-    row.map(ExecutionRow::into_record).transpose()
-}
-
-/// Locks the row `id` until the transaction ends.
-///
-/// # Errors
-/// `NotFound` when there is no such row.
-pub(crate) async fn lock(conn: &mut PgConnection, id: ExecutionId) -> StoreResult<ExecutionRecord> {
-    let row: Option<ExecutionRow> = sqlx::query_as(LOCK)
-        .bind(id.0)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(db)?;
-    row.ok_or_else(|| StoreError::NotFound(id.to_string()))?
-        .into_record()
-}
-
 /// Why a fenced write changed nothing: `StaleFence` when the row exists, else `NotFound`.
 async fn refused(conn: &mut PgConnection, id: ExecutionId) -> StoreError {
     let exists: Result<bool, _> =
@@ -96,7 +55,7 @@ async fn refused(conn: &mut PgConnection, id: ExecutionId) -> StoreError {
             .fetch_one(&mut *conn)
             .await;
     match exists {
-        Ok(true) => StoreError::StaleFence(id.to_string()),
+        Ok(true) => StoreError::StaleFence(id),
         Ok(false) => StoreError::NotFound(id.to_string()),
         Err(e) => db(e),
     }
@@ -123,7 +82,7 @@ async fn insert(conn: &mut PgConnection, r: &ExecutionRecord) -> StoreResult<Opt
         .bind(r.updated_at)
         .fetch_optional(&mut *conn)
         .await
-        .map_err(db)
+        .store_err()
 }
 
 impl PgStores {
@@ -136,20 +95,20 @@ impl PgStores {
     /// Locks in the crate's order: the new execution row (the insert), the root row, the
     /// session spend row, the day spend row, the audit head.
     pub(crate) async fn claim_tx(&self, request: ClaimRequest) -> StoreResult<ClaimOutcome> {
-        let mut tx = self.pool().begin().await.map_err(db)?;
-        let Some(row) = insert(&mut tx, &logic::new_execution(&request)).await? else {
+        let mut tx = self.pool().begin().await.store_err()?;
+        let Some(row) = insert(&mut tx, &rules::new_execution(&request)).await? else {
             // The insert waited for any concurrent claimer of the key, so the row is committed.
-            let existing = by_key(&mut tx, &request.scope, &request.operation_key)
+            let existing = locks::execution_by_key(&mut tx, &request.scope, &request.operation_key)
                 .await?
                 .ok_or_else(|| StoreError::Corrupt("key without row".into()))?;
-            tx.rollback().await.map_err(db)?;
+            tx.rollback().await.store_err()?;
             return Ok(ClaimOutcome::Existing(existing));
         };
         let record = row.into_record()?;
         let root = match &request.root_key {
             Some(root_key) => Some((
                 root_key,
-                roots::lock(&mut tx, &request.scope, root_key).await?,
+                locks::lock_root(&mut tx, &request.scope, root_key).await?,
             )),
             None => None,
         };
@@ -157,30 +116,30 @@ impl PgStores {
         let (session, daily) = spend::lock(&mut tx, &keys).await?;
         let caps = &request.binding.config.caps;
         if let Err(blocked) = caps.admit(session, daily, request.hold) {
-            tx.rollback().await.map_err(db)?;
+            tx.rollback().await.store_err()?;
             return Ok(ClaimOutcome::Blocked(blocked));
         }
         if let Some((root_key, root)) = root {
             let Some(root) = root else {
-                tx.rollback().await.map_err(db)?;
+                tx.rollback().await.store_err()?;
                 return Err(StoreError::NotFound(format!("root {root_key}")));
             };
             if let Err(blocked) = caps.admit_root(root.totals(), request.hold) {
-                tx.rollback().await.map_err(db)?;
+                tx.rollback().await.store_err()?;
                 return Ok(ClaimOutcome::Blocked(blocked));
             }
-            let totals = logic::add_hold(root.totals(), request.hold)?;
-            roots::write_totals(&mut tx, root.id, totals, Some(request.now)).await?;
+            let totals = rules::add_hold(root.totals(), request.hold)?;
+            locks::write_totals(&mut tx, root.id, totals, Some(request.now)).await?;
         }
-        let session = logic::add_hold(session, request.hold)?;
-        let daily = logic::add_hold(daily, request.hold)?;
+        let session = rules::add_hold(session, request.hold)?;
+        let daily = rules::add_hold(daily, request.hold)?;
         spend::write(&mut tx, &keys, session, daily).await?;
         audit::append(
             &mut tx,
-            logic::transition_event(&record, "claimed", request.now),
+            rules::transition_event(&record, "claimed", request.now),
         )
         .await?;
-        tx.commit().await.map_err(db)?;
+        tx.commit().await.store_err()?;
         Ok(ClaimOutcome::Claimed(record))
     }
 
@@ -195,7 +154,7 @@ impl PgStores {
         kind: &str,
         now: DateTime<Utc>,
     ) -> StoreResult<ExecutionRecord> {
-        let mut tx = self.pool().begin().await.map_err(db)?;
+        let mut tx = self.pool().begin().await.store_err()?;
         let row: Option<ExecutionRow> = sqlx::query_as(FENCED)
             .bind(fence.execution_id.0)
             .bind(fence.token.0)
@@ -205,13 +164,13 @@ impl PgStores {
             .bind(now)
             .fetch_optional(&mut *tx)
             .await
-            .map_err(db)?;
+            .store_err()?;
         let Some(row) = row else {
             return Err(refused(&mut tx, fence.execution_id).await);
         };
         let record = row.into_record()?;
-        audit::append(&mut tx, logic::transition_event(&record, kind, now)).await?;
-        tx.commit().await.map_err(db)?;
+        audit::append(&mut tx, rules::transition_event(&record, kind, now)).await?;
+        tx.commit().await.store_err()?;
         Ok(record)
     }
 
@@ -223,20 +182,20 @@ impl PgStores {
         cause: NotDispatchedCause,
         now: DateTime<Utc>,
     ) -> StoreResult<ExecutionRecord> {
-        let mut tx = self.pool().begin().await.map_err(db)?;
-        let before = lock(&mut tx, fence.execution_id).await?;
-        logic::check_fence(&before, fence, &[ExecutionState::Prepared])?;
+        let mut tx = self.pool().begin().await.store_err()?;
+        let before = locks::lock_execution(&mut tx, fence.execution_id).await?;
+        rules::check_fence(&before, fence, &[ExecutionState::Prepared])?;
         if let Some(root_key) = &before.root_key {
-            if let Some(root) = roots::lock(&mut tx, &before.scope, root_key).await? {
+            if let Some(root) = locks::lock_root(&mut tx, &before.scope, root_key).await? {
                 // Like the in-memory store: the hold goes, `updated_at` stays.
-                let totals = logic::release_hold(root.totals(), before.hold);
-                roots::write_totals(&mut tx, root.id, totals, None).await?;
+                let totals = rules::release_hold(root.totals(), before.hold);
+                locks::write_totals(&mut tx, root.id, totals, None).await?;
             }
         }
         let keys = SpendKeys::of(&before);
         let (session, daily) = spend::lock(&mut tx, &keys).await?;
-        let session = logic::release_hold(session, before.hold);
-        let daily = logic::release_hold(daily, before.hold);
+        let session = rules::release_hold(session, before.hold);
+        let daily = rules::release_hold(daily, before.hold);
         spend::write(&mut tx, &keys, session, daily).await?;
         let row: ExecutionRow = sqlx::query_as(NOT_DISPATCHED)
             .bind(before.id.0)
@@ -245,14 +204,14 @@ impl PgStores {
             .bind(now)
             .fetch_one(&mut *tx)
             .await
-            .map_err(db)?;
+            .store_err()?;
         let record = row.into_record()?;
         audit::append(
             &mut tx,
-            logic::transition_event(&record, "not_dispatched", now),
+            rules::transition_event(&record, "not_dispatched", now),
         )
         .await?;
-        tx.commit().await.map_err(db)?;
+        tx.commit().await.store_err()?;
         Ok(record)
     }
 
@@ -266,28 +225,28 @@ impl PgStores {
         lease_ms: u64,
         now: DateTime<Utc>,
     ) -> StoreResult<Option<ExecutionRecord>> {
-        let mut tx = self.pool().begin().await.map_err(db)?;
+        let mut tx = self.pool().begin().await.store_err()?;
         let row: Option<ExecutionRow> = sqlx::query_as(TAKE_FENCE)
             .bind(scope.as_str())
             .bind(key.as_str())
             .bind(state_names(states))
-            .bind(logic::lease_end(now, lease_ms))
+            .bind(rules::lease_end(now, lease_ms))
             .bind(now)
             .bind(require_expired)
             .fetch_optional(&mut *tx)
             .await
-            .map_err(db)?;
+            .store_err()?;
         let Some(row) = row else {
-            tx.rollback().await.map_err(db)?;
+            tx.rollback().await.store_err()?;
             return Ok(None);
         };
         let record = row.into_record()?;
         audit::append(
             &mut tx,
-            logic::transition_event(&record, "fence_taken", now),
+            rules::transition_event(&record, "fence_taken", now),
         )
         .await?;
-        tx.commit().await.map_err(db)?;
+        tx.commit().await.store_err()?;
         Ok(Some(record))
     }
 }

@@ -27,6 +27,7 @@ mod error;
 mod executions;
 mod inbox;
 mod journal;
+mod locks;
 mod results;
 mod roots;
 mod rows;
@@ -36,7 +37,7 @@ mod spend;
 #[cfg(feature = "test-support")]
 mod test_support;
 
-use error::{db, sqlstate, UNDEFINED_TABLE};
+use error::{db, sqlstate, DbResultExt, UNDEFINED_TABLE};
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 #[cfg(feature = "test-support")]
@@ -65,7 +66,7 @@ impl PgStores {
             .max_connections(max_connections)
             .connect(url)
             .await
-            .map_err(db)?;
+            .store_err()?;
         Ok(Self { pool })
     }
 
@@ -77,7 +78,7 @@ impl PgStores {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .connect_lazy(url)
-            .map_err(db)?;
+            .store_err()?;
         Ok(Self { pool })
     }
 
@@ -108,7 +109,7 @@ impl PgStores {
         sqlx::query("SELECT 1")
             .execute(&self.pool)
             .await
-            .map_err(db)?;
+            .store_err()?;
         let applied: Vec<i64> =
             sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
                 .fetch_all(&self.pool)

@@ -2,15 +2,15 @@
 //! same row and never written again (a CHECK keeps erased rows empty).
 
 use crate::audit;
-use crate::error::db;
+use crate::error::DbResultExt;
 use crate::rows::{result_columns, ResultRow};
 use crate::PgStores;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use tollgate_core::ids::{ExecutionId, Scope};
-use tollgate_store::logic;
-use tollgate_store::record::ResultRecord;
+use tollgate_store::rows::ResultRecord;
+use tollgate_store::rules;
 use tollgate_store::traits::ResultStore;
 use tollgate_store::{StoreError, StoreResult};
 use uuid::Uuid;
@@ -47,7 +47,7 @@ async fn audit_erased(
     erased.sort();
     for (scope, id) in erased {
         let scope = Scope::parse(scope).map_err(|_| crate::error::corrupt("scope"))?;
-        audit::append(conn, logic::erased_event(&scope, ExecutionId(id), now)).await?;
+        audit::append(conn, rules::erased_event(&scope, ExecutionId(id), now)).await?;
     }
     Ok(())
 }
@@ -63,7 +63,7 @@ impl ResultStore for PgStores {
         .bind(execution_id.0)
         .fetch_optional(self.pool())
         .await
-        .map_err(db)?;
+        .store_err()?;
         row.map(ResultRow::into_record).transpose()
     }
 
@@ -73,44 +73,44 @@ impl ResultStore for PgStores {
         execution_id: ExecutionId,
         now: DateTime<Utc>,
     ) -> StoreResult<()> {
-        let mut tx = self.pool().begin().await.map_err(db)?;
+        let mut tx = self.pool().begin().await.store_err()?;
         let erased: Option<Uuid> = sqlx::query_scalar(ERASE)
             .bind(execution_id.0)
             .bind(scope.as_str())
             .bind(now)
             .fetch_optional(&mut *tx)
             .await
-            .map_err(db)?;
+            .store_err()?;
         if erased.is_none() {
             let exists: bool = sqlx::query_scalar(EXISTS_IN_SCOPE)
                 .bind(execution_id.0)
                 .bind(scope.as_str())
                 .fetch_one(&mut *tx)
                 .await
-                .map_err(db)?;
-            tx.rollback().await.map_err(db)?;
+                .store_err()?;
+            tx.rollback().await.store_err()?;
             return if exists {
                 Ok(())
             } else {
                 Err(StoreError::NotFound(execution_id.to_string()))
             };
         }
-        audit::append(&mut tx, logic::erased_event(scope, execution_id, now)).await?;
-        tx.commit().await.map_err(db)?;
+        audit::append(&mut tx, rules::erased_event(scope, execution_id, now)).await?;
+        tx.commit().await.store_err()?;
         Ok(())
     }
 
     async fn erase_expired(&self, now: DateTime<Utc>, limit: u32) -> StoreResult<u64> {
-        let mut tx = self.pool().begin().await.map_err(db)?;
+        let mut tx = self.pool().begin().await.store_err()?;
         let erased: Vec<(String, Uuid)> = sqlx::query_as(ERASE_EXPIRED)
             .bind(now)
             .bind(i64::from(limit))
             .fetch_all(&mut *tx)
             .await
-            .map_err(db)?;
+            .store_err()?;
         let count = erased.len() as u64;
         audit_erased(&mut tx, erased, now).await?;
-        tx.commit().await.map_err(db)?;
+        tx.commit().await.store_err()?;
         Ok(count)
     }
 }

@@ -1,21 +1,21 @@
-//! Operation roots ([`TreeStore`]): the root row is the root lock (`SELECT … FOR UPDATE`),
+//! Operation roots ([`RootStore`]): the root row is the root lock (`SELECT … FOR UPDATE`),
 //! taken after the execution row and before the spend rows (see the crate's lock order).
 //! Root receipts are unique per execution, enforced by the schema (ST-6).
 
 use crate::audit;
-use crate::error::{db, is_unique_violation};
+use crate::error::{db, is_unique_violation, DbResultExt};
+use crate::locks;
 use crate::rows::{receipt_columns, root_columns, ReceiptRow, RootRow};
 use crate::PgStores;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::PgConnection;
-use tollgate_core::caps::SpendTotals;
 use tollgate_core::ids::{ExecutionId, RootId, RootKey, Scope};
 use tollgate_core::state::ExecutionState;
-use tollgate_store::logic;
-use tollgate_store::record::*;
-use tollgate_store::traits::TreeStore;
+use tollgate_store::rows::*;
+use tollgate_store::rules;
+use tollgate_store::traits::RootStore;
 use tollgate_store::{StoreError, StoreResult};
 
 /// The constraint that makes root receipts exactly-once.
@@ -33,13 +33,6 @@ const BY_KEY: &str = concat!(
     "SELECT ",
     root_columns!(),
     " FROM roots WHERE scope = $1 AND root_key = $2"
-);
-
-/// The root lock.
-const LOCK: &str = concat!(
-    "SELECT ",
-    root_columns!(),
-    " FROM roots WHERE scope = $1 AND root_key = $2 FOR UPDATE"
 );
 
 /// A read under the root lock's shared mode: waits for a writer holding the lock.
@@ -65,10 +58,6 @@ const SET_STATE: &str = concat!(
     "UPDATE roots SET state = $2, updated_at = $3 WHERE id = $1 RETURNING ",
     root_columns!()
 );
-
-/// Writes the totals of a locked root; `updated_at` only when given.
-const WRITE_TOTALS: &str = "UPDATE roots SET charged = $2, held = $3, \
-     updated_at = COALESCE($4, updated_at) WHERE id = $1";
 
 const INSERT_RECEIPT: &str = concat!(
     "INSERT INTO root_receipts (",
@@ -118,47 +107,6 @@ fn record(row: Option<RootRow>) -> StoreResult<Option<RootRecord>> {
     row.map(RootRow::into_record).transpose()
 }
 
-/// Takes the root lock on `(scope, root_key)` until the transaction ends; `None` when there is
-/// no such root. Lock it after the execution row and before the spend rows.
-///
-/// # Errors
-/// Store failure; a corrupt row.
-pub(crate) async fn lock(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    root_key: &RootKey,
-) -> StoreResult<Option<RootRecord>> {
-    let row: Option<RootRow> = sqlx::query_as(LOCK)
-        .bind(scope.as_str())
-        .bind(root_key.as_str())
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(db)?;
-    record(row)
-}
-
-/// Writes new totals to a root the caller has locked with [`lock`]; moves `updated_at` only
-/// when `now` is given.
-///
-/// # Errors
-/// Store failure (including a total out of the column's range).
-pub(crate) async fn write_totals(
-    conn: &mut PgConnection,
-    id: RootId,
-    totals: SpendTotals,
-    now: Option<DateTime<Utc>>,
-) -> StoreResult<()> {
-    sqlx::query(WRITE_TOTALS)
-        .bind(id.0)
-        .bind(totals.settled.decimal())
-        .bind(totals.held.decimal())
-        .bind(now)
-        .execute(&mut *conn)
-        .await
-        .map_err(db)?;
-    Ok(())
-}
-
 /// Inserts a root receipt.
 ///
 /// # Errors
@@ -201,7 +149,7 @@ async fn insert(conn: &mut PgConnection, root: &RootRecord) -> StoreResult<Optio
         .bind(root.updated_at)
         .fetch_optional(&mut *conn)
         .await
-        .map_err(db)?;
+        .store_err()?;
     record(row)
 }
 
@@ -217,7 +165,7 @@ async fn set_state(
         .bind(now)
         .fetch_one(&mut *conn)
         .await
-        .map_err(db)?;
+        .store_err()?;
     row.into_record()
 }
 
@@ -229,7 +177,7 @@ async fn calls_final(conn: &mut PgConnection, root: &RootRecord) -> StoreResult<
         .bind(root.root_key.as_str())
         .fetch_all(&mut *conn)
         .await
-        .map_err(db)?;
+        .store_err()?;
     let mut calls = 0i64;
     for (state, count) in counts {
         let state: ExecutionState = state.parse().map_err(|_| crate::error::corrupt("state"))?;
@@ -242,28 +190,28 @@ async fn calls_final(conn: &mut PgConnection, root: &RootRecord) -> StoreResult<
 }
 
 #[async_trait]
-impl TreeStore for PgStores {
+impl RootStore for PgStores {
     async fn open_root(&self, request: OpenRootRequest) -> StoreResult<RootOpen> {
-        let mut tx = self.pool().begin().await.map_err(db)?;
-        let Some(root) = insert(&mut tx, &logic::new_root(&request)).await? else {
+        let mut tx = self.pool().begin().await.store_err()?;
+        let Some(root) = insert(&mut tx, &rules::new_root(&request)).await? else {
             // The insert waited for any concurrent opener of the key, so the row is committed.
             let row: Option<RootRow> = sqlx::query_as(BY_KEY)
                 .bind(request.scope.as_str())
                 .bind(request.root_key.as_str())
                 .fetch_optional(&mut *tx)
                 .await
-                .map_err(db)?;
+                .store_err()?;
             let existing =
                 record(row)?.ok_or_else(|| StoreError::Corrupt("root key without row".into()))?;
-            tx.rollback().await.map_err(db)?;
+            tx.rollback().await.store_err()?;
             return Ok(RootOpen::Existing(existing));
         };
         audit::append(
             &mut tx,
-            logic::root_event(&root, "root_opened", request.now),
+            rules::root_event(&root, "root_opened", request.now),
         )
         .await?;
-        tx.commit().await.map_err(db)?;
+        tx.commit().await.store_err()?;
         Ok(RootOpen::Opened(root))
     }
 
@@ -273,13 +221,13 @@ impl TreeStore for PgStores {
         root_key: &RootKey,
         now: DateTime<Utc>,
     ) -> StoreResult<Reservation> {
-        let mut tx = self.pool().begin().await.map_err(db)?;
-        let Some(root) = lock(&mut tx, scope, root_key).await? else {
-            tx.rollback().await.map_err(db)?;
+        let mut tx = self.pool().begin().await.store_err()?;
+        let Some(root) = locks::lock_root(&mut tx, scope, root_key).await? else {
+            tx.rollback().await.store_err()?;
             return Ok(Reservation::Missing);
         };
-        if !logic::root_admits(&root, now) {
-            tx.rollback().await.map_err(db)?;
+        if !rules::root_admits(&root, now) {
+            tx.rollback().await.store_err()?;
             return Ok(Reservation::Refused(root));
         }
         let row: RootRow = sqlx::query_as(RESERVE)
@@ -287,10 +235,10 @@ impl TreeStore for PgStores {
             .bind(now)
             .fetch_one(&mut *tx)
             .await
-            .map_err(db)?;
+            .store_err()?;
         let root = row.into_record()?;
-        audit::append(&mut tx, logic::root_event(&root, "root_slot_reserved", now)).await?;
-        tx.commit().await.map_err(db)?;
+        audit::append(&mut tx, rules::root_event(&root, "root_slot_reserved", now)).await?;
+        tx.commit().await.store_err()?;
         Ok(Reservation::Reserved(root))
     }
 
@@ -300,20 +248,20 @@ impl TreeStore for PgStores {
         root_key: &RootKey,
         now: DateTime<Utc>,
     ) -> StoreResult<()> {
-        let mut tx = self.pool().begin().await.map_err(db)?;
+        let mut tx = self.pool().begin().await.store_err()?;
         let row: Option<RootRow> = sqlx::query_as(RELEASE)
             .bind(scope.as_str())
             .bind(root_key.as_str())
             .bind(now)
             .fetch_optional(&mut *tx)
             .await
-            .map_err(db)?;
+            .store_err()?;
         let Some(root) = record(row)? else {
-            tx.rollback().await.map_err(db)?;
+            tx.rollback().await.store_err()?;
             return Ok(());
         };
-        audit::append(&mut tx, logic::root_event(&root, "root_slot_released", now)).await?;
-        tx.commit().await.map_err(db)?;
+        audit::append(&mut tx, rules::root_event(&root, "root_slot_released", now)).await?;
+        tx.commit().await.store_err()?;
         Ok(())
     }
 
@@ -323,30 +271,30 @@ impl TreeStore for PgStores {
         root_key: &RootKey,
         now: DateTime<Utc>,
     ) -> StoreResult<Option<RootRecord>> {
-        let mut tx = self.pool().begin().await.map_err(db)?;
-        let Some(root) = lock(&mut tx, scope, root_key).await? else {
-            tx.rollback().await.map_err(db)?;
+        let mut tx = self.pool().begin().await.store_err()?;
+        let Some(root) = locks::lock_root(&mut tx, scope, root_key).await? else {
+            tx.rollback().await.store_err()?;
             return Ok(None);
         };
         if root.state != RootState::Active {
-            tx.rollback().await.map_err(db)?;
+            tx.rollback().await.store_err()?;
             return Ok(Some(root));
         }
         let root = set_state(&mut tx, root.id, RootState::Closed, now).await?;
-        audit::append(&mut tx, logic::root_event(&root, "root_closed", now)).await?;
-        tx.commit().await.map_err(db)?;
+        audit::append(&mut tx, rules::root_event(&root, "root_closed", now)).await?;
+        tx.commit().await.store_err()?;
         Ok(Some(root))
     }
 
     async fn root(&self, scope: &Scope, root_key: &RootKey) -> StoreResult<Option<RootRecord>> {
-        let mut tx = self.pool().begin().await.map_err(db)?;
+        let mut tx = self.pool().begin().await.store_err()?;
         let row: Option<RootRow> = sqlx::query_as(SHARE)
             .bind(scope.as_str())
             .bind(root_key.as_str())
             .fetch_optional(&mut *tx)
             .await
-            .map_err(db)?;
-        tx.commit().await.map_err(db)?;
+            .store_err()?;
+        tx.commit().await.store_err()?;
         record(row)
     }
 
@@ -356,8 +304,8 @@ impl TreeStore for PgStores {
         execution_id: ExecutionId,
         now: DateTime<Utc>,
     ) -> StoreResult<Option<RootReceipt>> {
-        let mut tx = self.pool().begin().await.map_err(db)?;
-        let record = match crate::journal::lock(&mut tx, execution_id).await {
+        let mut tx = self.pool().begin().await.store_err()?;
+        let record = match crate::locks::lock_execution(&mut tx, execution_id).await {
             Ok(r) => r,
             Err(StoreError::NotFound(_)) => return Ok(None),
             Err(e) => return Err(e),
@@ -375,7 +323,7 @@ impl TreeStore for PgStores {
         let Some(settlement) = crate::settlements::of(&mut tx, execution_id).await? else {
             return Ok(None);
         };
-        let Some(root) = lock(&mut tx, scope, &root_key).await? else {
+        let Some(root) = locks::lock_root(&mut tx, scope, &root_key).await? else {
             return Ok(None);
         };
         let mut totals = root.totals();
@@ -383,18 +331,18 @@ impl TreeStore for PgStores {
             .settled
             .checked_add(settlement.amount)
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        write_totals(&mut tx, root.id, totals, Some(now)).await?;
-        let receipt = insert_receipt(&mut tx, &logic::root_receipt(&root, &settlement)).await?;
+        locks::write_totals(&mut tx, root.id, totals, Some(now)).await?;
+        let receipt = insert_receipt(&mut tx, &rules::root_receipt(&root, &settlement)).await?;
         let repaired = RootRecord {
             charged: totals.settled,
             ..root
         };
         audit::append(
             &mut tx,
-            logic::root_receipt_repaired_event(&repaired, &receipt, now),
+            rules::root_receipt_repaired_event(&repaired, &receipt, now),
         )
         .await?;
-        tx.commit().await.map_err(db)?;
+        tx.commit().await.store_err()?;
         Ok(Some(receipt))
     }
 
@@ -407,7 +355,7 @@ impl TreeStore for PgStores {
         .bind(execution_id.0)
         .fetch_optional(self.pool())
         .await
-        .map_err(db)?;
+        .store_err()?;
         row.map(ReceiptRow::into_record).transpose()
     }
 
@@ -423,7 +371,7 @@ impl TreeStore for PgStores {
             .bind(i64::from(limit))
             .fetch_all(self.pool())
             .await
-            .map_err(db)?;
+            .store_err()?;
         rows.into_iter().map(ReceiptRow::into_record).collect()
     }
 
@@ -439,7 +387,7 @@ impl TreeStore for PgStores {
             .filter(|s| s.is_final())
             .map(ExecutionState::as_str)
             .collect();
-        let mut tx = self.pool().begin().await.map_err(db)?;
+        let mut tx = self.pool().begin().await.store_err()?;
         let rows: Vec<RootRow> = sqlx::query_as(CANDIDATES)
             .bind(scope.as_str())
             .bind(RootState::Active.as_str())
@@ -449,24 +397,24 @@ impl TreeStore for PgStores {
             .bind(i64::from(limit))
             .fetch_all(&mut *tx)
             .await
-            .map_err(db)?;
+            .store_err()?;
         let mut changed = Vec::new();
         for row in rows {
             // Decided again under the root lock, with the current calls.
             let root = row.into_record()?;
             let all_final = calls_final(&mut tx, &root).await?;
-            if let Some(next) = logic::root_next_state(&root, now, all_final) {
+            if let Some(next) = rules::root_next_state(&root, now, all_final) {
                 changed.push(set_state(&mut tx, root.id, next, now).await?);
             }
         }
         // The audit head last.
         for root in &changed {
-            audit::append(&mut tx, logic::root_event(root, "root_reconciled", now)).await?;
+            audit::append(&mut tx, rules::root_event(root, "root_reconciled", now)).await?;
         }
         if changed.is_empty() {
-            tx.rollback().await.map_err(db)?;
+            tx.rollback().await.store_err()?;
         } else {
-            tx.commit().await.map_err(db)?;
+            tx.commit().await.store_err()?;
         }
         Ok(changed)
     }
@@ -484,6 +432,6 @@ async fn receipt_of(
     .bind(execution_id.0)
     .fetch_optional(&mut *conn)
     .await
-    .map_err(db)?;
+    .store_err()?;
     row.map(ReceiptRow::into_record).transpose()
 }

@@ -13,7 +13,7 @@ use tollgate_core::digest::Digest256;
 use tollgate_core::ids::*;
 use tollgate_core::money::{Currency, Money};
 use tollgate_core::usage::Usage;
-use tollgate_store::record::*;
+use tollgate_store::rows::*;
 use tollgate_store::StoreResult;
 use uuid::Uuid;
 

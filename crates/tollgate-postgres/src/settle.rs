@@ -3,8 +3,8 @@
 //! acknowledged here: reconcile usage compares it with the durable settlement.
 
 use crate::audit;
-use crate::error::{db, is_unique_violation};
-use crate::journal;
+use crate::error::{db, is_unique_violation, DbResultExt};
+use crate::locks;
 use crate::roots;
 use crate::rows::{execution_columns, result_columns, to_json_text, ExecutionRow, ResultRow};
 use crate::settlements;
@@ -12,8 +12,8 @@ use crate::spend::{self, SpendKeys};
 use crate::PgStores;
 use sqlx::types::Json;
 use sqlx::PgConnection;
-use tollgate_store::logic;
-use tollgate_store::record::*;
+use tollgate_store::rows::*;
+use tollgate_store::rules;
 use tollgate_store::{StoreError, StoreResult};
 
 const INSERT_RESULT: &str = concat!(
@@ -68,7 +68,7 @@ async fn complete(conn: &mut PgConnection, done: &ExecutionRecord) -> StoreResul
         .bind(done.updated_at)
         .fetch_one(&mut *conn)
         .await
-        .map_err(db)?;
+        .store_err()?;
     row.into_record()
 }
 
@@ -81,37 +81,37 @@ impl PgStores {
     /// inclusive cost), insert the root receipt (UNIQUE per execution), complete the journal,
     /// audit `settled`.
     pub(crate) async fn settle_tx(&self, request: SettleRequest) -> StoreResult<SettleOutcome> {
-        let mut tx = self.pool().begin().await.map_err(db)?;
-        let record = journal::lock(&mut tx, request.fence.execution_id).await?;
-        logic::check_fence(&record, request.fence, &logic::SETTLEABLE)?;
+        let mut tx = self.pool().begin().await.store_err()?;
+        let record = locks::lock_execution(&mut tx, request.fence.execution_id).await?;
+        rules::check_fence(&record, request.fence, &rules::SETTLEABLE)?;
         let root = match &record.root_key {
-            Some(root_key) => roots::lock(&mut tx, &record.scope, root_key).await?,
+            Some(root_key) => locks::lock_root(&mut tx, &record.scope, root_key).await?,
             None => None,
         };
         let keys = SpendKeys::of(&record);
         let (session, daily) = spend::lock(&mut tx, &keys).await?;
-        let session = logic::apply_settlement(session, record.hold, request.amount)?;
-        let daily = logic::apply_settlement(daily, record.hold, request.amount)?;
-        let settlement = logic::settlement_row(&record, &request);
+        let session = rules::apply_settlement(session, record.hold, request.amount)?;
+        let daily = rules::apply_settlement(daily, record.hold, request.amount)?;
+        let settlement = rules::settlement_row(&record, &request);
         let settlement = settlements::insert(&mut tx, &settlement).await?;
         spend::write(&mut tx, &keys, session, daily).await?;
-        let mut result = logic::settled_result(&record, &request, session, daily);
+        let mut result = rules::settled_result(&record, &request, session, daily);
         let mut root_receipt = None;
         if let Some(root) = root {
-            let totals = logic::apply_settlement(root.totals(), record.hold, request.amount)?;
-            roots::write_totals(&mut tx, root.id, totals, Some(request.now)).await?;
-            logic::apply_root_caps(&record, &mut result, totals.settled);
-            let receipt = logic::root_receipt(&root, &settlement);
+            let totals = rules::apply_settlement(root.totals(), record.hold, request.amount)?;
+            locks::write_totals(&mut tx, root.id, totals, Some(request.now)).await?;
+            rules::apply_root_caps(&record, &mut result, totals.settled);
+            let receipt = rules::root_receipt(&root, &settlement);
             root_receipt = Some(roots::insert_receipt(&mut tx, &receipt).await?);
         }
         let result = insert_result(&mut tx, &result, &record).await?;
         let done = complete(
             &mut tx,
-            &logic::completed(&record, &request, result.outcome),
+            &rules::completed(&record, &request, result.outcome),
         )
         .await?;
-        audit::append(&mut tx, logic::settled_event(&done, &settlement, &result)).await?;
-        tx.commit().await.map_err(db)?;
+        audit::append(&mut tx, rules::settled_event(&done, &settlement, &result)).await?;
+        tx.commit().await.store_err()?;
         Ok(SettleOutcome {
             record: done,
             settlement,

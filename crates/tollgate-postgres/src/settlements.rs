@@ -1,14 +1,14 @@
 //! Governed settlements (read side, and the insert used by settle). One row per execution,
 //! enforced by `UNIQUE (execution_id)`.
 
-use crate::error::{db, is_unique_violation};
+use crate::error::{db, is_unique_violation, DbResultExt};
 use crate::rows::{settlement_columns, token_columns, SettlementRow};
 use crate::PgStores;
 use async_trait::async_trait;
 use chrono::NaiveDate;
 use sqlx::PgConnection;
 use tollgate_core::ids::ExecutionId;
-use tollgate_store::record::SettlementRecord;
+use tollgate_store::rows::SettlementRecord;
 use tollgate_store::traits::SettlementStore;
 use tollgate_store::{StoreError, StoreResult};
 
@@ -77,7 +77,7 @@ impl SettlementStore for PgStores {
         .bind(execution_id.0)
         .fetch_optional(self.pool())
         .await
-        .map_err(db)?;
+        .store_err()?;
         row.map(SettlementRow::into_record).transpose()
     }
 
@@ -97,7 +97,7 @@ impl SettlementStore for PgStores {
         .bind(i64::from(limit))
         .fetch_all(self.pool())
         .await
-        .map_err(db)?;
+        .store_err()?;
         rows.into_iter().map(SettlementRow::into_record).collect()
     }
 }
@@ -118,6 +118,6 @@ pub(crate) async fn of(
     .bind(execution_id.0)
     .fetch_optional(&mut *conn)
     .await
-    .map_err(db)?;
+    .store_err()?;
     row.map(SettlementRow::into_record).transpose()
 }

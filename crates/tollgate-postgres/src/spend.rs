@@ -1,7 +1,7 @@
 //! Spend totals: settled charges and in-flight holds per (scope, consumer, session) and per
 //! (scope, consumer, day). Writers lock the session row, then the day row.
 
-use crate::error::db;
+use crate::error::DbResultExt;
 use crate::rows::SpendRow;
 use crate::PgStores;
 use async_trait::async_trait;
@@ -9,7 +9,7 @@ use chrono::NaiveDate;
 use sqlx::PgConnection;
 use tollgate_core::caps::SpendTotals;
 use tollgate_core::ids::{ConsumerId, Scope, SessionId};
-use tollgate_store::record::ExecutionRecord;
+use tollgate_store::rows::ExecutionRecord;
 use tollgate_store::traits::SpendStore;
 use tollgate_store::StoreResult;
 
@@ -65,14 +65,14 @@ pub(crate) async fn lock(
         .bind(keys.session)
         .fetch_one(&mut *conn)
         .await
-        .map_err(db)?;
+        .store_err()?;
     let day: SpendRow = sqlx::query_as(LOCK_DAY)
         .bind(keys.scope)
         .bind(keys.consumer)
         .bind(keys.day)
         .fetch_one(&mut *conn)
         .await
-        .map_err(db)?;
+        .store_err()?;
     Ok((session.into_totals()?, day.into_totals()?))
 }
 
@@ -97,7 +97,7 @@ pub(crate) async fn write(
         .bind(daily.held.decimal())
         .execute(&mut *conn)
         .await
-        .map_err(db)?;
+        .store_err()?;
     Ok(())
 }
 
@@ -118,7 +118,7 @@ impl SpendStore for PgStores {
         .bind(session.as_str())
         .fetch_optional(self.pool())
         .await
-        .map_err(db)?;
+        .store_err()?;
         row.map_or(Ok(SpendTotals::default()), SpendRow::into_totals)
     }
 
@@ -136,7 +136,7 @@ impl SpendStore for PgStores {
         .bind(day)
         .fetch_optional(self.pool())
         .await
-        .map_err(db)?;
+        .store_err()?;
         row.map_or(Ok(SpendTotals::default()), SpendRow::into_totals)
     }
 }

@@ -9,7 +9,7 @@
 //! one database per test stay far below the server's `max_connections` even when tests run in
 //! parallel.
 
-use crate::error::db;
+use crate::error::DbResultExt;
 use crate::PgStores;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection};
@@ -36,14 +36,14 @@ fn now_secs() -> u64 {
 
 fn options(admin_url: &str) -> Result<PgConnectOptions, StoreError> {
     Ok(PgConnectOptions::from_str(admin_url)
-        .map_err(db)?
+        .store_err()?
         .disable_statement_logging())
 }
 
 async fn admin(admin_url: &str) -> Result<PgConnection, StoreError> {
     PgConnection::connect_with(&options(admin_url)?)
         .await
-        .map_err(db)
+        .store_err()
 }
 
 /// Drops test databases left over from runs more than ten minutes ago (once per process; failures,
@@ -174,8 +174,8 @@ pub async fn fresh_test_database(admin_url: &str) -> Result<PgStores, StoreError
     sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
         .execute(&mut admin)
         .await
-        .map_err(db)?;
-    admin.close().await.map_err(db)?;
+        .store_err()?;
+    admin.close().await.store_err()?;
     // The pool's options keep `alive` until the pool itself is dropped.
     let alive = Arc::new(());
     CREATED
@@ -197,7 +197,7 @@ pub async fn fresh_test_database(admin_url: &str) -> Result<PgStores, StoreError
         })
         .connect_with(options(admin_url)?.database(&name))
         .await
-        .map_err(db)?;
+        .store_err()?;
     let stores = PgStores::new(pool);
     stores.migrate().await?;
     Ok(stores)

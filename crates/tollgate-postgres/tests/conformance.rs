@@ -18,7 +18,7 @@ use tollgate_store::conformance::{
     claim_req, key, open_root, root_key, scope, settle_req, t0, text_config,
 };
 use tollgate_store::{
-    ClaimOutcome, ExecutionRecord, ExecutionStore, ResultStore, StoreError, TreeStore,
+    ClaimOutcome, ExecutionRecord, ExecutionStore, ResultStore, RootStore, StoreError,
 };
 
 /// Test databases are named `tollgate_t_<unix seconds>_<uuid>`; older ones than this are
@@ -109,7 +109,7 @@ tollgate_store::store_conformance!(fresh);
 
 mod roots {
     use super::fresh;
-    tollgate_store::tree_conformance!(fresh);
+    tollgate_store::root_conformance!(fresh);
 }
 
 async fn settled(s: &PgStores) -> ExecutionRecord {

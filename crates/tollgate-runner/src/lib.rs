@@ -7,13 +7,14 @@
 //! view (H-1).
 #![warn(missing_docs)]
 
+pub mod claimed;
 pub mod clock;
-mod drive;
-pub mod engine;
+mod dispatched;
 pub mod error;
 pub mod input;
 pub mod outcome;
 pub mod recovery;
+pub mod settings;
 pub mod single;
 pub mod step;
 pub mod structured;
@@ -21,4 +22,5 @@ pub mod views;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Interruption, RunError};
-pub use single::{RunRequest, RunnerSettings, SingleCallRunner};
+pub use settings::{BackgroundFailure, InputLoader, RunnerSettings};
+pub use single::{RunRequest, SingleCallRunner};

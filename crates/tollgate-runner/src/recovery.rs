@@ -10,8 +10,8 @@ use tollgate_core::state::{ExecutionState, NotDispatchedCause, Outcome, Settleme
 use tollgate_core::usage::Usage;
 use tollgate_core::view::View;
 use tollgate_store::{
-    Evidence, EvidenceSource, ExecutionRecord, NewEvidence, SettleRequest, StoreError, StoreResult,
-    Stores, TreeStores,
+    AllStores, Evidence, EvidenceSource, ExecutionRecord, NewEvidence, SettleRequest, StoreError,
+    StoreResult, Stores,
 };
 
 /// Default page of `reconcile_usage` (SC-42).
@@ -43,7 +43,7 @@ pub struct UsageCounts {
 #[derive(Clone)]
 pub struct Reconciler {
     stores: Arc<dyn Stores>,
-    tree: Option<Arc<dyn TreeStores>>,
+    roots: Option<Arc<dyn AllStores>>,
     clock: Arc<dyn Clock>,
 }
 
@@ -60,17 +60,17 @@ impl Reconciler {
     pub fn new(stores: Arc<dyn Stores>, clock: Arc<dyn Clock>) -> Self {
         Self {
             stores,
-            tree: None,
+            roots: None,
             clock,
         }
     }
 
     /// A reconciler that also expires and reconciles operation roots.
-    pub fn with_tree(stores: Arc<dyn TreeStores>, clock: Arc<dyn Clock>) -> Self {
+    pub fn with_roots(stores: Arc<dyn AllStores>, clock: Arc<dyn Clock>) -> Self {
         let base: Arc<dyn Stores> = stores.clone();
         Self {
             stores: base,
-            tree: Some(stores),
+            roots: Some(stores),
             clock,
         }
     }
@@ -181,8 +181,10 @@ impl Reconciler {
             }
         }
         // Roots after their calls, so a root whose last call just finished reconciles now.
-        if let Some(tree) = &self.tree {
-            let changed = tree.reconcile_roots(scope, self.clock.now(), limit).await?;
+        if let Some(roots) = &self.roots {
+            let changed = roots
+                .reconcile_roots(scope, self.clock.now(), limit)
+                .await?;
             counts.roots = changed.len() as u64;
         }
         Ok(counts)
@@ -299,7 +301,7 @@ impl Reconciler {
             .stores
             .take_fence(scope, &record.operation_key, &states, false, 60_000, now)
             .await?
-            .ok_or_else(|| StoreError::StaleFence(execution_id.to_string()))?;
+            .ok_or(StoreError::StaleFence(execution_id))?;
         let amount = fenced
             .binding
             .config

@@ -1,60 +1,21 @@
 //! The text/JSON single-call runner (`createSingleCallRunner`, SC-1..SC-73).
 
-use crate::clock::{Clock, SystemClock};
-use crate::drive::BackgroundErrorFn;
-use crate::engine::Engine;
+use crate::claimed::Engine;
 use crate::error::RunError;
 use crate::outcome::OutputPolicy;
+use crate::settings::{InputLoader, JsonValidator, RunnerSettings};
 use crate::views;
-use futures::future::BoxFuture;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tollgate_core::config::CallConfig;
 use tollgate_core::digest::Binding;
 use tollgate_core::ids::{InputRevision, Intent, OperationKey, Scope, SessionId};
 use tollgate_core::invalid::InvalidReason;
-use tollgate_core::message::Message;
 use tollgate_core::state::CallKind;
 use tollgate_core::step::Step;
 use tollgate_core::view::{Output, View};
 use tollgate_provider::ProviderClient;
 use tollgate_store::{ClaimOutcome, Stores};
-
-/// Default fence lease of a claimed execution.
-pub const LEASE_MS_DEFAULT: u64 = 30_000;
-
-/// The host's synchronous JSON validator (SC-4).
-pub type JsonValidator = Arc<dyn Fn(&serde_json::Value) -> bool + Send + Sync>;
-
-/// Loads input lazily, after the claim (SC-11, SC-12).
-pub type InputLoader = BoxFuture<'static, Result<Vec<Message>, String>>;
-
-/// Everything a runner is built from.
-pub struct RunnerSettings {
-    /// The immutable config snapshot.
-    pub config: CallConfig,
-    /// Fence lease.
-    pub lease_ms: u64,
-    /// Host validator for JSON output (json calls).
-    pub validate: Option<JsonValidator>,
-    /// Metadata-only failures of background work.
-    pub background_error: Option<BackgroundErrorFn>,
-    /// Clock.
-    pub clock: Arc<dyn Clock>,
-}
-
-impl RunnerSettings {
-    /// Settings with defaults for everything but the config.
-    pub fn new(config: CallConfig) -> Self {
-        Self {
-            config,
-            lease_ms: LEASE_MS_DEFAULT,
-            validate: None,
-            background_error: None,
-            clock: Arc::new(SystemClock),
-        }
-    }
-}
 
 /// One run.
 pub struct RunRequest {

@@ -1,10 +1,10 @@
 //! The governed step runner (`createGovernedStepRunner`, ST-1..ST-35): one structured model
 //! response inside a root-fenced operation.
 
-use crate::engine::Engine;
+use crate::claimed::Engine;
 use crate::error::RunError;
 use crate::outcome::OutputPolicy;
-use crate::single::{InputLoader, RunnerSettings};
+use crate::settings::{InputLoader, RunnerSettings};
 use chrono::Duration as ChronoDuration;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -16,8 +16,8 @@ use tollgate_core::step::Step;
 use tollgate_core::view::{Output, View, ViewState};
 use tollgate_provider::ProviderClient;
 use tollgate_store::{
-    ClaimOutcome, ExecutionRecord, OpenRootRequest, Reservation, RootOpen, RootRecord, RootState,
-    TreeStores,
+    AllStores, ClaimOutcome, ExecutionRecord, OpenRootRequest, Reservation, RootOpen, RootRecord,
+    RootState,
 };
 
 /// Longest root deadline accepted (a root is a turn, not a session).
@@ -73,7 +73,7 @@ impl OutputPolicy for StepPolicy {
 /// The governed step runner.
 pub struct GovernedStepRunner {
     pub(crate) engine: Engine,
-    pub(crate) tree: Arc<dyn TreeStores>,
+    pub(crate) roots: Arc<dyn AllStores>,
 }
 
 impl GovernedStepRunner {
@@ -84,7 +84,7 @@ impl GovernedStepRunner {
     /// # Errors
     /// [`RunError::InvalidConfig`].
     pub fn new(
-        stores: Arc<dyn TreeStores>,
+        stores: Arc<dyn AllStores>,
         client: Arc<dyn ProviderClient>,
         settings: RunnerSettings,
     ) -> Result<Self, RunError> {
@@ -97,7 +97,7 @@ impl GovernedStepRunner {
         let base: Arc<dyn tollgate_store::Stores> = stores.clone();
         Ok(Self {
             engine: Engine::build(base, client, settings, Arc::new(StepPolicy))?,
-            tree: stores,
+            roots: stores,
         })
     }
 
@@ -139,7 +139,7 @@ impl GovernedStepRunner {
             now,
         };
         match self
-            .tree
+            .roots
             .open_root(open)
             .await
             .map_err(|e| RunError::store(&key, e))?
@@ -185,7 +185,7 @@ impl GovernedStepRunner {
         }
         let now = self.engine.ctx.clock.now();
         match self
-            .tree
+            .roots
             .reserve_slot(&request.scope, &request.root_key, now)
             .await
             .map_err(|e| RunError::store(&key, e))?
@@ -240,7 +240,7 @@ impl GovernedStepRunner {
         root_key: &RootKey,
         key: &OperationKey,
     ) -> Result<(), RunError> {
-        self.tree
+        self.roots
             .release_slot(scope, root_key, self.engine.ctx.clock.now())
             .await
             .map_err(|e| RunError::store(key, e))
@@ -252,7 +252,7 @@ impl GovernedStepRunner {
         root_key: &RootKey,
         key: &OperationKey,
     ) -> Result<RootRecord, RunError> {
-        self.tree
+        self.roots
             .root(scope, root_key)
             .await
             .map_err(|e| RunError::store(key, e))?
@@ -282,7 +282,7 @@ impl GovernedStepRunner {
             return Ok(view);
         };
         let receipt = self
-            .tree
+            .roots
             .root_receipt(execution_id)
             .await
             .map_err(|e| RunError::store(&view.operation_key, e))?;
@@ -355,7 +355,7 @@ impl GovernedStepRunner {
         };
         if record.state == tollgate_core::state::ExecutionState::Completed {
             let now = self.engine.ctx.clock.now();
-            self.tree
+            self.roots
                 .repair_root_receipt(scope, record.id, now)
                 .await
                 .map_err(store_error)?;
@@ -377,7 +377,7 @@ impl GovernedStepRunner {
         scope: &Scope,
         root_key: &RootKey,
     ) -> Result<Option<RootRecord>, RunError> {
-        self.tree
+        self.roots
             .close_root(scope, root_key, self.engine.ctx.clock.now())
             .await
             .map_err(|e| root_error(root_key, e))
@@ -392,7 +392,7 @@ impl GovernedStepRunner {
         scope: &Scope,
         root_key: &RootKey,
     ) -> Result<Option<RootRecord>, RunError> {
-        self.tree
+        self.roots
             .root(scope, root_key)
             .await
             .map_err(|e| root_error(root_key, e))

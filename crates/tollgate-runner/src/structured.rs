@@ -2,11 +2,11 @@
 //! runner's call shape for forced-tool extraction, running one governed step inside a root it
 //! owns.
 
-use crate::drive::{BackgroundErrorFn, BackgroundFailure};
 use crate::error::RunError;
 use crate::outcome::{REFUSAL_STOPS, TRUNCATION_STOPS};
 use crate::recovery::{Reconciler, UsageCounts};
-use crate::single::{RunRequest, RunnerSettings};
+use crate::settings::{BackgroundErrorFn, BackgroundFailure, RunnerSettings};
+use crate::single::RunRequest;
 use crate::step::{GovernedStepRunner, OpenRoot, StepRequest};
 use crate::views;
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use tollgate_core::state::{CallKind, Outcome};
 use tollgate_core::step::ToolCall;
 use tollgate_core::view::{View, ViewState};
 use tollgate_provider::ProviderClient;
-use tollgate_store::{RootState, StoreError, TreeStores};
+use tollgate_store::{AllStores, RootState, StoreError};
 
 /// The reserved prefix of every identifier this runner derives (SR-4).
 pub const STRUCTURED_PREFIX: &str = "alma-structured-v1";
@@ -55,7 +55,7 @@ impl StructuredCallRunner {
     /// # Errors
     /// [`RunError::InvalidConfig`].
     pub fn new(
-        stores: Arc<dyn TreeStores>,
+        stores: Arc<dyn AllStores>,
         client: Arc<dyn ProviderClient>,
         settings: RunnerSettings,
     ) -> Result<Self, RunError> {
@@ -89,7 +89,7 @@ impl StructuredCallRunner {
         let engine = &self.steps.engine;
         let existing = self
             .steps
-            .tree
+            .roots
             .root(&request.scope, &root_key)
             .await
             .map_err(|e| RunError::store(&request.operation_key, e))?;

@@ -22,8 +22,8 @@ use tollgate_core::view::{View, ViewState};
 use tollgate_provider::http::{HttpClient, HttpClientConfig};
 use tollgate_provider::mock::MockProvider;
 use tollgate_provider::Protocol;
-use tollgate_runner::single::{RunRequest, RunnerSettings, SingleCallRunner};
 use tollgate_runner::{ManualClock, RunError};
+use tollgate_runner::{RunRequest, RunnerSettings, SingleCallRunner};
 use tollgate_store::conformance::{scope, t0, text_config};
 use tollgate_store::{MemoryStores, SettlementStore, Stores};
 

@@ -16,11 +16,11 @@ use tollgate_core::view::{View, ViewState};
 use tollgate_provider::http::{HttpClient, HttpClientConfig};
 use tollgate_provider::mock::MockProvider;
 use tollgate_provider::Protocol;
-use tollgate_runner::single::{RunRequest, RunnerSettings};
 use tollgate_runner::step::{GovernedStepRunner, OpenRoot, StepRequest};
 use tollgate_runner::structured::StructuredCallRunner;
+use tollgate_runner::{RunRequest, RunnerSettings};
 use tollgate_store::conformance::{scope, text_config};
-use tollgate_store::{MemoryStores, TreeStores};
+use tollgate_store::{AllStores, MemoryStores};
 
 const ALL: [Protocol; 3] = [
     Protocol::OpenAiChat,
@@ -51,7 +51,7 @@ fn config(model: &str, kind: CallKind) -> CallConfig {
 
 struct Rig {
     mock: MockProvider,
-    stores: Arc<dyn TreeStores>,
+    stores: Arc<dyn AllStores>,
 }
 
 impl Rig {
@@ -271,7 +271,7 @@ async fn sr_1_tc_1_tc_3_structured_call_over_http_forces_the_tool_never_executes
 #[test]
 fn every_run_future_is_send() {
     fn assert_send<T: Send>(_: &T) {}
-    let stores: Arc<dyn TreeStores> = Arc::new(MemoryStores::new());
+    let stores: Arc<dyn AllStores> = Arc::new(MemoryStores::new());
     let client = Arc::new(
         HttpClient::new(HttpClientConfig {
             protocol: Protocol::OpenAiChat,

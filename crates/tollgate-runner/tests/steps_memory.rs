@@ -4,9 +4,9 @@
 mod steps;
 
 use std::sync::Arc;
-use tollgate_store::{MemoryStores, TreeStores};
+use tollgate_store::{AllStores, MemoryStores};
 
-async fn fresh() -> Arc<dyn TreeStores> {
+async fn fresh() -> Arc<dyn AllStores> {
     Arc::new(MemoryStores::new())
 }
 
@@ -33,7 +33,7 @@ async fn st_31_recovery_repairs_a_missing_root_receipt() {
         tollgate_core::view::ViewState::ReconciliationRequired
     );
     assert_eq!(h.root("turn-1").await.charged, tollgate_core::Money::ZERO);
-    let r = tollgate_runner::recovery::Reconciler::with_tree(h.stores.clone(), h.clock.clone());
+    let r = tollgate_runner::recovery::Reconciler::with_roots(h.stores.clone(), h.clock.clone());
     let repaired = runner
         .recover(&r, &scope, &root, &key, 1000)
         .await

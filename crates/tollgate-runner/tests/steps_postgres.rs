@@ -6,14 +6,14 @@
 mod steps;
 
 use std::sync::Arc;
-use tollgate_store::TreeStores;
+use tollgate_store::AllStores;
 
 fn admin_url() -> String {
     std::env::var("TOLLGATE_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
 
-async fn fresh() -> Arc<dyn TreeStores> {
+async fn fresh() -> Arc<dyn AllStores> {
     Arc::new(
         tollgate_postgres::fresh_test_database(&admin_url())
             .await

@@ -12,10 +12,10 @@ use tollgate_core::config::CallConfig;
 use tollgate_core::state::CallKind;
 use tollgate_provider::http::{HttpClient, HttpClientConfig};
 use tollgate_runner::recovery::Reconciler;
-use tollgate_runner::single::{RunnerSettings, SingleCallRunner};
 use tollgate_runner::step::GovernedStepRunner;
 use tollgate_runner::structured::StructuredCallRunner;
 use tollgate_runner::SystemClock;
+use tollgate_runner::{RunnerSettings, SingleCallRunner};
 
 /// Why the service cannot start.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -69,7 +69,7 @@ impl std::ops::Deref for App {
 
 /// A reconciler over `backend`'s stores, with roots.
 pub fn reconciler(backend: &Backend) -> Reconciler {
-    Reconciler::with_tree(backend.stores(), Arc::new(SystemClock))
+    Reconciler::with_roots(backend.stores(), Arc::new(SystemClock))
 }
 
 fn client(provider: &ProviderSettings, config: &CallConfig) -> Result<HttpClient, StartError> {

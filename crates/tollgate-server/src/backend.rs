@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use tollgate_core::ids::Scope;
 use tollgate_postgres::PgStores;
-use tollgate_store::{MemoryStores, StoreError, TreeStores};
+use tollgate_store::{AllStores, MemoryStores, StoreError};
 
 /// The stores.
 #[derive(Clone)]
@@ -53,7 +53,7 @@ impl Backend {
     }
 
     /// The stores as the runners use them.
-    pub fn stores(&self) -> Arc<dyn TreeStores> {
+    pub fn stores(&self) -> Arc<dyn AllStores> {
         match self {
             Self::Memory(m) => m.clone(),
             Self::Postgres(p) => p.clone(),

@@ -384,7 +384,7 @@ impl FileConfig {
         let lease_ms = self
             .runner
             .lease_ms
-            .unwrap_or(tollgate_runner::single::LEASE_MS_DEFAULT);
+            .unwrap_or(tollgate_runner::settings::LEASE_MS_DEFAULT);
         range("runner.lease_ms", lease_ms, LEASE_MS_MIN, LEASE_MS_MAX)?;
         let max_connections = self
             .database

@@ -1,7 +1,7 @@
 //! The audit hash chain: each row's hash covers the previous row's hash and the event, so an
 //! edited, removed or reordered row breaks every later hash.
 
-use crate::record::{AuditEvent, AuditRow};
+use crate::rows::{AuditEvent, AuditRow};
 use chrono::{DateTime, SubsecRound, Utc};
 use tollgate_core::digest::{canonical_json, domain_digest, Digest256};
 

@@ -1,5 +1,7 @@
 //! Store errors.
 
+use tollgate_core::ids::ExecutionId;
+
 /// Store result.
 pub type StoreResult<T> = Result<T, StoreError>;
 
@@ -12,7 +14,7 @@ pub enum StoreError {
     /// The write carried a fence token that is no longer current, or the execution was not in a
     /// state the transition allows: a stale executor. Nothing was written (H-3).
     #[error("stale fence or state for execution {0}")]
-    StaleFence(String),
+    StaleFence(ExecutionId),
     /// A row the operation needs does not exist.
     #[error("not found: {0}")]
     NotFound(String),

@@ -4,7 +4,7 @@
 //! points, after the inner write committed (a lost acknowledgement).
 
 use crate::error::{StoreError, StoreResult};
-use crate::record::*;
+use crate::rows::*;
 use crate::traits::*;
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
@@ -42,7 +42,7 @@ pub enum FaultPoint {
 /// Stores with injectable faults.
 pub struct FaultyStores {
     inner: Arc<dyn Stores>,
-    tree: Option<Arc<dyn TreeStores>>,
+    roots: Option<Arc<dyn AllStores>>,
     armed: Mutex<HashSet<FaultPoint>>,
 }
 
@@ -51,23 +51,23 @@ impl FaultyStores {
     pub fn new(inner: Arc<dyn Stores>) -> Self {
         Self {
             inner,
-            tree: None,
+            roots: None,
             armed: Mutex::new(HashSet::new()),
         }
     }
 
     /// Wraps stores that also keep operation roots.
-    pub fn with_tree(inner: Arc<dyn TreeStores>) -> Self {
+    pub fn with_roots(inner: Arc<dyn AllStores>) -> Self {
         let stores: Arc<dyn Stores> = inner.clone();
         Self {
             inner: stores,
-            tree: Some(inner),
+            roots: Some(inner),
             armed: Mutex::new(HashSet::new()),
         }
     }
 
-    fn tree(&self) -> StoreResult<&Arc<dyn TreeStores>> {
-        self.tree
+    fn roots(&self) -> StoreResult<&Arc<dyn AllStores>> {
+        self.roots
             .as_ref()
             .ok_or_else(|| StoreError::Unavailable("these stores keep no roots".into()))
     }
@@ -290,9 +290,9 @@ impl AuditLog for FaultyStores {
 }
 
 #[async_trait]
-impl TreeStore for FaultyStores {
+impl RootStore for FaultyStores {
     async fn open_root(&self, request: OpenRootRequest) -> StoreResult<RootOpen> {
-        self.tree()?.open_root(request).await
+        self.roots()?.open_root(request).await
     }
     async fn reserve_slot(
         &self,
@@ -300,7 +300,7 @@ impl TreeStore for FaultyStores {
         root_key: &RootKey,
         now: DateTime<Utc>,
     ) -> StoreResult<Reservation> {
-        self.tree()?.reserve_slot(scope, root_key, now).await
+        self.roots()?.reserve_slot(scope, root_key, now).await
     }
     async fn release_slot(
         &self,
@@ -308,7 +308,7 @@ impl TreeStore for FaultyStores {
         root_key: &RootKey,
         now: DateTime<Utc>,
     ) -> StoreResult<()> {
-        self.tree()?.release_slot(scope, root_key, now).await
+        self.roots()?.release_slot(scope, root_key, now).await
     }
     async fn close_root(
         &self,
@@ -317,16 +317,16 @@ impl TreeStore for FaultyStores {
         now: DateTime<Utc>,
     ) -> StoreResult<Option<RootRecord>> {
         self.check(FaultPoint::CloseRoot)?;
-        self.tree()?.close_root(scope, root_key, now).await
+        self.roots()?.close_root(scope, root_key, now).await
     }
     async fn root(&self, scope: &Scope, root_key: &RootKey) -> StoreResult<Option<RootRecord>> {
-        self.tree()?.root(scope, root_key).await
+        self.roots()?.root(scope, root_key).await
     }
     async fn root_receipt(&self, execution_id: ExecutionId) -> StoreResult<Option<RootReceipt>> {
         if self.check(FaultPoint::HideRootReceipt).is_err() {
             return Ok(None);
         }
-        self.tree()?.root_receipt(execution_id).await
+        self.roots()?.root_receipt(execution_id).await
     }
     async fn root_receipts(
         &self,
@@ -334,7 +334,7 @@ impl TreeStore for FaultyStores {
         root_key: &RootKey,
         limit: u32,
     ) -> StoreResult<Vec<RootReceipt>> {
-        self.tree()?.root_receipts(scope, root_key, limit).await
+        self.roots()?.root_receipts(scope, root_key, limit).await
     }
     async fn repair_root_receipt(
         &self,
@@ -342,7 +342,7 @@ impl TreeStore for FaultyStores {
         execution_id: ExecutionId,
         now: DateTime<Utc>,
     ) -> StoreResult<Option<RootReceipt>> {
-        self.tree()?
+        self.roots()?
             .repair_root_receipt(scope, execution_id, now)
             .await
     }
@@ -352,6 +352,6 @@ impl TreeStore for FaultyStores {
         now: DateTime<Utc>,
         limit: u32,
     ) -> StoreResult<Vec<RootRecord>> {
-        self.tree()?.reconcile_roots(scope, now, limit).await
+        self.roots()?.reconcile_roots(scope, now, limit).await
     }
 }

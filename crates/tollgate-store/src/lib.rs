@@ -10,15 +10,17 @@
 #![warn(missing_docs)]
 
 pub mod audit;
+#[cfg(feature = "test-support")]
 pub mod conformance;
 pub mod error;
+#[cfg(feature = "fault-injection")]
 pub mod fault;
-pub mod logic;
 pub mod memory;
-pub mod record;
+pub mod rows;
+pub mod rules;
 pub mod traits;
 
 pub use error::{StoreError, StoreResult};
 pub use memory::MemoryStores;
-pub use record::*;
+pub use rows::*;
 pub use traits::*;

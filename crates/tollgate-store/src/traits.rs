@@ -8,7 +8,7 @@
 //! [`StoreError::StaleFence`]: crate::StoreError::StaleFence
 
 use crate::error::StoreResult;
-use crate::record::*;
+use crate::rows::*;
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use tollgate_core::caps::SpendTotals;
@@ -286,11 +286,11 @@ impl<T> Stores for T where
 {
 }
 
-/// Operation roots (the TreeStore). A call under a root is claimed with `ClaimRequest::root_key`
+/// Operation roots (the RootStore). A call under a root is claimed with `ClaimRequest::root_key`
 /// set: the claim then also holds its worst case against the root (root block cap on the
 /// inclusive cost, ST-7), and its settlement writes the root receipt in the same unit (ST-6).
 #[async_trait]
-pub trait TreeStore: Send + Sync {
+pub trait RootStore: Send + Sync {
     /// Opens a root, or returns the existing one untouched (the caller compares bindings).
     /// Audits `root_opened`.
     ///
@@ -387,6 +387,6 @@ pub trait TreeStore: Send + Sync {
 }
 
 /// Everything the root-fenced runners need.
-pub trait TreeStores: Stores + TreeStore {}
+pub trait AllStores: Stores + RootStore {}
 
-impl<T> TreeStores for T where T: Stores + TreeStore {}
+impl<T> AllStores for T where T: Stores + RootStore {}

@@ -11,5 +11,5 @@ tollgate_store::store_conformance!(fresh);
 
 mod roots {
     use super::fresh;
-    tollgate_store::tree_conformance!(fresh);
+    tollgate_store::root_conformance!(fresh);
 }

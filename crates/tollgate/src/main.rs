@@ -1,6 +1,7 @@
 //! The `tollgate` binary: a thin shell over the library crates.
 
 mod commands;
+#[cfg(feature = "demo")]
 mod demo;
 mod operator;
 mod out;
@@ -40,6 +41,7 @@ enum Command {
         what: Keys,
     },
     /// A scripted tour on the embedded default (or on DATABASE_URL when set).
+    #[cfg(feature = "demo")]
     Demo,
     /// Apply migrations to DATABASE_URL (idempotent).
     Migrate,
@@ -188,6 +190,7 @@ fn main() -> ExitCode {
             Command::Keys {
                 what: Keys::Create { scope, role },
             } => serve::keys_create(&scope, &role, cli.json).await,
+            #[cfg(feature = "demo")]
             Command::Demo => demo::run(cli.json).await,
             Command::Migrate => commands::migrate().await,
             Command::MockProvider { listen } => commands::mock_provider(listen).await,

@@ -12,7 +12,7 @@ use tollgate_runner::recovery::Reconciler;
 use tollgate_runner::{views, SystemClock};
 use tollgate_store::audit::verify_chain;
 use tollgate_store::{
-    AuditLog, ExecutionStore, ResultStore, SettlementStore, TreeStores, UsageInbox,
+    AllStores, AuditLog, ExecutionStore, ResultStore, SettlementStore, UsageInbox,
 };
 
 /// Audit rows read per page when verifying or inspecting.
@@ -35,8 +35,8 @@ fn key(text: &str) -> Result<OperationKey, String> {
 }
 
 fn reconciler(stores: Arc<PgStores>) -> Reconciler {
-    let tree: Arc<dyn TreeStores> = stores;
-    Reconciler::with_tree(tree, Arc::new(SystemClock))
+    let roots: Arc<dyn AllStores> = stores;
+    Reconciler::with_roots(roots, Arc::new(SystemClock))
 }
 
 /// `tollgate recover --scope S --key K [--lease-ms N]`.

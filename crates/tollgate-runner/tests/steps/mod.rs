@@ -15,13 +15,13 @@ use tollgate_core::usage::Usage;
 use tollgate_core::view::ViewState;
 use tollgate_provider::scripted::{ScriptedClient, ScriptedReply};
 use tollgate_runner::recovery::Reconciler;
-use tollgate_runner::single::{RunRequest, RunnerSettings};
 use tollgate_runner::step::{is_step_interruption, GovernedStepRunner, OpenRoot, StepRequest};
 use tollgate_runner::structured::{derived_id, StructuredCallRunner};
 use tollgate_runner::{Clock as _, ManualClock, RunError};
+use tollgate_runner::{RunRequest, RunnerSettings};
 use tollgate_store::conformance::{money, scope, text_config};
 use tollgate_store::fault::{FaultPoint, FaultyStores};
-use tollgate_store::{RootState, TreeStores};
+use tollgate_store::{AllStores, RootState};
 
 #[macro_export]
 macro_rules! step_suite {
@@ -38,7 +38,7 @@ macro_rules! step_suite {
 
 pub struct H {
     pub faults: Arc<FaultyStores>,
-    pub stores: Arc<dyn TreeStores>,
+    pub stores: Arc<dyn AllStores>,
     pub clock: Arc<ManualClock>,
 }
 
@@ -107,8 +107,8 @@ pub fn tool_reply(args: &str) -> ScriptedReply {
 }
 
 impl H {
-    pub fn new(base: Arc<dyn TreeStores>) -> Self {
-        let faults = Arc::new(FaultyStores::with_tree(base));
+    pub fn new(base: Arc<dyn AllStores>) -> Self {
+        let faults = Arc::new(FaultyStores::with_roots(base));
         Self {
             stores: faults.clone(),
             faults,
@@ -414,7 +414,7 @@ pub async fn st_30_read_binds_the_call_to_its_root(h: H) {
     let other = runner.run_step(h.step("turn-2", "s1")).await;
     assert!(matches!(other, Err(RunError::Conflict { fields, .. }) if fields == ["root_key"]));
     assert_eq!(c.sends(), 1);
-    let r = Reconciler::with_tree(h.stores.clone(), h.clock.clone());
+    let r = Reconciler::with_roots(h.stores.clone(), h.clock.clone());
     assert!(runner
         .recover(&r, &scope("acme"), &rk("turn-2"), &key("s1"), 1000)
         .await
@@ -649,7 +649,7 @@ pub async fn sr_8_failed_close_never_hides_a_completed_result(h: H) {
     );
     h.faults.disarm(FaultPoint::CloseRoot);
     h.clock.advance_ms(3_600_000);
-    let r = Reconciler::with_tree(h.stores.clone(), h.clock.clone());
+    let r = Reconciler::with_roots(h.stores.clone(), h.clock.clone());
     assert_eq!(
         r.reconcile_expired(&scope("acme"), 10, 1000)
             .await
@@ -749,7 +749,7 @@ pub async fn sr_11_recover_and_reconcile_usage_take_the_host_key(h: H) {
     let runner = h.structured(&c);
     runner.run(h.call("a")).await.unwrap();
     runner.run(h.call("b")).await.unwrap();
-    let r = Reconciler::with_tree(h.stores.clone(), h.clock.clone());
+    let r = Reconciler::with_roots(h.stores.clone(), h.clock.clone());
     let counts = runner
         .reconcile_usage(&r, &scope("acme"), &key("a"), None, None)
         .await
@@ -856,7 +856,7 @@ pub async fn st_32_st_4_recovery_sends_nothing_and_keeps_the_original_snapshot(h
     assert!(runner.run_step(h.step("turn-1", "s1")).await.is_err());
     h.faults.disarm(FaultPoint::Settle);
     h.clock.advance_ms(30_001);
-    let r = Reconciler::with_tree(h.stores.clone(), h.clock.clone());
+    let r = Reconciler::with_roots(h.stores.clone(), h.clock.clone());
     let v = runner
         .recover(&r, &scope("acme"), &rk("turn-1"), &key("s1"), 1000)
         .await

@@ -19,8 +19,8 @@ use tollgate_core::config::CallConfig;
 use tollgate_core::ids::{IdError, OperationKey};
 use tollgate_core::message::Message;
 use tollgate_runner::input::check_input;
-use tollgate_runner::single::InputLoader;
 use tollgate_runner::structured::STRUCTURED_PREFIX;
+use tollgate_runner::InputLoader;
 use tollgate_runner::RunError;
 use tollgate_store::StoreError;
 

@@ -2,7 +2,7 @@
 //! applying holds and settlements to spend, the post-call block check, audit details.
 
 use crate::error::{StoreError, StoreResult};
-use crate::record::*;
+use crate::rows::*;
 use chrono::{DateTime, Duration, Utc};
 use serde_json::json;
 use tollgate_core::caps::{CapLevel, SpendTotals};
@@ -91,7 +91,7 @@ pub fn check_fence(
     allowed: &[ExecutionState],
 ) -> StoreResult<()> {
     if record.fence != fence.token || !allowed.contains(&record.state) {
-        return Err(StoreError::StaleFence(record.id.to_string()));
+        return Err(StoreError::StaleFence(record.id));
     }
     Ok(())
 }

@@ -3,8 +3,8 @@
 
 use crate::audit::{audit_time, row_hash};
 use crate::error::{StoreError, StoreResult};
-use crate::logic;
-use crate::record::*;
+use crate::rows::*;
+use crate::rules;
 use crate::traits::*;
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
@@ -112,14 +112,14 @@ impl Tables {
 
     fn release(&mut self, record: &ExecutionRecord) {
         if let Some(root) = self.root_of(record) {
-            root.held = logic::release_hold(root.totals(), record.hold).held;
+            root.held = rules::release_hold(root.totals(), record.hold).held;
         }
         let keys = spend_keys(record);
         let (s, d) = self.spend(&keys);
         self.set_spend(
             keys,
-            logic::release_hold(s, record.hold),
-            logic::release_hold(d, record.hold),
+            rules::release_hold(s, record.hold),
+            rules::release_hold(d, record.hold),
         );
     }
 
@@ -133,11 +133,11 @@ impl Tables {
         change: impl FnOnce(&mut ExecutionRecord),
     ) -> StoreResult<ExecutionRecord> {
         let record = self.record_mut(fence.execution_id)?;
-        logic::check_fence(record, fence, allowed)?;
+        rules::check_fence(record, fence, allowed)?;
         change(record);
         record.updated_at = now;
         let record = record.clone();
-        self.append(logic::transition_event(&record, kind, now));
+        self.append(rules::transition_event(&record, kind, now));
         Ok(record)
     }
 }
@@ -155,7 +155,7 @@ impl ExecutionStore for MemoryStores {
                 .ok_or_else(|| StoreError::Corrupt("key without row".into()))?;
             return Ok(ClaimOutcome::Existing(existing));
         }
-        let record = logic::new_execution(&request);
+        let record = rules::new_execution(&request);
         let keys = spend_keys(&record);
         let (session, daily) = t.spend(&keys);
         if let Err(blocked) = request
@@ -174,15 +174,15 @@ impl ExecutionStore for MemoryStores {
             if let Err(blocked) = caps.admit_root(root.totals(), request.hold) {
                 return Ok(ClaimOutcome::Blocked(blocked));
             }
-            root.held = logic::add_hold(root.totals(), request.hold)?.held;
+            root.held = rules::add_hold(root.totals(), request.hold)?.held;
             root.updated_at = request.now;
         }
-        let session = logic::add_hold(session, request.hold)?;
-        let daily = logic::add_hold(daily, request.hold)?;
+        let session = rules::add_hold(session, request.hold)?;
+        let daily = rules::add_hold(daily, request.hold)?;
         t.set_spend(keys, session, daily);
         t.by_key.insert(key, record.id);
         t.executions.insert(record.id, record.clone());
-        t.append(logic::transition_event(&record, "claimed", request.now));
+        t.append(rules::transition_event(&record, "claimed", request.now));
         Ok(ClaimOutcome::Claimed(record))
     }
 
@@ -209,7 +209,7 @@ impl ExecutionStore for MemoryStores {
             .get(&fence.execution_id)
             .cloned()
             .ok_or_else(|| StoreError::NotFound(fence.execution_id.to_string()))?;
-        logic::check_fence(&before, fence, &[ExecutionState::Prepared])?;
+        rules::check_fence(&before, fence, &[ExecutionState::Prepared])?;
         t.release(&before);
         t.transition(
             fence,
@@ -251,7 +251,7 @@ impl ExecutionStore for MemoryStores {
             .get(&request.fence.execution_id)
             .cloned()
             .ok_or_else(|| StoreError::NotFound(request.fence.execution_id.to_string()))?;
-        logic::check_fence(&record, request.fence, &logic::SETTLEABLE)?;
+        rules::check_fence(&record, request.fence, &rules::SETTLEABLE)?;
         if t.settlement_by_execution.contains_key(&record.id) {
             return Err(StoreError::Duplicate(format!(
                 "settlement of {}",
@@ -260,30 +260,30 @@ impl ExecutionStore for MemoryStores {
         }
         let keys = spend_keys(&record);
         let (s, d) = t.spend(&keys);
-        let session = logic::apply_settlement(s, record.hold, request.amount)?;
-        let daily = logic::apply_settlement(d, record.hold, request.amount)?;
-        let settlement = logic::settlement_row(&record, &request);
-        let mut result = logic::settled_result(&record, &request, session, daily);
+        let session = rules::apply_settlement(s, record.hold, request.amount)?;
+        let daily = rules::apply_settlement(d, record.hold, request.amount)?;
+        let settlement = rules::settlement_row(&record, &request);
+        let mut result = rules::settled_result(&record, &request, session, daily);
         let mut root_receipt = None;
         if let Some(root) = t.root_of(&record) {
-            let totals = logic::apply_settlement(root.totals(), record.hold, request.amount)?;
+            let totals = rules::apply_settlement(root.totals(), record.hold, request.amount)?;
             root.charged = totals.settled;
             root.held = totals.held;
             root.updated_at = request.now;
-            logic::apply_root_caps(&record, &mut result, root.charged);
-            root_receipt = Some(logic::root_receipt(root, &settlement));
+            rules::apply_root_caps(&record, &mut result, root.charged);
+            root_receipt = Some(rules::root_receipt(root, &settlement));
         }
         if let Some(receipt) = &root_receipt {
             t.root_receipts.insert(record.id, receipt.clone());
         }
-        let done = logic::completed(&record, &request, result.outcome);
+        let done = rules::completed(&record, &request, result.outcome);
         t.set_spend(keys, session, daily);
         let index = t.settlements.len();
         t.settlement_by_execution.insert(record.id, index);
         t.settlements.push(settlement.clone());
         t.results.insert(record.id, result.clone());
         t.executions.insert(record.id, done.clone());
-        t.append(logic::settled_event(&done, &settlement, &result));
+        t.append(rules::settled_event(&done, &settlement, &result));
         Ok(SettleOutcome {
             record: done,
             settlement,
@@ -314,10 +314,10 @@ impl ExecutionStore for MemoryStores {
             return Ok(None);
         }
         record.fence = FenceToken(record.fence.0 + 1);
-        record.lease_expires_at = logic::lease_end(now, lease_ms);
+        record.lease_expires_at = rules::lease_end(now, lease_ms);
         record.updated_at = now;
         let record = record.clone();
-        t.append(logic::transition_event(&record, "fence_taken", now));
+        t.append(rules::transition_event(&record, "fence_taken", now));
         Ok(Some(record))
     }
 
@@ -423,7 +423,7 @@ impl ResultStore for MemoryStores {
             .filter(|_| in_scope)
             .ok_or_else(|| StoreError::NotFound(execution_id.to_string()))?;
         if erase_content(result, now) {
-            t.append(logic::erased_event(scope, execution_id, now));
+            t.append(rules::erased_event(scope, execution_id, now));
         }
         Ok(())
     }
@@ -441,7 +441,7 @@ impl ResultStore for MemoryStores {
             let scope = t.executions.get(id).map(|r| r.scope.clone());
             if let (Some(result), Some(scope)) = (t.results.get_mut(id), scope) {
                 erase_content(result, now);
-                t.append(logic::erased_event(&scope, *id, now));
+                t.append(rules::erased_event(&scope, *id, now));
             }
         }
         Ok(due.len() as u64)
@@ -511,7 +511,7 @@ impl UsageInbox for MemoryStores {
             return Ok(());
         }
         evidence.acknowledged_at = Some(now);
-        let event = logic::evidence_acknowledged_event(scope, evidence, now);
+        let event = rules::evidence_acknowledged_event(scope, evidence, now);
         t.append(event);
         Ok(())
     }
@@ -602,5 +602,4 @@ impl AuditLog for MemoryStores {
     }
 }
 
-#[path = "memory_roots.rs"]
 mod roots;

@@ -1,11 +1,11 @@
 //! The part every runner shares after it has a claim: replay and conflict, not-dispatched
 //! causes, input checks, the dispatch mark, the drive in its own task, and reading back.
 
-use crate::drive::{drive, BackgroundErrorFn, BackgroundFailure, Ctx};
+use crate::dispatched::{drive, Ctx};
 use crate::error::{Interruption, RunError};
 use crate::input::{check_input, probe_request, provider_request};
 use crate::outcome::OutputPolicy;
-use crate::single::{InputLoader, RunnerSettings};
+use crate::settings::{BackgroundErrorFn, BackgroundFailure, InputLoader, RunnerSettings};
 use crate::views;
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 
 use crate::audit::verify_chain;
 use crate::error::StoreError;
-use crate::record::*;
+use crate::rows::*;
 use crate::traits::*;
 use chrono::{DateTime, Duration, Utc};
 use std::sync::Arc;
@@ -654,6 +654,5 @@ pub async fn concurrent_claims_of_one_key_insert_once<S: Stores + 'static>(s: Ar
     assert_eq!(daily(&*s, &r).await.held, money("0.1"));
 }
 
-#[path = "conformance_roots.rs"]
 mod roots;
 pub use roots::*;

@@ -17,20 +17,6 @@ use tollgate_core::usage::Usage;
 use tollgate_provider::{ProviderClient, ProviderRequest, SendError};
 use tollgate_store::{EvidenceSource, ExecutionRecord, NewEvidence, SettleRequest, Stores};
 
-/// A failure reported by background work, as metadata only (SC-60).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BackgroundFailure {
-    /// The call's key.
-    pub operation_key: String,
-    /// What failed (`evidence`, `settle`, `reconcile`).
-    pub stage: &'static str,
-    /// The error, without content.
-    pub error: String,
-}
-
-/// The host's `backgroundError` callback.
-pub type BackgroundErrorFn = Arc<dyn Fn(BackgroundFailure) + Send + Sync>;
-
 /// What a drive needs.
 #[derive(Clone)]
 pub(crate) struct Ctx {

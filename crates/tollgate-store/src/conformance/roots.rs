@@ -1,12 +1,12 @@
-//! The operation-root part of the conformance suite ([`crate::tree_conformance!`]).
+//! The operation-root part of the conformance suite ([`crate::root_conformance!`]).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use super::*;
 
 /// Instantiates the operation-root suite for `$factory` (stores that also implement
-/// [`TreeStore`]).
+/// [`RootStore`]).
 #[macro_export]
-macro_rules! tree_conformance {
+macro_rules! root_conformance {
     ($factory:expr) => {
         $crate::store_conformance!(@tests $factory;
             st_5_slots_are_reserved_under_the_root_lock,
@@ -31,7 +31,7 @@ fn step_config() -> CallConfig {
     c
 }
 
-pub async fn open_root<S: TreeStores>(s: &S, key_: &str, config: CallConfig) -> RootRecord {
+pub async fn open_root<S: AllStores>(s: &S, key_: &str, config: CallConfig) -> RootRecord {
     let req = OpenRootRequest {
         scope: scope("a"),
         root_key: root_key(key_),
@@ -51,11 +51,11 @@ fn child(root: &str, key_: &str, config: CallConfig, hold: &str) -> ClaimRequest
     req
 }
 
-async fn root_of<S: TreeStores>(s: &S, key_: &str) -> RootRecord {
+async fn root_of<S: AllStores>(s: &S, key_: &str) -> RootRecord {
     s.root(&scope("a"), &root_key(key_)).await.unwrap().unwrap()
 }
 
-pub async fn st_5_slots_are_reserved_under_the_root_lock<S: TreeStores>(s: Arc<S>) {
+pub async fn st_5_slots_are_reserved_under_the_root_lock<S: AllStores>(s: Arc<S>) {
     let root = open_root(&*s, "r1", step_config()).await;
     assert_eq!(root.reserved_calls, 0);
     for _ in 0..3 {
@@ -87,7 +87,7 @@ pub async fn st_5_slots_are_reserved_under_the_root_lock<S: TreeStores>(s: Arc<S
     );
 }
 
-pub async fn st_33_closed_root_refuses_admissions_but_reserved_calls_finish<S: TreeStores>(
+pub async fn st_33_closed_root_refuses_admissions_but_reserved_calls_finish<S: AllStores>(
     s: Arc<S>,
 ) {
     open_root(&*s, "r1", step_config()).await;
@@ -117,7 +117,7 @@ pub async fn st_33_closed_root_refuses_admissions_but_reserved_calls_finish<S: T
     assert!(out.root_receipt.is_some(), "a reserved call still settles");
 }
 
-pub async fn st_6_one_send_one_charge_one_root_receipt<S: TreeStores>(s: Arc<S>) {
+pub async fn st_6_one_send_one_charge_one_root_receipt<S: AllStores>(s: Arc<S>) {
     open_root(&*s, "r1", step_config()).await;
     let mut amounts = Vec::new();
     for (i, amount) in ["0.1", "0.25"].iter().enumerate() {
@@ -147,7 +147,7 @@ pub async fn st_6_one_send_one_charge_one_root_receipt<S: TreeStores>(s: Arc<S>)
     assert_eq!(sum, root.charged, "inclusive cost = sum of receipts");
 }
 
-pub async fn st_7_root_block_cap_uses_inclusive_root_cost<S: TreeStores>(s: Arc<S>) {
+pub async fn st_7_root_block_cap_uses_inclusive_root_cost<S: AllStores>(s: Arc<S>) {
     let mut c = step_config();
     c.caps.root_block = Some(money("1"));
     open_root(&*s, "r1", c.clone()).await;
@@ -171,7 +171,7 @@ pub async fn st_7_root_block_cap_uses_inclusive_root_cost<S: TreeStores>(s: Arc<
     assert!(s.claim(child("missing", "c3", c, "0.1")).await.is_err());
 }
 
-pub async fn rf_2_zero_settlement_writes_zero_root_receipt<S: TreeStores>(s: Arc<S>) {
+pub async fn rf_2_zero_settlement_writes_zero_root_receipt<S: AllStores>(s: Arc<S>) {
     open_root(&*s, "r1", step_config()).await;
     let r = claimed(&*s, child("r1", "c1", step_config(), "0.5")).await;
     let d = s.mark_dispatched(r.fence(), t0()).await.unwrap();
@@ -185,7 +185,7 @@ pub async fn rf_2_zero_settlement_writes_zero_root_receipt<S: TreeStores>(s: Arc
     assert_eq!((root.charged, root.held), (Money::ZERO, Money::ZERO));
 }
 
-pub async fn roots_expire_at_their_deadline_and_reconcile_when_final<S: TreeStores>(s: Arc<S>) {
+pub async fn roots_expire_at_their_deadline_and_reconcile_when_final<S: AllStores>(s: Arc<S>) {
     open_root(&*s, "r1", step_config()).await;
     s.reserve_slot(&scope("a"), &root_key("r1"), t0())
         .await
@@ -220,7 +220,7 @@ pub async fn roots_expire_at_their_deadline_and_reconcile_when_final<S: TreeStor
     assert_eq!(root_of(&*s, "r1").await.held, Money::ZERO);
 }
 
-pub async fn sr_5_existing_root_is_returned_untouched<S: TreeStores>(s: Arc<S>) {
+pub async fn sr_5_existing_root_is_returned_untouched<S: AllStores>(s: Arc<S>) {
     let root = open_root(&*s, "r1", step_config()).await;
     assert_eq!(
         root.binding_digest,
@@ -244,7 +244,7 @@ pub async fn sr_5_existing_root_is_returned_untouched<S: TreeStores>(s: Arc<S>) 
 
 /// 40 concurrent steps under one root with a root block cap of 1.00 and holds of 0.1: the root's
 /// charged + held never exceeds the cap, and its inclusive cost equals the sum of its receipts.
-pub async fn root_cap_never_overrun_by_concurrent_steps<S: TreeStores + 'static>(s: Arc<S>) {
+pub async fn root_cap_never_overrun_by_concurrent_steps<S: AllStores + 'static>(s: Arc<S>) {
     let mut c = step_config();
     c.caps.root_block = Some(money("1.00"));
     open_root(&*s, "r1", c.clone()).await;

@@ -1,10 +1,10 @@
-//! Operation roots in memory (the TreeStore half of [`MemoryStores`]).
+//! Operation roots in memory (the RootStore half of [`MemoryStores`]).
 
 use super::{MemoryStores, Tables};
 use crate::error::StoreResult;
-use crate::logic;
-use crate::record::*;
-use crate::traits::TreeStore;
+use crate::rows::*;
+use crate::rules;
+use crate::traits::RootStore;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tollgate_core::ids::{ExecutionId, RootKey, Scope};
@@ -31,16 +31,16 @@ impl Tables {
 }
 
 #[async_trait]
-impl TreeStore for MemoryStores {
+impl RootStore for MemoryStores {
     async fn open_root(&self, request: OpenRootRequest) -> StoreResult<RootOpen> {
         let mut t = self.lock()?;
         let key = (request.scope.clone(), request.root_key.clone());
         if let Some(existing) = t.roots.get(&key) {
             return Ok(RootOpen::Existing(existing.clone()));
         }
-        let root = logic::new_root(&request);
+        let root = rules::new_root(&request);
         t.roots.insert(key, root.clone());
-        t.append(logic::root_event(&root, "root_opened", request.now));
+        t.append(rules::root_event(&root, "root_opened", request.now));
         Ok(RootOpen::Opened(root))
     }
 
@@ -54,14 +54,14 @@ impl TreeStore for MemoryStores {
         let Some(root) = t.root_mut(scope, root_key) else {
             return Ok(Reservation::Missing);
         };
-        if !logic::root_admits(root, now) {
+        if !rules::root_admits(root, now) {
             let refused = root.clone();
             return Ok(Reservation::Refused(refused));
         }
         root.reserved_calls += 1;
         root.updated_at = now;
         let root = root.clone();
-        t.append(logic::root_event(&root, "root_slot_reserved", now));
+        t.append(rules::root_event(&root, "root_slot_reserved", now));
         Ok(Reservation::Reserved(root))
     }
 
@@ -76,7 +76,7 @@ impl TreeStore for MemoryStores {
             root.reserved_calls = (root.reserved_calls - 1).max(0);
             root.updated_at = now;
             let root = root.clone();
-            t.append(logic::root_event(&root, "root_slot_released", now));
+            t.append(rules::root_event(&root, "root_slot_released", now));
         }
         Ok(())
     }
@@ -97,7 +97,7 @@ impl TreeStore for MemoryStores {
         root.state = RootState::Closed;
         root.updated_at = now;
         let root = root.clone();
-        t.append(logic::root_event(&root, "root_closed", now));
+        t.append(rules::root_event(&root, "root_closed", now));
         Ok(Some(root))
     }
 
@@ -161,12 +161,12 @@ impl TreeStore for MemoryStores {
             return Ok(None);
         };
         root.charged =
-            logic::apply_settlement(root.totals(), Money::ZERO, settlement.amount)?.settled;
+            rules::apply_settlement(root.totals(), Money::ZERO, settlement.amount)?.settled;
         root.updated_at = now;
         let root = root.clone();
-        let receipt = logic::root_receipt(&root, &settlement);
+        let receipt = rules::root_receipt(&root, &settlement);
         t.root_receipts.insert(execution_id, receipt.clone());
-        t.append(logic::root_receipt_repaired_event(&root, &receipt, now));
+        t.append(rules::root_receipt_repaired_event(&root, &receipt, now));
         Ok(Some(receipt))
     }
 
@@ -193,14 +193,14 @@ impl TreeStore for MemoryStores {
                 continue;
             };
             let all_final = t.root_calls_final(&root);
-            let Some(next) = logic::root_next_state(&root, now, all_final) else {
+            let Some(next) = rules::root_next_state(&root, now, all_final) else {
                 continue;
             };
             if let Some(r) = t.root_mut(scope, &key) {
                 r.state = next;
                 r.updated_at = now;
                 let r = r.clone();
-                t.append(logic::root_event(&r, "root_reconciled", now));
+                t.append(rules::root_event(&r, "root_reconciled", now));
                 changed.push(r);
             }
         }

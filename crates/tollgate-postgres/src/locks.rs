@@ -1,0 +1,107 @@
+//! The row locks every transaction takes, in the crate's lock order (see the crate docs): the
+//! execution row first, then its operation root's row, whose totals are written under that lock.
+
+use crate::error::DbResultExt;
+use crate::rows::{execution_columns, root_columns, ExecutionRow, RootRow};
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use tollgate_core::caps::SpendTotals;
+use tollgate_core::ids::{ExecutionId, OperationKey, RootId, RootKey, Scope};
+use tollgate_store::rows::{ExecutionRecord, RootRecord};
+use tollgate_store::{StoreError, StoreResult};
+
+const EXECUTION_BY_KEY: &str = concat!(
+    "SELECT ",
+    execution_columns!(),
+    " FROM executions WHERE scope = $1 AND operation_key = $2"
+);
+
+const EXECUTION_LOCK: &str = concat!(
+    "SELECT ",
+    execution_columns!(),
+    " FROM executions WHERE id = $1 FOR UPDATE"
+);
+
+/// The root lock.
+const ROOT_LOCK: &str = concat!(
+    "SELECT ",
+    root_columns!(),
+    " FROM roots WHERE scope = $1 AND root_key = $2 FOR UPDATE"
+);
+
+/// Writes the totals of a locked root; `updated_at` only when given.
+const WRITE_TOTALS: &str = "UPDATE roots SET charged = $2, held = $3, \
+     updated_at = COALESCE($4, updated_at) WHERE id = $1";
+
+/// Reads the row under `(scope, key)`.
+pub(crate) async fn execution_by_key(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    key: &OperationKey,
+) -> StoreResult<Option<ExecutionRecord>> {
+    let row: Option<ExecutionRow> = sqlx::query_as(EXECUTION_BY_KEY)
+        .bind(scope.as_str())
+        .bind(key.as_str())
+        .fetch_optional(&mut *conn)
+        .await
+        .store_err()?;
+    row.map(ExecutionRow::into_record).transpose()
+}
+
+/// Locks the row `id` until the transaction ends.
+///
+/// # Errors
+/// `NotFound` when there is no such row.
+pub(crate) async fn lock_execution(
+    conn: &mut PgConnection,
+    id: ExecutionId,
+) -> StoreResult<ExecutionRecord> {
+    let row: Option<ExecutionRow> = sqlx::query_as(EXECUTION_LOCK)
+        .bind(id.0)
+        .fetch_optional(&mut *conn)
+        .await
+        .store_err()?;
+    row.ok_or_else(|| StoreError::NotFound(id.to_string()))?
+        .into_record()
+}
+
+/// Takes the root lock on `(scope, root_key)` until the transaction ends; `None` when there is
+/// no such root. Lock it after the execution row and before the spend rows.
+///
+/// # Errors
+/// Store failure; a corrupt row.
+pub(crate) async fn lock_root(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    root_key: &RootKey,
+) -> StoreResult<Option<RootRecord>> {
+    let row: Option<RootRow> = sqlx::query_as(ROOT_LOCK)
+        .bind(scope.as_str())
+        .bind(root_key.as_str())
+        .fetch_optional(&mut *conn)
+        .await
+        .store_err()?;
+    row.map(RootRow::into_record).transpose()
+}
+
+/// Writes new totals to a root the caller has locked with [`lock_root`]; moves `updated_at` only
+/// when `now` is given.
+///
+/// # Errors
+/// Store failure (including a total out of the column's range).
+pub(crate) async fn write_totals(
+    conn: &mut PgConnection,
+    id: RootId,
+    totals: SpendTotals,
+    now: Option<DateTime<Utc>>,
+) -> StoreResult<()> {
+    sqlx::query(WRITE_TOTALS)
+        .bind(id.0)
+        .bind(totals.settled.decimal())
+        .bind(totals.held.decimal())
+        .bind(now)
+        .execute(&mut *conn)
+        .await
+        .store_err()?;
+    Ok(())
+}

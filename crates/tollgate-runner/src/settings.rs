@@ -1,0 +1,58 @@
+//! What a runner is built from: its settings, the lazy input loader, the host's JSON validator
+//! and the metadata-only report of failures in background work. Shared by every runner.
+
+use crate::clock::{Clock, SystemClock};
+use futures::future::BoxFuture;
+use std::sync::Arc;
+use tollgate_core::config::CallConfig;
+use tollgate_core::message::Message;
+
+/// A failure reported by background work, as metadata only (SC-60).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackgroundFailure {
+    /// The call's key.
+    pub operation_key: String,
+    /// What failed (`evidence`, `settle`, `reconcile`).
+    pub stage: &'static str,
+    /// The error, without content.
+    pub error: String,
+}
+
+/// The host's `backgroundError` callback.
+pub type BackgroundErrorFn = Arc<dyn Fn(BackgroundFailure) + Send + Sync>;
+
+/// Default fence lease of a claimed execution.
+pub const LEASE_MS_DEFAULT: u64 = 30_000;
+
+/// The host's synchronous JSON validator (SC-4).
+pub type JsonValidator = Arc<dyn Fn(&serde_json::Value) -> bool + Send + Sync>;
+
+/// Loads input lazily, after the claim (SC-11, SC-12).
+pub type InputLoader = BoxFuture<'static, Result<Vec<Message>, String>>;
+
+/// Everything a runner is built from.
+pub struct RunnerSettings {
+    /// The immutable config snapshot.
+    pub config: CallConfig,
+    /// Fence lease.
+    pub lease_ms: u64,
+    /// Host validator for JSON output (json calls).
+    pub validate: Option<JsonValidator>,
+    /// Metadata-only failures of background work.
+    pub background_error: Option<BackgroundErrorFn>,
+    /// Clock.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl RunnerSettings {
+    /// Settings with defaults for everything but the config.
+    pub fn new(config: CallConfig) -> Self {
+        Self {
+            config,
+            lease_ms: LEASE_MS_DEFAULT,
+            validate: None,
+            background_error: None,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}

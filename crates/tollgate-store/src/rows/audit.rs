@@ -1,0 +1,34 @@
+//! Audit events as written and as stored (metadata only, never content).
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use tollgate_core::digest::Digest256;
+use tollgate_core::ids::{ExecutionId, Scope};
+
+/// An audit event as written (metadata only, never content).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEvent {
+    /// Tenant.
+    pub scope: Scope,
+    /// Execution, if any.
+    pub execution_id: Option<ExecutionId>,
+    /// Event kind (`claimed`, `dispatched`, `settled`, ...).
+    pub kind: String,
+    /// Metadata (ids, states, amounts, digests; never content).
+    pub detail: serde_json::Value,
+    /// Clock.
+    pub at: DateTime<Utc>,
+}
+
+/// A stored audit row, chained per scope.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditRow {
+    /// Position in the scope's chain, from 1.
+    pub seq: i64,
+    /// The event.
+    pub event: AuditEvent,
+    /// Hash of the previous row (zeros for the first).
+    pub prev_hash: Digest256,
+    /// This row's hash.
+    pub hash: Digest256,
+}

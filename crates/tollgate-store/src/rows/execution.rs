@@ -1,0 +1,109 @@
+//! Journal rows: an execution, its fence, a claim and what the claim did.
+
+use chrono::{DateTime, NaiveDate, Utc};
+use serde::{Deserialize, Serialize};
+use tollgate_core::caps::CapBlocked;
+use tollgate_core::digest::{Binding, Digest256};
+use tollgate_core::ids::{
+    ConsumerId, ExecutionId, FenceToken, OperationKey, RootKey, Scope, SessionId,
+};
+use tollgate_core::money::Money;
+use tollgate_core::state::{CallKind, ExecutionState, NotDispatchedCause, Outcome};
+
+/// One journal row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutionRecord {
+    /// Row id.
+    pub id: ExecutionId,
+    /// Tenant.
+    pub scope: Scope,
+    /// Caller key.
+    pub operation_key: OperationKey,
+    /// Call kind.
+    pub kind: CallKind,
+    /// Root, for calls under an operation root.
+    pub root_key: Option<RootKey>,
+    /// Binding (session, intent, revision, config snapshot).
+    pub binding: Binding,
+    /// Digest of `binding`.
+    pub binding_digest: Digest256,
+    /// Day charged; fixed at claim.
+    pub accounting_day: NaiveDate,
+    /// Journal state.
+    pub state: ExecutionState,
+    /// Why not dispatched.
+    pub not_dispatched_cause: Option<NotDispatchedCause>,
+    /// Outcome, once completed.
+    pub outcome: Option<Outcome>,
+    /// Current fence token.
+    pub fence: FenceToken,
+    /// When the current fence's lease ends.
+    pub lease_expires_at: DateTime<Utc>,
+    /// Amount currently held against caps (zero once released).
+    pub hold: Money,
+    /// Provider reference, when known.
+    pub provider_ref: Option<String>,
+    /// Claimed at.
+    pub created_at: DateTime<Utc>,
+    /// Last transition at.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl ExecutionRecord {
+    /// The fence this record carries.
+    pub fn fence(&self) -> Fence {
+        Fence {
+            execution_id: self.id,
+            token: self.fence,
+        }
+    }
+
+    /// The consumer charged.
+    pub fn consumer(&self) -> &ConsumerId {
+        &self.binding.config.consumer
+    }
+
+    /// The session.
+    pub fn session_id(&self) -> &SessionId {
+        &self.binding.session_id
+    }
+}
+
+/// The right to write one execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fence {
+    /// Execution.
+    pub execution_id: ExecutionId,
+    /// Token.
+    pub token: FenceToken,
+}
+
+/// A claim (SC-12).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimRequest {
+    /// Tenant.
+    pub scope: Scope,
+    /// Caller key.
+    pub operation_key: OperationKey,
+    /// Root, when under one.
+    pub root_key: Option<RootKey>,
+    /// Binding.
+    pub binding: Binding,
+    /// Worst-case cost to hold against every block cap of `binding.config.caps`.
+    pub hold: Money,
+    /// Clock reading (the accounting day is `now`'s UTC date).
+    pub now: DateTime<Utc>,
+    /// Fence lease.
+    pub lease_ms: u64,
+}
+
+/// What a claim did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimOutcome {
+    /// A new journal row, holding its cost; the caller owns the fence.
+    Claimed(ExecutionRecord),
+    /// A row already exists under the key: the caller compares bindings (replay or conflict).
+    Existing(ExecutionRecord),
+    /// A block cap refused; nothing was written.
+    Blocked(CapBlocked),
+}

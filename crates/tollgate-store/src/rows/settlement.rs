@@ -1,0 +1,97 @@
+//! Governed settlements: the stored charge, the settle request and what it did.
+
+use super::*;
+use chrono::{DateTime, NaiveDate, Utc};
+use serde::{Deserialize, Serialize};
+use tollgate_core::caps::SpendTotals;
+use tollgate_core::ids::{
+    ConsumerId, EvidenceId, ExecutionId, OperationKey, Scope, SessionId, SettlementId,
+};
+use tollgate_core::money::{Currency, Money};
+use tollgate_core::state::{CallKind, Outcome, SettlementSource};
+use tollgate_core::step::Step;
+use tollgate_core::usage::Usage;
+use tollgate_core::view::Output;
+
+/// One governed charge: the only writer of finance rows (SC-52).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SettlementRecord {
+    /// Row id.
+    pub id: SettlementId,
+    /// Execution (unique).
+    pub execution_id: ExecutionId,
+    /// Tenant.
+    pub scope: Scope,
+    /// Caller key.
+    pub operation_key: OperationKey,
+    /// Call kind.
+    pub kind: CallKind,
+    /// Consumer charged.
+    pub consumer: ConsumerId,
+    /// Session.
+    pub session_id: SessionId,
+    /// Day charged.
+    pub accounting_day: NaiveDate,
+    /// Provider name.
+    pub provider: String,
+    /// Model.
+    pub model: String,
+    /// Price table.
+    pub price_version: String,
+    /// Policy.
+    pub policy_version: String,
+    /// Currency.
+    pub currency: Currency,
+    /// Usage charged.
+    pub usage: Usage,
+    /// Exact amount.
+    pub amount: Money,
+    /// Source.
+    pub source: SettlementSource,
+    /// Settled at.
+    pub settled_at: DateTime<Utc>,
+}
+
+/// A settlement request: governed charge + spend + result + journal completion, one transaction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SettleRequest {
+    /// The writer's fence.
+    pub fence: Fence,
+    /// Usage charged.
+    pub usage: Usage,
+    /// Its exact amount (computed from the execution's snapshotted prices).
+    pub amount: Money,
+    /// Source.
+    pub source: SettlementSource,
+    /// Outcome before the post-call block check.
+    pub outcome: Outcome,
+    /// Provider stop.
+    pub stop: Option<String>,
+    /// Output (dropped if the post-call block check suppresses it).
+    pub output: Option<Output>,
+    /// Step (dropped if suppressed).
+    pub step: Option<Step>,
+    /// Provider reference.
+    pub provider_ref: Option<String>,
+    /// Evidence this settlement is based on (recorded in the settlement's audit row).
+    pub evidence_id: Option<EvidenceId>,
+    /// Clock.
+    pub now: DateTime<Utc>,
+}
+
+/// What a settlement did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SettleOutcome {
+    /// The completed journal row.
+    pub record: ExecutionRecord,
+    /// The settlement row.
+    pub settlement: SettlementRecord,
+    /// The stored result (outcome `blocked` and no output when a block cap was exceeded).
+    pub result: ResultRecord,
+    /// Session spend after settlement.
+    pub session: SpendTotals,
+    /// Daily spend after settlement.
+    pub daily: SpendTotals,
+    /// The root receipt, for calls under a root.
+    pub root_receipt: Option<RootReceipt>,
+}
