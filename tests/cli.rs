@@ -1,4 +1,4 @@
-//! Black-box tests of the `tollgate` binary (CONTRACT §1): the built executable run as a user or a
+//! Black-box tests of the `tollgate` binary (spec/cli.md): the built executable run as a user or a
 //! script would run it, judged only by its exit status, stdout JSON, stderr and — for the
 //! Postgres commands — the database it wrote.
 //!
@@ -21,7 +21,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 const STALE_TEST_DATABASE_SECS: u64 = 3600;
 /// Captured provider streams shared by the project (optional).
 const FIXTURES: &str = "/work/shared/fixtures/streams";
-/// Every key of the `parse-stream` object (CONTRACT §1).
+/// Every key of the `parse-stream` object (spec/cli.md).
 const PARSE_KEYS: [&str; 6] = [
     "step",
     "usage",
@@ -682,7 +682,7 @@ async fn demo_runs_on_postgres_when_database_url_is_set() {
         sources.is_subset(&BTreeSet::from(["stream", "recovery", "operator"])),
         "{sources:?}"
     );
-    // The tour settles calls from their streams and one by recovery (CONTRACT §1).
+    // The tour settles calls from their streams and one by recovery (spec/cli.md).
     assert!(
         sources.contains("stream") && sources.contains("recovery"),
         "{sources:?}"

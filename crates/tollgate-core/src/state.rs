@@ -43,7 +43,7 @@ macro_rules! wire_enum {
 pub struct UnknownName(pub &'static str);
 
 wire_enum!(
-    /// The journal state of an execution (DESIGN §4).
+    /// The journal state of an execution (spec/journal.md — States).
     ExecutionState {
         /// Claimed, input may be loading; nothing has been sent.
         Prepared => "prepared",

@@ -1,4 +1,4 @@
-//! The view every call, step and read answers with (CONTRACT §2.4).
+//! The view every call, step and read answers with (spec/service.md — The view).
 
 use crate::caps::CapWarning;
 use crate::ids::{ExecutionId, OperationKey};

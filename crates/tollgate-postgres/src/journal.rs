@@ -1,4 +1,4 @@
-//! Journal writes: claim with holds, fenced transitions, and fence takeover (DESIGN §4).
+//! Journal writes: claim with holds, fenced transitions, and fence takeover (spec/journal.md).
 
 use crate::audit;
 use crate::error::{db, DbResultExt};

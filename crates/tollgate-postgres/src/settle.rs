@@ -1,5 +1,5 @@
 //! Settlement: governed charge, spend, root totals and root receipt (under a root), result,
-//! journal completion and audit in one transaction (DESIGN §4, SC-52, ST-6). Evidence is not
+//! journal completion and audit in one transaction (spec/journal.md, SC-52, ST-6). Evidence is not
 //! acknowledged here: reconcile usage compares it with the durable settlement.
 
 use crate::audit;

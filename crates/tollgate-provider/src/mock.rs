@@ -1,5 +1,5 @@
 //! The mock provider: a real HTTP server on loopback speaking the three wire formats in their
-//! real streaming shapes, scripted by model name (CONTRACT.md §3).
+//! real streaming shapes, scripted by model name (spec/mock-provider.md).
 //!
 //! `POST /v1/chat/completions`, `POST /v1/responses` and `POST /v1/messages` answer with
 //! `content-type: text/event-stream` and a request id header (`x-request-id` on the OpenAI

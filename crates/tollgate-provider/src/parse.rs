@@ -1,5 +1,5 @@
 //! Whole-stream decoding: bytes → [`SseParser`] → the protocol's decoder → normalized events,
-//! and `tollgate parse-stream` (CONTRACT §1), which also runs the core step collector.
+//! and `tollgate parse-stream` (spec/cli.md), which also runs the core step collector.
 
 use crate::sse::{SseEvent, SseParser};
 use crate::{anthropic, openai_chat, openai_responses, Protocol};

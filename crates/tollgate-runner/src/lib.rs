@@ -1,6 +1,6 @@
 //! The runners of tollgate: the text/JSON single-call runner, recovery and reconciliation.
 //!
-//! Every runner follows one order (SC-12, DESIGN §4): claim (with the worst-case cost held
+//! Every runner follows one order (SC-12, spec/journal.md): claim (with the worst-case cost held
 //! against every block cap) → load input → durable dispatch mark → one send through a
 //! single-shot client → collect the stream into a step → usage evidence into the inbox →
 //! settlement, spend, result and journal completion in one fenced unit → read back the stored

@@ -1,6 +1,6 @@
-//! Every mock-provider scenario (CONTRACT §3) end to end through the `SingleCallRunner` over real
-//! HTTP: a `MockProvider` on 127.0.0.1 port 0, a single-shot `HttpClient`, the in-memory stores,
-//! for each protocol where the scenario means something.
+//! Every mock-provider scenario (spec/mock-provider.md) end to end through the
+//! `SingleCallRunner` over real HTTP: a `MockProvider` on 127.0.0.1 port 0, a single-shot
+//! `HttpClient`, the in-memory stores, for each protocol where the scenario means something.
 //!
 //! Each case checks the view's state and outcome, the receipt (exact amounts from the mock's
 //! usage rule `ceil(chars / 4)` and the prices 1 / 2 / 0.1 / 1.25 / 2 per million of

@@ -28,7 +28,7 @@ pub const KEY_PREFIX: &str = "tg_";
 pub enum Role {
     /// Runs calls and roots, reads them.
     Caller,
-    /// Reads, recovers, reconciles and resolves (CONTRACT §2.6).
+    /// Reads, recovers, reconciles and resolves (spec/service.md — Auth and roles).
     Operator,
     /// Reads profiles; settlements are read from the finance view.
     Finance,

@@ -1,5 +1,6 @@
-//! The configuration file (CONTRACT §5) and its layers: defaults → TOML file → `TOLLGATE_…`
-//! environment variables (`__` between levels) → `DATABASE_URL`, then [`FileConfig::validate`].
+//! The configuration file (spec/service.md — Configuration) and its layers: defaults → TOML
+//! file → `TOLLGATE_…` environment variables (`__` between levels) → `DATABASE_URL`, then
+//! [`FileConfig::validate`].
 //!
 //! Environment overrides address the file's keys: `TOLLGATE_SERVER__LISTEN=0.0.0.0:8080`,
 //! `TOLLGATE_SCHEDULER__INTERVAL_MS=500`, and array entries by index:
@@ -163,7 +164,7 @@ pub struct CapsSection {
     pub root_block: Option<String>,
 }
 
-/// `[[profiles]]` (CONTRACT §2.1).
+/// `[[profiles]]` (spec/service.md — Profiles).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProfileSection {

@@ -1,7 +1,7 @@
-//! The embedded default (CONTRACT §1): with no database configured, `serve` runs on in-memory
-//! stores and the built-in mock provider on loopback, with built-in profiles for the mock
-//! models. Configured providers, prices and profiles keep their names; the built-ins only fill
-//! the names that are free.
+//! The embedded default (spec/service.md — Embedded default): with no database configured,
+//! `serve` runs on in-memory stores and the built-in mock provider on loopback, with built-in
+//! profiles for the mock models. Configured providers, prices and profiles keep their names; the
+//! built-ins only fill the names that are free.
 
 use crate::auth::{generate_key, KeyStore, Principal, Role};
 use crate::config::{ConfigError, Env, FileConfig};

@@ -1,6 +1,7 @@
-//! The one error type of the HTTP edge (CONTRACT §2.5). Each variant knows its code and status;
-//! internals (store errors, runner messages) are logged here and never sent. No body ever
-//! carries message content or secrets: every message is built from field names, limits and ids.
+//! The one error type of the HTTP edge (spec/service.md — Errors). Each variant knows its code
+//! and status; internals (store errors, runner messages) are logged here and never sent. No body
+//! ever carries message content or secrets: every message is built from field names, limits and
+//! ids.
 
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::http::StatusCode;

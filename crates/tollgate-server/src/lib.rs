@@ -1,4 +1,4 @@
-//! The tollgate HTTP service (CONTRACT §2, DESIGN §7): call profiles, API-key auth with scopes
+//! The tollgate HTTP service (spec/service.md): call profiles, API-key auth with scopes
 //! and roles, the calls / roots / operator API, health, readiness and metrics, and the
 //! scheduler.
 //!
@@ -31,8 +31,8 @@ use std::future::Future;
 use tokio::net::TcpListener;
 
 /// Serves `app` on `listener` until `shutdown` completes, then lets requests in flight finish.
-/// Accepted sockets get `TCP_NODELAY` (DESIGN §7: without it every keep-alive answer waits for
-/// the peer's delayed ACK between its header and body writes).
+/// Accepted sockets get `TCP_NODELAY` (spec/service.md — Observability: without it every
+/// keep-alive answer waits for the peer's delayed ACK between its header and body writes).
 ///
 /// # Errors
 /// The server failed.

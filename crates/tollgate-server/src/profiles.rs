@@ -1,5 +1,5 @@
-//! Call profiles: host-side, immutable snapshots callers reference by name (CONTRACT §2.1,
-//! DESIGN §7). Each `[[profiles]]` section becomes a checked [`CallConfig`] with the model's
+//! Call profiles: host-side, immutable snapshots callers reference by name (spec/service.md —
+//! Profiles). Each `[[profiles]]` section becomes a checked [`CallConfig`] with the model's
 //! prices copied from its price version, so a later price table cannot change a loaded profile.
 
 use crate::config::{CapsSection, ConfigError, PriceSection, ProfileSection, ProviderSettings};

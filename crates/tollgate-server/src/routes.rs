@@ -1,4 +1,4 @@
-//! The routes table (CONTRACT §2): nothing but paths, methods and handlers.
+//! The routes table (spec/service.md — Routes): nothing but paths, methods and handlers.
 
 use crate::app::App;
 use crate::handlers as h;

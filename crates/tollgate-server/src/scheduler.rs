@@ -1,6 +1,6 @@
-//! The scheduler (DESIGN §7): every `interval_ms` (± 20 % jitter) it visits the scopes that have
-//! work and runs, in bounded batches, `reconcile_expired` (executions, then roots: expiry and
-//! reconciliation), `reconcile_usage`, and retention erasure.
+//! The scheduler (spec/service.md — Scheduler): every `interval_ms` (± 20 % jitter) it visits
+//! the scopes that have work and runs, in bounded batches, `reconcile_expired` (executions, then
+//! roots: expiry and reconciliation), `reconcile_usage`, and retention erasure.
 //!
 //! Many instances may run at once (inside each `serve` and as `tollgate scheduler`): every
 //! finishing write goes through a fence, so two instances can never finish one execution twice —

@@ -1,5 +1,5 @@
-//! Operator routes (CONTRACT §2.6), all in the key's scope and requiring the operator role.
-//! None of them loads input or sends anything to a provider.
+//! Operator routes (spec/service.md — Routes), all in the key's scope and requiring the operator
+//! role. None of them loads input or sends anything to a provider.
 
 use super::{id, parse, store_failure};
 use crate::app::App;

@@ -1,4 +1,5 @@
-//! Calls on text, json and structured profiles (CONTRACT §2.2), and profiles (§2.1).
+//! Calls on text, json and structured profiles, and the profile list (spec/service.md — Routes,
+//! Profiles).
 
 use super::{caller_id, checked_input, detached, id, parse, store_failure, InputBody};
 use crate::app::{App, ProfileRunner};

@@ -1,4 +1,4 @@
-//! Operation roots and their steps on step profiles (CONTRACT §2.3).
+//! Operation roots and their steps on step profiles (spec/service.md — Routes).
 //!
 //! A root's binding holds its profile's snapshot, not the profile's name: a step runs on the
 //! loaded step profile whose snapshot is exactly the root's, so a root opened under a profile
