@@ -9,7 +9,6 @@
 pub mod anthropic;
 pub mod client;
 pub mod http;
-pub mod mock;
 pub mod openai_chat;
 pub mod openai_responses;
 pub mod parse;

@@ -15,8 +15,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tollgate_core::ids::Scope;
+use tollgate_mock_provider::MockProvider;
 use tollgate_postgres::PgStores;
-use tollgate_provider::mock::MockProvider;
 
 /// Where the configuration comes from.
 #[derive(Debug, Clone, Default)]

@@ -3,8 +3,8 @@
 use crate::out;
 use std::net::SocketAddr;
 use std::path::Path;
+use tollgate_mock_provider as mock;
 use tollgate_postgres::PgStores;
-use tollgate_provider::mock;
 use tollgate_provider::parse::parse_stream as parse;
 use tollgate_provider::Protocol;
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tollgate_core::ids::Scope;
-use tollgate_provider::mock::MockProvider;
+use tollgate_mock_provider::MockProvider;
 use tollgate_server::auth::{generate_key, KeyStore, Principal, Role};
 use tollgate_server::config::{Env, FileConfig};
 use tollgate_server::metrics::Metrics;

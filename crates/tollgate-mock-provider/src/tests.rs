@@ -777,7 +777,7 @@ fn collected(protocol: Protocol, reply: &Reply) -> tollgate_core::collector::Col
         max_consecutive_reasoning: None,
     };
     let mut collector = Collector::new(limits).unwrap();
-    for event in crate::parse::decode_all(protocol, reply.body.as_bytes()) {
+    for event in tollgate_provider::parse::decode_all(protocol, reply.body.as_bytes()) {
         collector.push(event);
     }
     collector.finish()
@@ -853,7 +853,7 @@ async fn mock_reasoning_loop_trips_the_collector_loop_check() {
             max_consecutive_reasoning: Some(25),
         };
         let mut collector = Collector::new(limits).unwrap();
-        let mut decoder = crate::parse::StreamDecoder::new(protocol);
+        let mut decoder = tollgate_provider::parse::StreamDecoder::new(protocol);
         let deadline = Instant::now() + Duration::from_secs(15);
         'read: loop {
             assert!(Instant::now() < deadline, "{protocol}: loop not detected");

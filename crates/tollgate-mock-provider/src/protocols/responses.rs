@@ -1,9 +1,9 @@
 //! The mock provider's OpenAI Responses stream: `event: TYPE` + `data: {...}` with a
 //! `sequence_number`, ending with `response.completed` (or `response.incomplete`).
 
-use super::scenario::{Content, Ending, Plan, Shape, Tokens};
-use super::wire::ENCRYPTED;
-use super::wire::{
+use crate::scenario::{Content, Ending, Plan, Shape, Tokens};
+use crate::wire::ENCRYPTED;
+use crate::wire::{
     loop_thought, pieces, simple_id, unix_now, Gone, Sink, ARGS_DELTA_CHARS, LOOP_EVENTS_MAX,
     TEXT_DELTA_CHARS,
 };

@@ -81,22 +81,15 @@
 //!
 //! The mock never logs request content.
 
-#[path = "mock_anthropic.rs"]
-mod anthropic;
-#[path = "mock_chat.rs"]
-mod chat;
-#[path = "mock_responses.rs"]
-mod responses;
-#[path = "mock_scenario.rs"]
+#![warn(missing_docs)]
+
+mod protocols;
 mod scenario;
-#[path = "mock_wire.rs"]
 mod wire;
 
 #[cfg(test)]
-#[path = "mock_tests.rs"]
 mod tests;
 
-use crate::protocol::Protocol;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -114,6 +107,7 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tollgate_provider::Protocol;
 use wire::{Frame, Sink};
 
 /// Largest request body the mock reads.
@@ -321,7 +315,7 @@ fn stream_response(shared: Shared, protocol: Protocol, plan: Plan) -> Response {
     tokio::spawn(async move {
         let _guard = guard;
         let sink = Sink::new(tx, cancel.clone());
-        if wire::render(protocol, &plan, &sink).await.is_err() && cancel.is_cancelled() {
+        if protocols::render(protocol, &plan, &sink).await.is_err() && cancel.is_cancelled() {
             // Shutting down: end the body as a cut, not as a clean end.
             sink.cut().await;
         }

@@ -1,13 +1,13 @@
 //! What the mock provider does for one request: the model name picks a scenario, the request
 //! body supplies the echoed text, the tools and the input size.
 
-use crate::protocol::Protocol;
 use serde_json::Value;
+use tollgate_provider::Protocol;
 
 /// Largest `@N` output size, in characters.
-pub(super) const SIZE_MAX: usize = 10_000_000;
+pub(crate) const SIZE_MAX: usize = 10_000_000;
 /// Longest `mock-slow-MS` delay, in milliseconds.
-pub(super) const SLOW_MS_MAX: u64 = 600_000;
+pub(crate) const SLOW_MS_MAX: u64 = 600_000;
 /// Default size of `mock-big`, in characters.
 const BIG_DEFAULT: usize = 10_000;
 /// Text `mock-big@N` repeats.
@@ -15,14 +15,14 @@ const BIG_PATTERN: &str = "The quick brown fox jumps over the lazy dog. ";
 /// Filler cycled when an `@N` size applies to an empty echo.
 const ECHO_FILLER: &str = "echo ";
 /// Reasoning text of `mock-reasoning` (cycled to `@N` characters when a size is given).
-pub(super) const REASONING_TEXT: &str =
+pub(crate) const REASONING_TEXT: &str =
     "The user wants their message back. I will repeat it exactly. ";
 /// Arguments of `mock-tool-malformed`: not JSON.
 const MALFORMED_ARGS: &str = "{\"query\": \"unterminated";
 
 /// How a stream ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Ending {
+pub(crate) enum Ending {
     /// Stop, usage and the protocol's end marker.
     Complete,
     /// The connection drops after the content, before any usage or stop.
@@ -33,7 +33,7 @@ pub(super) enum Ending {
 
 /// The shape of a streamed answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Shape {
+pub(crate) enum Shape {
     /// Content, then `ending`.
     Normal(Content, Ending),
     /// Provider reference, no content, no stop, zero usage, clean end (RF-2).
@@ -48,7 +48,7 @@ pub(super) enum Shape {
 
 /// A tool call the mock makes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct ToolOut {
+pub(crate) struct ToolOut {
     /// Tool name.
     pub name: String,
     /// Argument text (JSON, or not for `mock-tool-malformed`).
@@ -57,7 +57,7 @@ pub(super) struct ToolOut {
 
 /// What a normal answer contains, in this order.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(super) struct Content {
+pub(crate) struct Content {
     /// Reasoning text, if any.
     pub reasoning: Option<String>,
     /// Visible text (empty = none).
@@ -68,7 +68,7 @@ pub(super) struct Content {
 
 /// Token counts the mock reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(super) struct Tokens {
+pub(crate) struct Tokens {
     /// Input tokens: `ceil(input chars / 4)`, at least 1 (0 for the pre-stream refusal).
     pub input: u64,
     /// Visible output tokens (text and tool arguments): `ceil(chars / 4)`.
@@ -79,7 +79,7 @@ pub(super) struct Tokens {
 
 /// A streamed answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Plan {
+pub(crate) struct Plan {
     /// Model name as requested.
     pub model: String,
     /// Delay before the response headers, in milliseconds.
@@ -94,7 +94,7 @@ pub(super) struct Plan {
 
 /// What the mock answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Behaviour {
+pub(crate) enum Behaviour {
     /// A 200 event stream.
     Stream(Plan),
     /// An HTTP error status with a small JSON error body.
@@ -182,7 +182,7 @@ struct Request {
 }
 
 /// Decides the answer to one request body.
-pub(super) fn decide(protocol: Protocol, body: &[u8]) -> Behaviour {
+pub(crate) fn decide(protocol: Protocol, body: &[u8]) -> Behaviour {
     let Ok(value) = serde_json::from_slice::<Value>(body) else {
         return bad_request("request body is not JSON");
     };

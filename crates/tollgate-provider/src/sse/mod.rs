@@ -11,7 +11,6 @@
 //! [`SSE_EVENT_BYTES_MAX`] is discarded and reported as one [`SseEvent::is_overflow`] event,
 //! instead of growing the buffer.
 
-#[path = "sse_decode.rs"]
 pub(crate) mod decode;
 
 /// Largest event the parser buffers, in bytes (pending line plus accumulated data).

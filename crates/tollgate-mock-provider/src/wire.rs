@@ -1,7 +1,6 @@
-//! The three wire formats the mock provider streams, event by event, with real connection cuts.
+//! Where the mock provider's streams are written: the response body sink (with real connection
+//! cuts), and the pieces the three wire formats share.
 
-use super::scenario::{Plan, Shape};
-use crate::protocol::Protocol;
 use bytes::Bytes;
 use serde_json::Value;
 use std::time::Duration;
@@ -9,42 +8,42 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// Characters per text / reasoning delta.
-pub(super) const TEXT_DELTA_CHARS: usize = 16;
+pub(crate) const TEXT_DELTA_CHARS: usize = 16;
 /// Characters per tool-argument delta (small, so that readers must join fragments).
-pub(super) const ARGS_DELTA_CHARS: usize = 8;
+pub(crate) const ARGS_DELTA_CHARS: usize = 8;
 /// Pause between two events of the endless reasoning loop.
 const LOOP_PACE: Duration = Duration::from_millis(1);
 /// The "endless" reasoning loop still ends (with a cut) after this many events, about ten
 /// minutes at [`LOOP_PACE`].
-pub(super) const LOOP_EVENTS_MAX: u64 = 600_000;
+pub(crate) const LOOP_EVENTS_MAX: u64 = 600_000;
 /// Pause before a cut, so that the frames already queued reach the client first.
 const CUT_FLUSH: Duration = Duration::from_millis(20);
 /// Anthropic thinking signature of the mock (base64 of `mock-signature`).
-pub(super) const SIGNATURE: &str = "bW9jay1zaWduYXR1cmU=";
+pub(crate) const SIGNATURE: &str = "bW9jay1zaWduYXR1cmU=";
 /// Responses `encrypted_content` of the mock (opaque to every reader).
-pub(super) const ENCRYPTED: &str = "gAAAAABtb2NrLWVuY3J5cHRlZC1yZWFzb25pbmc=";
+pub(crate) const ENCRYPTED: &str = "gAAAAABtb2NrLWVuY3J5cHRlZC1yZWFzb25pbmc=";
 
 /// One body frame: bytes, or an error that aborts the body (hyper then closes the connection
 /// without the terminating chunk: a real mid-body drop).
-pub(super) type Frame = Result<Bytes, std::io::Error>;
+pub(crate) type Frame = Result<Bytes, std::io::Error>;
 
 /// The client went away, or the server is shutting down: stop writing.
 #[derive(Debug)]
-pub(super) struct Gone;
+pub(crate) struct Gone;
 
 /// Where a response body is written.
-pub(super) struct Sink {
+pub(crate) struct Sink {
     tx: mpsc::Sender<Frame>,
     cancel: CancellationToken,
 }
 
 impl Sink {
     /// A sink writing into `tx` until `cancel`.
-    pub(super) fn new(tx: mpsc::Sender<Frame>, cancel: CancellationToken) -> Self {
+    pub(crate) fn new(tx: mpsc::Sender<Frame>, cancel: CancellationToken) -> Self {
         Self { tx, cancel }
     }
 
-    pub(super) async fn send(&self, text: String) -> Result<(), Gone> {
+    pub(crate) async fn send(&self, text: String) -> Result<(), Gone> {
         tokio::select! {
             biased;
             () = self.cancel.cancelled() => Err(Gone),
@@ -53,17 +52,17 @@ impl Sink {
     }
 
     /// `data: {json}` (OpenAI Chat Completions).
-    pub(super) async fn data(&self, value: &Value) -> Result<(), Gone> {
+    pub(crate) async fn data(&self, value: &Value) -> Result<(), Gone> {
         self.send(format!("data: {value}\n\n")).await
     }
 
     /// `event: NAME` + `data: {json}` (Anthropic, OpenAI Responses).
-    pub(super) async fn event(&self, name: &str, value: &Value) -> Result<(), Gone> {
+    pub(crate) async fn event(&self, name: &str, value: &Value) -> Result<(), Gone> {
         self.send(format!("event: {name}\ndata: {value}\n\n")).await
     }
 
     /// Waits [`LOOP_PACE`], or fails when the client has gone.
-    pub(super) async fn pace(&self) -> Result<(), Gone> {
+    pub(crate) async fn pace(&self) -> Result<(), Gone> {
         tokio::select! {
             () = self.cancel.cancelled() => Err(Gone),
             () = self.tx.closed() => Err(Gone),
@@ -72,7 +71,7 @@ impl Sink {
     }
 
     /// Drops the connection mid-body.
-    pub(super) async fn cut(&self) {
+    pub(crate) async fn cut(&self) {
         tokio::time::sleep(CUT_FLUSH).await;
         let error = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "mock cut");
         // The client may be gone already; nothing more to do then.
@@ -80,7 +79,7 @@ impl Sink {
     }
 
     /// Sends nothing until the client disconnects or the server shuts down.
-    async fn hold(&self) -> Result<(), Gone> {
+    pub(crate) async fn hold(&self) -> Result<(), Gone> {
         tokio::select! {
             () = self.cancel.cancelled() => {}
             () = self.tx.closed() => {}
@@ -89,20 +88,8 @@ impl Sink {
     }
 }
 
-/// Streams `plan` in `protocol`'s format. `Ok` once the stream ended (cleanly or by a cut).
-pub(super) async fn render(protocol: Protocol, plan: &Plan, sink: &Sink) -> Result<(), Gone> {
-    if plan.shape == Shape::Hang {
-        return sink.hold().await;
-    }
-    match protocol {
-        Protocol::OpenAiChat => super::chat::render(plan, sink).await,
-        Protocol::OpenAiResponses => super::responses::render(plan, sink).await,
-        Protocol::Anthropic => super::anthropic::render(plan, sink).await,
-    }
-}
-
 /// Splits `s` into pieces of at most `n` characters.
-pub(super) fn pieces(s: &str, n: usize) -> impl Iterator<Item = &str> + Send {
+pub(crate) fn pieces(s: &str, n: usize) -> impl Iterator<Item = &str> + Send {
     let mut rest = s;
     std::iter::from_fn(move || {
         if rest.is_empty() {
@@ -115,18 +102,18 @@ pub(super) fn pieces(s: &str, n: usize) -> impl Iterator<Item = &str> + Send {
     })
 }
 
-pub(super) fn simple_id() -> String {
+pub(crate) fn simple_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
 
-pub(super) fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
 /// Text of the `n`-th event of the endless reasoning loop.
-pub(super) fn loop_thought(n: u64) -> String {
+pub(crate) fn loop_thought(n: u64) -> String {
     format!("Still thinking ({n}). ")
 }
 

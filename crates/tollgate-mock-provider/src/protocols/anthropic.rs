@@ -1,8 +1,8 @@
 //! The mock provider's Anthropic Messages stream: `event: TYPE` + `data: {...}` from
 //! `message_start` to `message_stop`.
 
-use super::scenario::{Content, Ending, Plan, Shape};
-use super::wire::{
+use crate::scenario::{Content, Ending, Plan, Shape};
+use crate::wire::{
     loop_thought, pieces, simple_id, Gone, Sink, ARGS_DELTA_CHARS, LOOP_EVENTS_MAX, SIGNATURE,
     TEXT_DELTA_CHARS,
 };

@@ -1,8 +1,8 @@
 //! The mock provider's OpenAI Chat Completions stream: `data: {chunk}` lines, a final
 //! `choices: []` usage chunk, then `data: [DONE]`.
 
-use super::scenario::{Content, Ending, Plan, Shape, Tokens};
-use super::wire::{
+use crate::scenario::{Content, Ending, Plan, Shape, Tokens};
+use crate::wire::{
     loop_thought, pieces, simple_id, unix_now, Gone, Sink, ARGS_DELTA_CHARS, LOOP_EVENTS_MAX,
     TEXT_DELTA_CHARS,
 };
