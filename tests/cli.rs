@@ -6,7 +6,7 @@
 //! through the admin URL `TOLLGATE_TEST_DATABASE_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/postgres`), drop it afterwards, and drop leftovers of runs
 //! more than an hour old.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![cfg(test)]
 
 use serde_json::Value;
 use sqlx::postgres::PgConnectOptions;

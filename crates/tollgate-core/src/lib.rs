@@ -4,7 +4,7 @@
 //! the execution states and views, the normalized provider event model and the step collector.
 #![warn(missing_docs)]
 
-pub mod budget;
+pub mod request_fit;
 pub mod caps;
 pub mod collector;
 pub mod config;

@@ -1,5 +1,5 @@
 //! Step collector tests (ST-8, ST-9, ST-20..ST-24, RF-1, RF-2), unit and property based.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![cfg(test)]
 
 use proptest::prelude::*;
 use serde_json::json;

@@ -1,5 +1,4 @@
 //! Mock provider tests: a real server on port 0, real HTTP requests, raw SSE bodies.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use super::*;
 use serde_json::{json, Value};

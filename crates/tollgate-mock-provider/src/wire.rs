@@ -118,7 +118,6 @@ pub(crate) fn loop_thought(n: u64) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 

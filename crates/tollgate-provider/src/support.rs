@@ -142,7 +142,6 @@ pub(crate) fn temperature_json(t: Temperature) -> Value {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 

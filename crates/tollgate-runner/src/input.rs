@@ -1,7 +1,7 @@
 //! Loaded input: its checks (SC-11, `max_input_chars`, `max_request_chars`, H-6) and the
 //! provider request built from it and the config snapshot.
 
-use tollgate_core::budget;
+use tollgate_core::request_fit;
 use tollgate_core::config::{CallConfig, MESSAGES_MAX};
 use tollgate_core::message::{Message, Role};
 use tollgate_core::state::CallKind;
@@ -88,7 +88,7 @@ pub fn check_input(config: &CallConfig, messages: &[Message]) -> Result<(), Inpu
     }
     if let Some(window) = config.context_window_tokens {
         let tokens = request_chars.div_ceil(CHARS_PER_TOKEN_ESTIMATE);
-        let fit = budget::request_fit(window, u64::from(config.max_tokens));
+        let fit = request_fit::request_fit(window, u64::from(config.max_tokens));
         if tokens > fit.input_tokens_max {
             return Err(InputError::ContextWindow {
                 tokens,

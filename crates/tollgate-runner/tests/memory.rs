@@ -1,5 +1,5 @@
 //! The runner suite on the in-memory stores.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![cfg(test)]
 
 mod suite;
 

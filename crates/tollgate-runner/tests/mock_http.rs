@@ -6,7 +6,7 @@
 //! usage rule `ceil(chars / 4)` and the prices 1 / 2 / 0.1 / 1.25 / 2 per million of
 //! `text_config()`), the run's `invalid_reason` where one applies, and the mock's request counter:
 //! **exactly one request per dispatched call, none for a call refused before the network**.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![cfg(test)]
 
 use futures::FutureExt;
 use std::sync::Arc;

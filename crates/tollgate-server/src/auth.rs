@@ -230,7 +230,6 @@ pub async fn create_key(pool: &PgPool, scope: &Scope, role: Role) -> Result<Secr
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
 
     #[test]

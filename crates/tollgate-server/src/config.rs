@@ -493,7 +493,6 @@ fn keys(sections: &[KeySection]) -> Result<Vec<KeyGrant>, ConfigError> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> Env {

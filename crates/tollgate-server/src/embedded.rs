@@ -173,7 +173,6 @@ pub fn demo_keys(keys: &KeyStore) -> Result<DemoKeys, ConfigError> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
 
     #[test]

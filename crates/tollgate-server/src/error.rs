@@ -255,7 +255,6 @@ pub fn malformed_json(error: &serde_json::Error) -> ApiError {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
 
     #[test]

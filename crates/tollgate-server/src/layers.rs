@@ -90,7 +90,6 @@ fn typed(existing: Option<&toml::Value>, text: &str) -> toml::Value {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
 
     #[test]

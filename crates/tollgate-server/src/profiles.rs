@@ -218,7 +218,6 @@ pub fn build(
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
     use crate::config::{Env, FileConfig};
 

@@ -1,7 +1,7 @@
 //! The HTTP API end to end: the app on a port-0 listener over in-memory stores (and once over a
 //! fresh Postgres database), a real mock provider on loopback, driven with reqwest. The mock's
 //! request counter proves "sent once" and "never sent".
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![cfg(test)]
 
 mod support;
 

@@ -1,4 +1,5 @@
 //! The store conformance suite on the in-memory stores.
+#![cfg(test)]
 
 use std::sync::Arc;
 use tollgate_store::MemoryStores;

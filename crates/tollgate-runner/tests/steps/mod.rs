@@ -1,5 +1,5 @@
 //! Governed step and structured runner cases, run against every store with roots.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code)]
+#![allow(dead_code)]
 
 use chrono::{DateTime, Utc};
 use futures::FutureExt;

@@ -1,5 +1,5 @@
 //! The single-call runner suite, run against every store implementation.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code)]
+#![allow(dead_code)]
 
 pub mod cases;
 

@@ -1,6 +1,6 @@
 //! The test harness: the app on a port-0 listener with a real mock provider, three keys (a
 //! caller and an operator of scope `acme`, a caller of scope `globex`), and a reqwest client.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code)]
+#![allow(dead_code)]
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
