@@ -15,12 +15,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::str::FromStr;
-use std::time::{SystemTime, UNIX_EPOCH};
+use tollgate_postgres::{test_admin_url, TestDatabase};
 
-/// Leftover test databases older than this are dropped by the next run.
-const STALE_TEST_DATABASE_SECS: u64 = 3600;
 /// Captured provider streams shared by the project (optional).
-const FIXTURES: &str = "/work/shared/fixtures/streams";
 /// Every key of the `parse-stream` object (spec/cli.md).
 const PARSE_KEYS: [&str; 6] = [
     "step",
@@ -72,13 +69,6 @@ fn keys(value: &Value) -> BTreeSet<&str> {
         .keys()
         .map(String::as_str)
         .collect()
-}
-
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
 }
 
 /// A file under the temp dir holding `content`, removed on drop.
@@ -484,17 +474,30 @@ fn check_fixture(name: &str, protocol: &str, expected: &Value, parsed: &Value) {
     }
 }
 
+/// Captured provider streams kept beside a checkout (reference data of other projects, not part
+/// of the repository): `TOLLGATE_CAPTURED_STREAMS`, by default `../shared/fixtures/streams`
+/// next to the workspace root.
+fn captured_fixtures() -> PathBuf {
+    std::env::var_os("TOLLGATE_CAPTURED_STREAMS").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/streams"),
+        PathBuf::from,
+    )
+}
+
 #[test]
 fn parse_stream_matches_the_captured_fixtures() {
-    let dir = Path::new(FIXTURES);
-    if !dir.is_dir() {
-        eprintln!("note: {FIXTURES} is absent; captured-fixture check skipped");
+    let dir = captured_fixtures();
+    if !dir.join("EXPECTED.json").is_file() {
+        eprintln!(
+            "note: {} is absent; captured-fixture check skipped",
+            dir.display()
+        );
         return;
     }
     let expected: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("EXPECTED.json")).unwrap()).unwrap();
     let mut checked = 0;
-    for entry in std::fs::read_dir(dir).unwrap() {
+    for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         if !name.ends_with(".sse") {
@@ -516,17 +519,12 @@ fn parse_stream_matches_the_captured_fixtures() {
         check_fixture(&name, protocol, want, &parsed);
         checked += 1;
     }
-    assert!(checked > 0, "no fixture was checked in {FIXTURES}");
+    assert!(checked > 0, "no fixture was checked in {}", dir.display());
 }
 
 // ---------------------------------------------------------------------------------------------
 // Postgres: migrate and demo
 // ---------------------------------------------------------------------------------------------
-
-fn admin_url() -> String {
-    std::env::var("TOLLGATE_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
 
 async fn connect(url: &str) -> PgConnection {
     let options = PgConnectOptions::from_str(url)
@@ -534,66 +532,14 @@ async fn connect(url: &str) -> PgConnection {
         .disable_statement_logging();
     PgConnection::connect_with(&options)
         .await
-        .unwrap_or_else(|e| panic!("cannot connect to the test database server: {e}"))
+        .unwrap_or_else(|e| panic!("cannot connect to the test database: {e}"))
 }
 
-/// A brand-new empty database, dropped by [`FreshDatabase::drop_now`].
-struct FreshDatabase {
-    name: String,
-    url: String,
-}
-
-impl FreshDatabase {
-    async fn create() -> Self {
-        let mut admin = connect(&admin_url()).await;
-        drop_stale_databases(&mut admin).await;
-        let name = format!(
-            "tollgate_cli_{}_{}",
-            now_secs(),
-            uuid::Uuid::new_v4().simple()
-        );
-        // An identifier we generated (digits, hex and underscores): it cannot be bound.
-        sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
-            .execute(&mut admin)
-            .await
-            .unwrap();
-        let options = PgConnectOptions::from_str(&admin_url())
-            .unwrap()
-            .database(&name);
-        let url = options.to_url_lossy().to_string();
-        Self { name, url }
-    }
-
-    async fn connect(&self) -> PgConnection {
-        connect(&self.url).await
-    }
-
-    async fn drop_now(self) {
-        let mut admin = connect(&admin_url()).await;
-        let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
-        let _ = sqlx::raw_sql(&sql).execute(&mut admin).await;
-    }
-}
-
-/// Drops this file's databases left over from runs more than an hour ago.
-async fn drop_stale_databases(admin: &mut PgConnection) {
-    let names: Vec<String> = sqlx::query_scalar(
-        "SELECT datname FROM pg_database WHERE datname LIKE 'tollgate\\_cli\\_%'",
-    )
-    .fetch_all(&mut *admin)
-    .await
-    .unwrap();
-    for name in names {
-        let created = name
-            .strip_prefix("tollgate_cli_")
-            .and_then(|rest| rest.split('_').next())
-            .and_then(|secs| secs.parse::<u64>().ok());
-        if created.is_some_and(|c| c + STALE_TEST_DATABASE_SECS < now_secs()) {
-            // A name read from the catalog that matched our own pattern; errors are ignored.
-            let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
-            let _ = sqlx::raw_sql(&sql).execute(&mut *admin).await;
-        }
-    }
+/// A brand-new empty database (dropped once the returned guard is gone).
+async fn fresh_database() -> TestDatabase {
+    TestDatabase::create(&test_admin_url())
+        .await
+        .unwrap_or_else(|e| panic!("cannot create a test database: {e}"))
 }
 
 fn migration_files() -> i64 {
@@ -609,13 +555,13 @@ fn migration_files() -> i64 {
 
 #[tokio::test]
 async fn migrate_is_idempotent_on_postgres() {
-    let db = FreshDatabase::create().await;
+    let db = fresh_database().await;
     for attempt in 1..=2 {
-        let output = run(tollgate().arg("migrate").env("DATABASE_URL", &db.url));
+        let output = run(tollgate().arg("migrate").env("DATABASE_URL", db.url()));
         let report = json_ok(&output);
         assert_eq!(report["migrated"], true, "attempt {attempt}: {report}");
     }
-    let mut conn = db.connect().await;
+    let mut conn = connect(db.url()).await;
     let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success")
         .fetch_one(&mut conn)
         .await
@@ -628,7 +574,6 @@ async fn migrate_is_idempotent_on_postgres() {
             .unwrap();
     assert_eq!(view.as_deref(), Some("finance.settlements"));
     conn.close().await.unwrap();
-    db.drop_now().await;
 }
 
 #[test]
@@ -654,14 +599,14 @@ fn normalized(amount: &str) -> String {
 
 #[tokio::test]
 async fn demo_runs_on_postgres_when_database_url_is_set() {
-    let db = FreshDatabase::create().await;
+    let db = fresh_database().await;
     let output = run(tollgate()
         .args(["demo", "--json"])
-        .env("DATABASE_URL", &db.url));
+        .env("DATABASE_URL", db.url()));
     let report = json_ok(&output);
     let reported = check_demo_report(&report);
 
-    let mut conn = db.connect().await;
+    let mut conn = connect(db.url()).await;
     let column_type: String = sqlx::query_scalar(
         "SELECT data_type FROM information_schema.columns \
          WHERE table_schema = 'finance' AND table_name = 'settlements' \
@@ -700,5 +645,4 @@ async fn demo_runs_on_postgres_when_database_url_is_set() {
         assert_eq!(row["source"], source.as_str(), "{execution}");
     }
     conn.close().await.unwrap();
-    db.drop_now().await;
 }

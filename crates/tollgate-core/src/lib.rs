@@ -4,7 +4,6 @@
 //! the execution states and views, the normalized provider event model and the step collector.
 #![warn(missing_docs)]
 
-pub mod request_fit;
 pub mod caps;
 pub mod collector;
 pub mod config;
@@ -14,6 +13,7 @@ pub mod ids;
 pub mod invalid;
 pub mod message;
 pub mod money;
+pub mod request_fit;
 pub mod state;
 pub mod step;
 pub mod usage;

@@ -41,7 +41,7 @@ use error::{db, sqlstate, DbResultExt, UNDEFINED_TABLE};
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 #[cfg(feature = "test-support")]
-pub use test_support::{fresh_test_database, TEST_POOL_CONNECTIONS};
+pub use test_support::{fresh_test_database, test_admin_url, TestDatabase, TEST_POOL_CONNECTIONS};
 use tollgate_store::StoreError;
 
 /// The embedded migrations (`migrations/` at the workspace root).

@@ -159,46 +159,105 @@ async fn drop_database(connections: &mut Vec<(String, PgConnection)>, done: Crea
     }
 }
 
+/// The admin URL of the test database server: `TOLLGATE_TEST_DATABASE_URL`, by default
+/// `postgres://postgres@127.0.0.1:5432/postgres` (a user that may create databases).
+pub fn test_admin_url() -> String {
+    std::env::var("TOLLGATE_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// A brand-new, empty database of one test. It is dropped (off the test's path) once this
+/// value and every pool opened through [`TestDatabase::stores`] are gone.
+#[derive(Debug)]
+pub struct TestDatabase {
+    admin_url: String,
+    name: String,
+    url: String,
+    /// The strong reference the dropper watches; pools hold clones.
+    alive: Arc<()>,
+}
+
+impl TestDatabase {
+    /// Creates the database (not migrated) on the server of `admin_url`.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the server cannot be reached or refuses the database.
+    pub async fn create(admin_url: &str) -> Result<Self, StoreError> {
+        drop_stale_databases(admin_url).await;
+        let name = format!("{PREFIX}{}_{}", now_secs(), uuid::Uuid::new_v4().simple());
+        start_dropper();
+        let mut admin = admin(admin_url).await?;
+        // An identifier we generated (digits, hex and underscores): it cannot be bound.
+        sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&mut admin)
+            .await
+            .store_err()?;
+        admin.close().await.store_err()?;
+        let alive = Arc::new(());
+        CREATED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Created {
+                admin_url: admin_url.to_string(),
+                name: name.clone(),
+                pool_alive: Arc::downgrade(&alive),
+            });
+        let url = options(admin_url)?
+            .database(&name)
+            .to_url_lossy()
+            .to_string();
+        Ok(Self {
+            admin_url: admin_url.to_string(),
+            name,
+            url,
+            alive,
+        })
+    }
+
+    /// The database's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A URL to the database (e.g. for `DATABASE_URL` of a child process).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Stores over a new pool of at most `max_connections` to this database, keeping no idle
+    /// connection for long. Nothing is migrated.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the database cannot be reached.
+    pub async fn stores(&self, max_connections: u32) -> Result<PgStores, StoreError> {
+        // The pool's options keep `alive` until the pool itself is dropped.
+        let alive = Arc::clone(&self.alive);
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .min_connections(0)
+            .idle_timeout(Duration::from_secs(5))
+            .acquire_timeout(Duration::from_secs(60))
+            .after_connect(move |_, _| {
+                let _alive = &alive;
+                Box::pin(async { Ok(()) })
+            })
+            .connect_with(options(&self.admin_url)?.database(&self.name))
+            .await
+            .store_err()?;
+        Ok(PgStores::new(pool))
+    }
+}
+
 /// Creates a brand-new database on the server of `admin_url` (a URL whose user may create
-/// databases), applies the migrations, and returns stores over a small pool to it.
+/// databases), applies the migrations, and returns stores over a small pool
+/// ([`TEST_POOL_CONNECTIONS`]) to it.
 ///
 /// # Errors
 /// [`StoreError::Unavailable`] when the server cannot be reached, the database cannot be
 /// created, or a migration fails.
 pub async fn fresh_test_database(admin_url: &str) -> Result<PgStores, StoreError> {
-    drop_stale_databases(admin_url).await;
-    let name = format!("{PREFIX}{}_{}", now_secs(), uuid::Uuid::new_v4().simple());
-    start_dropper();
-    let mut admin = admin(admin_url).await?;
-    // An identifier we generated (digits, hex and underscores): it cannot be bound.
-    sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
-        .execute(&mut admin)
-        .await
-        .store_err()?;
-    admin.close().await.store_err()?;
-    // The pool's options keep `alive` until the pool itself is dropped.
-    let alive = Arc::new(());
-    CREATED
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .push(Created {
-            admin_url: admin_url.to_string(),
-            name: name.clone(),
-            pool_alive: Arc::downgrade(&alive),
-        });
-    let pool = PgPoolOptions::new()
-        .max_connections(TEST_POOL_CONNECTIONS)
-        .min_connections(0)
-        .idle_timeout(Duration::from_secs(5))
-        .acquire_timeout(Duration::from_secs(60))
-        .after_connect(move |_, _| {
-            let _alive = &alive;
-            Box::pin(async { Ok(()) })
-        })
-        .connect_with(options(admin_url)?.database(&name))
-        .await
-        .store_err()?;
-    let stores = PgStores::new(pool);
+    let database = TestDatabase::create(admin_url).await?;
+    let stores = database.stores(TEST_POOL_CONNECTIONS).await?;
     stores.migrate().await?;
     Ok(stores)
 }

@@ -4,16 +4,11 @@
 #![cfg(test)]
 
 use chrono::Utc;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, PgConnection};
-use std::str::FromStr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio::sync::OnceCell;
 use tollgate_core::state::CallKind;
 use tollgate_core::state::Outcome;
 use tollgate_core::view::Output;
-use tollgate_postgres::PgStores;
+use tollgate_postgres::{test_admin_url, PgStores, TestDatabase};
 use tollgate_store::conformance::{
     claim_req, key, open_root, root_key, scope, settle_req, t0, text_config,
 };
@@ -21,88 +16,16 @@ use tollgate_store::{
     ClaimOutcome, ExecutionRecord, ExecutionStore, ResultStore, RootStore, StoreError,
 };
 
-/// Test databases are named `tollgate_t_<unix seconds>_<uuid>`; older ones than this are
-/// dropped by the next run, so repeated runs do not fill the disk.
-const STALE_TEST_DATABASE_SECS: u64 = 600;
+/// Connections of each conformance database's pool (the concurrency cases need more than the
+/// default test pool).
+const CONFORMANCE_POOL_CONNECTIONS: u32 = 8;
 
-fn admin_url() -> String {
-    std::env::var("TOLLGATE_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-async fn admin() -> PgConnection {
-    let options = PgConnectOptions::from_str(&admin_url())
-        .unwrap()
-        .disable_statement_logging();
-    PgConnection::connect_with(&options).await.unwrap()
-}
-
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-/// Drops this suite's databases left over from runs more than ten minutes ago (once per process).
-async fn drop_stale_databases() {
-    static ONCE: OnceCell<()> = OnceCell::const_new();
-    ONCE.get_or_init(|| async {
-        let mut admin = admin().await;
-        let names: Vec<String> = sqlx::query_scalar(
-            "SELECT datname FROM pg_database WHERE datname LIKE 'tollgate\\_t\\_%'",
-        )
-        .fetch_all(&mut admin)
-        .await
-        .unwrap();
-        for name in names {
-            let created = name
-                .strip_prefix("tollgate_t_")
-                .and_then(|rest| rest.split('_').next())
-                .and_then(|secs| secs.parse::<u64>().ok());
-            if created.is_some_and(|c| c + STALE_TEST_DATABASE_SECS < now_secs()) {
-                // An identifier, not a value: it cannot be bound. The name was read from the
-                // catalog and matched our own pattern; errors (e.g. in use) are ignored.
-                let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
-                let _ = sqlx::raw_sql(&sql).execute(&mut admin).await;
-            }
-        }
-    })
-    .await;
-}
-
-/// A migrated, empty database of its own, and its name.
-async fn fresh_named() -> (Arc<PgStores>, String) {
-    drop_stale_databases().await;
-    let name = format!(
-        "tollgate_t_{}_{}",
-        now_secs(),
-        uuid::Uuid::new_v4().simple()
-    );
-    let mut admin = admin().await;
-    // An identifier we generated (digits, hex and underscores): it cannot be bound.
-    sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    admin.close().await.unwrap();
-    let options = PgConnectOptions::from_str(&admin_url())
-        .unwrap()
-        .database(&name)
-        .disable_statement_logging();
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .acquire_timeout(Duration::from_secs(60))
-        .connect_with(options)
-        .await
-        .unwrap();
-    let stores = PgStores::new(pool);
-    stores.migrate().await.unwrap();
-    (Arc::new(stores), name)
-}
-
+/// A migrated, empty database of its own (dropped once its pool is gone).
 async fn fresh() -> Arc<PgStores> {
-    fresh_named().await.0
+    let database = TestDatabase::create(&test_admin_url()).await.unwrap();
+    let stores = database.stores(CONFORMANCE_POOL_CONNECTIONS).await.unwrap();
+    stores.migrate().await.unwrap();
+    Arc::new(stores)
 }
 
 tollgate_store::store_conformance!(fresh);
@@ -268,23 +191,11 @@ async fn sc_70_migrate_is_idempotent() {
 
 #[tokio::test]
 async fn ready_requires_migrations() {
-    let (s, name) = fresh_named().await;
+    let s = fresh().await;
     s.ready().await.unwrap();
     // A second, empty database: reachable but not migrated.
-    let empty = format!("{name}_e");
-    sqlx::raw_sql(&format!("CREATE DATABASE \"{empty}\""))
-        .execute(&mut admin().await)
-        .await
-        .unwrap();
-    let options = PgConnectOptions::from_str(&admin_url())
-        .unwrap()
-        .database(&empty);
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(options)
-        .await
-        .unwrap();
-    let bare = PgStores::new(pool);
+    let empty = TestDatabase::create(&test_admin_url()).await.unwrap();
+    let bare = empty.stores(1).await.unwrap();
     assert!(matches!(
         bare.ready().await,
         Err(StoreError::Unavailable(_))

@@ -1,9 +1,9 @@
 //! Loaded input: its checks (SC-11, `max_input_chars`, `max_request_chars`, H-6) and the
 //! provider request built from it and the config snapshot.
 
-use tollgate_core::request_fit;
 use tollgate_core::config::{CallConfig, MESSAGES_MAX};
 use tollgate_core::message::{Message, Role};
+use tollgate_core::request_fit;
 use tollgate_core::state::CallKind;
 use tollgate_provider::ProviderRequest;
 

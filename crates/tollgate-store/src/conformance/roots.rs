@@ -1,5 +1,4 @@
 //! The operation-root part of the conformance suite ([`crate::root_conformance!`]).
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use super::*;
 
