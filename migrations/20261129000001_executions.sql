@@ -1,4 +1,4 @@
--- The journal: one row per (scope, operation_key) (DESIGN §3-4).
+-- The journal: one row per (scope, operation_key) (spec/journal.md).
 CREATE TABLE executions (
     id                   uuid PRIMARY KEY,
     scope                text NOT NULL,

@@ -1,4 +1,4 @@
--- The finance view (CONTRACT §4): a stable, documented view over cost_settlements and a
+-- The finance view (spec/storage.md, Finance view): a stable, documented view over cost_settlements and a
 -- read-only role that can read it and nothing else. Changing the view needs a migration note.
 CREATE SCHEMA finance;
 

@@ -7,12 +7,11 @@
 //!   those marked `#[test]`: the shared suites are plain functions that macros turn into tests.
 //! - `spec/` defines an id with a bullet that starts with it in bold: `- **SC-17** …`. Every named
 //!   id must be defined, and defined once.
-//! - No `.rs`, `.md`, `.toml` or `.sh` file may cite a document that is not in the repository:
+//! - No `.rs`, `.md`, `.toml`, `.sh` or `.sql` file may cite a document that is not in the repository:
 //!   the outside contract, design brief or requirement reading, a `../shared` path, an absolute
 //!   path, or a markdown link or `*.md` path that does not resolve. The captured stream fixtures
 //!   beside a checkout (`../shared/fixtures`) are optional test data, not a document: tests skip
-//!   them when absent. Migrations (`.sql`) are not checked: an applied migration must never change,
-//!   not even a comment, or the migrator refuses it.
+//!   them when absent.
 //!
 //! Needs no database and no network; the repository is found from `CARGO_MANIFEST_DIR`.
 #![cfg(test)]
@@ -26,7 +25,7 @@ const PREFIXES: [&str; 6] = ["SC", "ST", "SR", "RF", "TC", "H"];
 /// Directories whose `.rs` files name ids.
 const CODE_DIRS: [&str; 3] = ["crates", "tests", "benches"];
 /// Extensions of the files whose citations are checked.
-const CITING_EXTENSIONS: [&str; 4] = ["rs", "md", "toml", "sh"];
+const CITING_EXTENSIONS: [&str; 5] = ["rs", "md", "toml", "sh", "sql"];
 /// Directories never read.
 const SKIPPED_DIRS: [&str; 2] = ["target", ".git"];
 /// This file: its examples name ids and outside documents on purpose.
