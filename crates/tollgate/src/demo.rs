@@ -1,8 +1,9 @@
 //! `tollgate demo`: a scripted tour of the governed call path on the embedded default
 //! (in-memory stores + the mock provider on loopback), or on Postgres when `DATABASE_URL` is set.
 
-use crate::commands::{connect_migrated, database_url};
-use crate::out;
+use crate::database::{connect_migrated, database_url};
+use crate::error::CommandError;
+use crate::print;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,15 +30,15 @@ const DEMO_LEASE_MS: u64 = 300;
 /// Run timeout of the demo's profiles; a claim's lease covers it (plus a second of slack).
 const DEMO_RUN_TIMEOUT_MS: u64 = 500;
 
-fn money(text: &str) -> Result<Money, String> {
-    Money::parse(text, "demo amount").map_err(|e| e.to_string())
+fn money(text: &str) -> Result<Money, CommandError> {
+    Money::parse(text, "demo amount").map_err(|e| CommandError::Demo(e.to_string()))
 }
 
-fn id<T>(parse: fn(String) -> Result<T, IdError>, text: &str) -> Result<T, String> {
-    parse(text.to_string()).map_err(|e| e.to_string())
+fn id<T>(parse: fn(String) -> Result<T, IdError>, text: &str) -> Result<T, CommandError> {
+    Ok(parse(text.to_string())?)
 }
 
-fn profile(model: &str, consumer: &str, caps: Caps) -> Result<CallConfig, String> {
+fn profile(model: &str, consumer: &str, caps: Caps) -> Result<CallConfig, CommandError> {
     Ok(CallConfig {
         kind: CallKind::Text,
         provider: "mock".into(),
@@ -46,7 +47,7 @@ fn profile(model: &str, consumer: &str, caps: Caps) -> Result<CallConfig, String
         price_version: id(VersionId::parse, "prices-2026-11")?,
         output_contract_version: id(VersionId::parse, "out-1")?,
         consumer: id(ConsumerId::parse, consumer)?,
-        currency: Currency::parse("USD").map_err(|e| e.to_string())?,
+        currency: Currency::parse("USD").map_err(|e| CommandError::Demo(e.to_string()))?,
         prices: TokenPrices {
             input: money("1.00")?,
             output: money("2.00")?,
@@ -83,14 +84,18 @@ struct Tour {
 }
 
 impl Tour {
-    fn runner(&self, config: CallConfig) -> Result<SingleCallRunner, String> {
+    fn runner(&self, config: CallConfig) -> Result<SingleCallRunner, CommandError> {
         let mut settings = RunnerSettings::new(config);
         settings.lease_ms = DEMO_LEASE_MS;
         let stores: Arc<dyn Stores> = self.stores.clone();
-        SingleCallRunner::new(stores, self.client.clone(), settings).map_err(|e| e.to_string())
+        Ok(SingleCallRunner::new(
+            stores,
+            self.client.clone(),
+            settings,
+        )?)
     }
 
-    fn request(&self, key: &str, revision: &str, text: &str) -> Result<RunRequest, String> {
+    fn request(&self, key: &str, revision: &str, text: &str) -> Result<RunRequest, CommandError> {
         let messages = vec![Message::text(Role::User, text)];
         Ok(RunRequest {
             scope: id(Scope::parse, "demo")?,
@@ -113,7 +118,7 @@ impl Tour {
             Err(e) => (format!("error: {e}"), json!({"error": e.to_string()})),
         };
         if !self.json {
-            out::line(&format!(
+            print::line(&format!(
                 "{step:<16} {summary}  [provider requests so far: {requests}]"
             ));
         }
@@ -155,14 +160,17 @@ fn describe(view: &View) -> String {
 }
 
 /// Runs the tour.
-pub async fn run(json_out: bool) -> Result<(), String> {
+pub async fn run(json_out: bool) -> Result<(), CommandError> {
     let (base, on): (Arc<dyn Stores>, &str) = match database_url() {
         Some(url) => (Arc::new(connect_migrated(&url).await?), "postgres"),
         None => (Arc::new(MemoryStores::new()), "embedded in-memory stores"),
     };
     let mock = MockProvider::start(([127, 0, 0, 1], 0).into())
         .await
-        .map_err(|e| format!("cannot start the mock provider: {e}"))?;
+        .map_err(|source| CommandError::Io {
+            action: "start the mock provider".into(),
+            source,
+        })?;
     let client = HttpClient::new(HttpClientConfig {
         protocol: Protocol::OpenAiChat,
         base_url: mock.base_url(),
@@ -171,9 +179,9 @@ pub async fn run(json_out: bool) -> Result<(), String> {
         read_timeout_ms: 10_000,
         max_attempts: 1,
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| CommandError::Demo(e.to_string()))?;
     if !json_out {
-        out::line(&format!(
+        print::line(&format!(
             "tollgate demo on {on}, mock provider at {}",
             mock.base_url()
         ));
@@ -193,7 +201,7 @@ pub async fn run(json_out: bool) -> Result<(), String> {
     Ok(())
 }
 
-async fn tour_calls(tour: &mut Tour) -> Result<(), String> {
+async fn tour_calls(tour: &mut Tour) -> Result<(), CommandError> {
     let plain = tour.runner(profile("mock-echo", "team-a", Caps::default())?)?;
     let first = plain
         .run(tour.request("order-1", "r-1", "Summarize order 1")?)
@@ -252,7 +260,7 @@ async fn tour_calls(tour: &mut Tour) -> Result<(), String> {
     Ok(())
 }
 
-async fn tour_recovery(tour: &mut Tour) -> Result<(), String> {
+async fn tour_recovery(tour: &mut Tour) -> Result<(), CommandError> {
     let plain = tour.runner(profile("mock-echo", "team-a", Caps::default())?)?;
     // The settlement write fails after the provider answered: the caller gets an error, the
     // journal says dispatched and the inbox holds the usage.
@@ -272,9 +280,8 @@ async fn tour_recovery(tour: &mut Tour) -> Result<(), String> {
     let key = id(OperationKey::parse, &format!("order-5-{}", tour.suffix))?;
     let recovered = reconciler
         .recover(&scope, &key, DEMO_LEASE_MS)
-        .await
-        .map_err(|e| e.to_string())?
-        .ok_or("recovered execution vanished")?;
+        .await?
+        .ok_or_else(|| CommandError::Demo("recovered execution vanished".into()))?;
     tour.report("recover", &Ok(recovered));
 
     let cut = tour.runner(profile("mock-cut-before-usage", "team-a", Caps::default())?)?;
@@ -301,13 +308,9 @@ async fn tour_recovery(tour: &mut Tour) -> Result<(), String> {
     Ok(())
 }
 
-async fn ledger(tour: &Tour) -> Result<(), String> {
+async fn ledger(tour: &Tour) -> Result<(), CommandError> {
     let today = chrono::Utc::now().date_naive();
-    let rows = tour
-        .stores
-        .settlements(today, today, 1000)
-        .await
-        .map_err(|e| e.to_string())?;
+    let rows = tour.stores.settlements(today, today, 1000).await?;
     let scope = id(Scope::parse, "demo")?;
     let mine: Vec<_> = rows
         .iter()
@@ -316,20 +319,16 @@ async fn ledger(tour: &Tour) -> Result<(), String> {
     let mut spend = Vec::new();
     for consumer in ["team-a", "team-b", "team-c", "team-d"] {
         let consumer = id(ConsumerId::parse, consumer)?;
-        let totals = tour
-            .stores
-            .daily_spend(&scope, &consumer, today)
-            .await
-            .map_err(|e| e.to_string())?;
+        let totals = tour.stores.daily_spend(&scope, &consumer, today).await?;
         spend.push(json!({"consumer": consumer, "day": today, "settled": totals.settled, "held": totals.held}));
     }
     if tour.json {
-        out::json(&json!({"steps": tour.steps, "settlements": mine, "spend": spend}));
+        print::json(&json!({"steps": tour.steps, "settlements": mine, "spend": spend}));
         return Ok(());
     }
-    out::line("\nsettlement ledger (finance rows):");
+    print::line("\nsettlement ledger (finance rows):");
     for r in &mine {
-        out::line(&format!(
+        print::line(&format!(
             "  {:<24} {:<8} {:<16} in={:<5} out={:<6} {:>16} {} source={}",
             r.operation_key.as_str(),
             r.consumer.as_str(),
@@ -341,10 +340,10 @@ async fn ledger(tour: &Tour) -> Result<(), String> {
             r.source.as_str()
         ));
     }
-    out::line("\nspend today (settled / held):");
+    print::line("\nspend today (settled / held):");
     for s in &spend {
         let text = |k: &str| s[k].as_str().unwrap_or_default().to_string();
-        out::line(&format!(
+        print::line(&format!(
             "  {:<8} {} / {}",
             text("consumer"),
             text("settled"),

@@ -1,10 +1,12 @@
 //! The `tollgate` binary: a thin shell over the library crates.
 
-mod commands;
+mod database;
 #[cfg(feature = "demo")]
 mod demo;
+mod dev_tools;
+mod error;
 mod operator;
-mod out;
+mod print;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -181,7 +183,7 @@ fn main() -> ExitCode {
         .build()
     {
         Ok(rt) => rt,
-        Err(e) => return out::fail(&format!("cannot start the runtime: {e}")),
+        Err(e) => return print::fail(&format!("cannot start the runtime: {e}")),
     };
     let result = runtime.block_on(async move {
         match cli.command {
@@ -192,9 +194,9 @@ fn main() -> ExitCode {
             } => serve::keys_create(&scope, &role, cli.json).await,
             #[cfg(feature = "demo")]
             Command::Demo => demo::run(cli.json).await,
-            Command::Migrate => commands::migrate().await,
-            Command::MockProvider { listen } => commands::mock_provider(listen).await,
-            Command::ParseStream { protocol, file } => commands::parse_stream(&protocol, &file),
+            Command::Migrate => database::migrate().await,
+            Command::MockProvider { listen } => dev_tools::mock_provider(listen).await,
+            Command::ParseStream { protocol, file } => dev_tools::parse_stream(&protocol, &file),
             Command::Recover {
                 scope,
                 key,
@@ -231,6 +233,6 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => out::fail(&e),
+        Err(e) => print::fail(&e.to_string()),
     }
 }

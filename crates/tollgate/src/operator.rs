@@ -1,8 +1,9 @@
 //! Operator commands against `DATABASE_URL`: recover, reconcile, inspect, audit verify, finance
 //! export. Each prints JSON on stdout and a one-line reason on failure.
 
-use crate::commands::{connect_migrated, database_url};
-use crate::out;
+use crate::database::{connect_migrated, database_url};
+use crate::error::CommandError;
+use crate::print;
 use chrono::NaiveDate;
 use serde_json::json;
 use std::sync::Arc;
@@ -20,18 +21,19 @@ const AUDIT_PAGE_ROWS: u32 = 1_000;
 /// Settlement rows exported at most.
 const EXPORT_ROWS_MAX: u32 = 100_000;
 
-async fn stores() -> Result<Arc<PgStores>, String> {
-    let url =
-        database_url().ok_or("DATABASE_URL is not set (operator commands work on Postgres)")?;
+async fn stores() -> Result<Arc<PgStores>, CommandError> {
+    let url = database_url().ok_or(CommandError::NoDatabase(
+        " (operator commands work on Postgres)",
+    ))?;
     Ok(Arc::new(connect_migrated(&url).await?))
 }
 
-fn scope(text: &str) -> Result<Scope, String> {
-    Scope::parse(text).map_err(|e| e.to_string())
+fn scope(text: &str) -> Result<Scope, CommandError> {
+    Ok(Scope::parse(text)?)
 }
 
-fn key(text: &str) -> Result<OperationKey, String> {
-    OperationKey::parse(text).map_err(|e| e.to_string())
+fn key(text: &str) -> Result<OperationKey, CommandError> {
+    Ok(OperationKey::parse(text)?)
 }
 
 fn reconciler(stores: Arc<PgStores>) -> Reconciler {
@@ -40,24 +42,26 @@ fn reconciler(stores: Arc<PgStores>) -> Reconciler {
 }
 
 /// `tollgate recover --scope S --key K [--lease-ms N]`.
-pub async fn recover(scope_: &str, key_: &str, lease_ms: u64) -> Result<(), String> {
+pub async fn recover(scope_: &str, key_: &str, lease_ms: u64) -> Result<(), CommandError> {
     let (scope, key) = (scope(scope_)?, key(key_)?);
     let view = reconciler(stores().await?)
         .recover(&scope, &key, lease_ms)
-        .await
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("no execution {key} in scope {scope}"))?;
-    out::json(&serde_json::to_value(view).map_err(|e| e.to_string())?);
+        .await?
+        .ok_or(CommandError::NoExecution { scope, key })?;
+    print::json(&serde_json::to_value(view)?);
     Ok(())
 }
 
 /// `tollgate reconcile expired --scope S [--limit N]`.
-pub async fn reconcile_expired(scope_: &str, limit: u32, lease_ms: u64) -> Result<(), String> {
+pub async fn reconcile_expired(
+    scope_: &str,
+    limit: u32,
+    lease_ms: u64,
+) -> Result<(), CommandError> {
     let counts = reconciler(stores().await?)
         .reconcile_expired(&scope(scope_)?, limit, lease_ms)
-        .await
-        .map_err(|e| e.to_string())?;
-    out::json(&json!({"roots": counts.roots, "executions": counts.executions}));
+        .await?;
+    print::json(&json!({"roots": counts.roots, "executions": counts.executions}));
     Ok(())
 }
 
@@ -66,13 +70,12 @@ pub async fn reconcile_usage(
     scope_: &str,
     limit: Option<u32>,
     after: Option<i64>,
-) -> Result<(), String> {
+) -> Result<(), CommandError> {
     let none = |_: &OperationKey| false;
     let counts = reconciler(stores().await?)
         .reconcile_usage(&scope(scope_)?, limit, after, &none)
-        .await
-        .map_err(|e| e.to_string())?;
-    out::json(
+        .await?;
+    print::json(
         &json!({"scanned": counts.scanned, "acknowledged": counts.acknowledged, "cursor": counts.cursor}),
     );
     Ok(())
@@ -80,36 +83,33 @@ pub async fn reconcile_usage(
 
 /// `tollgate inspect --scope S --key K [--with-content]`: the view, the journal row (without
 /// the snapshot's system prompt unless asked), settlement, evidence and the execution's audit rows.
-pub async fn inspect(scope_: &str, key_: &str, with_content: bool) -> Result<(), String> {
+pub async fn inspect(scope_: &str, key_: &str, with_content: bool) -> Result<(), CommandError> {
     let (scope, key) = (scope(scope_)?, key(key_)?);
     let stores = stores().await?;
-    let err = |e: tollgate_store::StoreError| e.to_string();
-    let record = stores
-        .execution(&scope, &key)
-        .await
-        .map_err(err)?
-        .ok_or_else(|| format!("no execution {key} in scope {scope}"))?;
-    let mut view = views::view_of(stores.as_ref(), &record, chrono::Utc::now())
-        .await
-        .map_err(err)?;
+    let record =
+        stores
+            .execution(&scope, &key)
+            .await?
+            .ok_or_else(|| CommandError::NoExecution {
+                scope: scope.clone(),
+                key: key.clone(),
+            })?;
+    let mut view = views::view_of(stores.as_ref(), &record, chrono::Utc::now()).await?;
     if !with_content {
         view.output = None;
         view.step = None;
     }
-    let mut journal = serde_json::to_value(&record).map_err(|e| e.to_string())?;
+    let mut journal = serde_json::to_value(&record)?;
     if !with_content {
         journal["binding"]["config"]["system"] = json!(null);
     }
-    let settlement = stores.settlement(record.id).await.map_err(err)?;
-    let evidence = stores.evidence_for(record.id).await.map_err(err)?;
-    let result = stores.result(record.id).await.map_err(err)?;
+    let settlement = stores.settlement(record.id).await?;
+    let evidence = stores.evidence_for(record.id).await?;
+    let result = stores.result(record.id).await?;
     let mut trail = Vec::new();
     let mut after = 0;
     loop {
-        let page = stores
-            .audit_rows(&scope, after, AUDIT_PAGE_ROWS)
-            .await
-            .map_err(err)?;
+        let page = stores.audit_rows(&scope, after, AUDIT_PAGE_ROWS).await?;
         let Some(last) = page.last() else { break };
         after = last.seq;
         trail.extend(
@@ -117,7 +117,7 @@ pub async fn inspect(scope_: &str, key_: &str, with_content: bool) -> Result<(),
                 .filter(|r| r.event.execution_id == Some(record.id)),
         );
     }
-    out::json(&json!({
+    print::json(&json!({
         "view": view,
         "journal": journal,
         "settlement": settlement,
@@ -129,49 +129,49 @@ pub async fn inspect(scope_: &str, key_: &str, with_content: bool) -> Result<(),
 }
 
 /// `tollgate audit verify --scope S`: exit 1 with the first bad row when the chain is broken.
-pub async fn audit_verify(scope_: &str) -> Result<(), String> {
+pub async fn audit_verify(scope_: &str) -> Result<(), CommandError> {
     let scope = scope(scope_)?;
     let stores = stores().await?;
     let mut rows = Vec::new();
     let mut after = 0;
     loop {
-        let page = stores
-            .audit_rows(&scope, after, AUDIT_PAGE_ROWS)
-            .await
-            .map_err(|e| e.to_string())?;
+        let page = stores.audit_rows(&scope, after, AUDIT_PAGE_ROWS).await?;
         let Some(last) = page.last() else { break };
         after = last.seq;
         rows.extend(page);
     }
     match verify_chain(&rows) {
         Ok(()) => {
-            out::json(&json!({"scope": scope, "rows": rows.len(), "ok": true}));
+            print::json(&json!({"scope": scope, "rows": rows.len(), "ok": true}));
             Ok(())
         }
         Err(broken) => {
-            out::json(
+            print::json(
                 &json!({"scope": scope, "ok": false, "seq": broken.seq, "reason": broken.reason}),
             );
-            Err(broken.to_string())
+            Err(CommandError::CheckFailed(broken.to_string()))
         }
     }
 }
 
 /// `tollgate finance export --from DAY --to DAY [--format csv|json]`, from `finance.settlements`.
-pub async fn finance_export(from: NaiveDate, to: NaiveDate, format: &str) -> Result<(), String> {
+pub async fn finance_export(
+    from: NaiveDate,
+    to: NaiveDate,
+    format: &str,
+) -> Result<(), CommandError> {
     if !matches!(format, "csv" | "json") {
-        return Err(format!("unknown format {format:?} (csv, json)"));
+        return Err(CommandError::InvalidArgument(format!(
+            "unknown format {format:?} (csv, json)"
+        )));
     }
     let stores = stores().await?;
-    let rows = stores
-        .settlements(from, to, EXPORT_ROWS_MAX)
-        .await
-        .map_err(|e| e.to_string())?;
+    let rows = stores.settlements(from, to, EXPORT_ROWS_MAX).await?;
     if format == "json" {
-        out::json(&serde_json::to_value(&rows).map_err(|e| e.to_string())?);
+        print::json(&serde_json::to_value(&rows)?);
         return Ok(());
     }
-    out::line("settlement_id,scope,consumer,session_id,accounting_day,execution_id,operation_key,kind,provider,model,price_version,policy_version,currency,input_tokens,output_tokens,cache_read_tokens,cache_write_tokens,reasoning_tokens,amount,source,settled_at");
+    print::line("settlement_id,scope,consumer,session_id,accounting_day,execution_id,operation_key,kind,provider,model,price_version,policy_version,currency,input_tokens,output_tokens,cache_read_tokens,cache_write_tokens,reasoning_tokens,amount,source,settled_at");
     for r in rows {
         let fields = [
             r.id.to_string(),
@@ -196,7 +196,7 @@ pub async fn finance_export(from: NaiveDate, to: NaiveDate, format: &str) -> Res
             r.source.to_string(),
             r.settled_at.to_rfc3339(),
         ];
-        out::line(&fields.map(|f| csv_field(&f)).join(","));
+        print::line(&fields.map(|f| csv_field(&f)).join(","));
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `serve`, `scheduler` and `keys create`: thin shells over `tollgate_server::start`.
 
-use crate::out;
+use crate::error::CommandError;
+use crate::print;
 use std::path::PathBuf;
 use tokio_util::sync::CancellationToken;
 use tollgate_server::start::{self, Options};
@@ -39,29 +40,27 @@ async fn wait_for_signal() {
 }
 
 /// `tollgate serve [--config FILE]`.
-pub async fn serve(config: Option<PathBuf>) -> Result<(), String> {
+pub async fn serve(config: Option<PathBuf>) -> Result<(), CommandError> {
     start::serve(Options::from_process(config), shutdown_on_signal())
         .await
-        .map_err(|e| e.to_string())
+        .map_err(CommandError::from)
 }
 
 /// `tollgate scheduler [--config FILE]`.
-pub async fn scheduler(config: Option<PathBuf>) -> Result<(), String> {
+pub async fn scheduler(config: Option<PathBuf>) -> Result<(), CommandError> {
     start::scheduler(Options::from_process(config), shutdown_on_signal())
         .await
-        .map_err(|e| e.to_string())
+        .map_err(CommandError::from)
 }
 
 /// `tollgate keys create --scope S --role R [--json]`: prints the key once.
-pub async fn keys_create(scope: &str, role: &str, json: bool) -> Result<(), String> {
+pub async fn keys_create(scope: &str, role: &str, json: bool) -> Result<(), CommandError> {
     let env = std::env::vars().collect();
-    let key = start::create_key(&env, scope, role)
-        .await
-        .map_err(|e| e.to_string())?;
+    let key = start::create_key(&env, scope, role).await?;
     if json {
-        out::json(&serde_json::json!({"key": key.expose(), "scope": scope, "role": role}));
+        print::json(&serde_json::json!({"key": key.expose(), "scope": scope, "role": role}));
     } else {
-        out::line(key.expose());
+        print::line(key.expose());
     }
     Ok(())
 }

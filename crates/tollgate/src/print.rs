@@ -1,4 +1,4 @@
-//! Writing to stdout (results) and stderr (the one-line failure reason).
+//! Printing: results on stdout, the one-line failure reason on stderr.
 
 use std::io::Write;
 use std::process::ExitCode;
