@@ -30,8 +30,6 @@ const CITING_EXTENSIONS: [&str; 5] = ["rs", "md", "toml", "sh", "sql"];
 const SKIPPED_DIRS: [&str; 2] = ["target", ".git"];
 /// This file: its examples name ids and outside documents on purpose.
 const THIS_FILE: &str = "tests/spec.rs";
-/// Documents planned at the repository root; citing one before it lands is not an error.
-const PLANNED_DOCUMENTS: [&str; 1] = ["ARCHITECTURE.md"];
 
 /// `(path relative to the repository root, with '/', text)`.
 type Files = Vec<(String, String)>;
@@ -341,9 +339,6 @@ fn resolves(path: &str, target: &str, from_root: bool, exists: &dyn Fn(&str) -> 
     if target.starts_with('/') {
         return false;
     }
-    if PLANNED_DOCUMENTS.contains(&target) {
-        return true;
-    }
     let dir = path.rsplit_once('/').map_or("", |(dir, _)| dir);
     let mut candidates = vec![normalize(dir, target)];
     if from_root {
@@ -541,7 +536,7 @@ fn checker_reports_a_link_to_a_missing_spec_file() {
 
 #[test]
 fn checker_accepts_documents_in_the_repository_fixtures_and_urls() {
-    let present = |p: &str| ["spec/journal.md", "spec/README.md"].contains(&p);
+    let present = |p: &str| ["spec/journal.md", "spec/README.md", "ARCHITECTURE.md"].contains(&p);
     let fine = "\
 //! Lock order: spec/journal.md — Lock order; index [spec](README.md), [web](https://x.org/a.md)
 //! const OUTPUT_CONTRACT_VERSION_DEFAULT; see https://example.com/docs/README.md and ARCHITECTURE.md
@@ -551,4 +546,63 @@ fn checker_accepts_documents_in_the_repository_fixtures_and_urls() {
         dangling_citations("spec/notes.rs", fine, &present),
         Vec::<String>::new()
     );
+}
+
+// ---- the architecture map ---------------------------------------------------------------------
+
+/// Every repository path `text` names (`crates/…`, `tests/…`, `benches/…`, `migrations/…`,
+/// `spec/…`), with `{a,b}` alternatives expanded.
+fn named_paths(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for token in text.split(|c: char| c.is_whitespace() || "`()|;".contains(c)) {
+        let token = token.trim_matches(|c: char| "`()|.:,".contains(c));
+        if token.contains('*') {
+            continue;
+        }
+        if !["crates/", "tests/", "benches/", "migrations/", "spec/"]
+            .iter()
+            .any(|p| token.starts_with(p))
+        {
+            continue;
+        }
+        match (token.find('{'), token.find('}')) {
+            (Some(open), Some(close)) if open < close => {
+                let (head, tail) = (&token[..open], &token[close + 1..]);
+                for alt in token[open + 1..close].split(',') {
+                    out.push(format!("{head}{alt}{tail}"));
+                }
+            }
+            _ => out.push(token.to_string()),
+        }
+    }
+    out
+}
+
+#[test]
+fn architecture_map_names_only_files_that_exist() {
+    let root = repository_root();
+    let text = std::fs::read_to_string(root.join("ARCHITECTURE.md"))
+        .expect("ARCHITECTURE.md at the repository root");
+    let paths = named_paths(&text);
+    assert!(paths.len() > 20, "the map names too few files: {paths:?}");
+    let missing: Vec<&String> = paths.iter().filter(|p| !root.join(p).exists()).collect();
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md names missing files: {missing:?}"
+    );
+}
+
+#[test]
+fn checker_expands_alternatives_and_reports_a_missing_file() {
+    let paths = named_paths("see `crates/a/src/{x,y}.rs` and (crates/b/src/z.rs).");
+    assert_eq!(
+        paths,
+        [
+            "crates/a/src/x.rs",
+            "crates/a/src/y.rs",
+            "crates/b/src/z.rs"
+        ]
+    );
+    let root = repository_root();
+    assert!(paths.iter().all(|p| !root.join(p).exists()));
 }
