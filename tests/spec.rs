@@ -606,3 +606,203 @@ fn checker_expands_alternatives_and_reports_a_missing_file() {
     let root = repository_root();
     assert!(paths.iter().all(|p| !root.join(p).exists()));
 }
+
+// ---- module cycles ----------------------------------------------------------------------------
+
+/// The top-level module a file under a crate's `src/` belongs to (`memory/roots.rs` → `memory`);
+/// `None` for the crate root.
+fn top_module(relative_to_src: &str) -> Option<String> {
+    let first = relative_to_src.split('/').next()?;
+    let name = first.trim_end_matches(".rs");
+    (!["lib", "main"].contains(&name)).then(|| name.to_string())
+}
+
+/// The top-level modules one file's code refers to through `crate::…` (comments skipped).
+fn crate_references(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            let after = &rest[at + "crate::".len()..];
+            let name: String = after
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            let is_module = name.chars().next().is_some_and(|c| c.is_ascii_lowercase());
+            let tail = &after[name.len()..];
+            if is_module && (tail.starts_with("::") || tail.starts_with([';', ',', '}', ' '])) {
+                out.insert(name);
+            }
+            if let Some(group) = after.strip_prefix('{') {
+                let inner = group.split('}').next().unwrap_or("");
+                out.extend(
+                    inner
+                        .split(',')
+                        .map(|item| item.trim().split("::").next().unwrap_or("").to_string())
+                        .filter(|m| m.chars().next().is_some_and(|c| c.is_ascii_lowercase())),
+                );
+            }
+            rest = after;
+        }
+    }
+    out
+}
+
+/// Module graph of one crate: top-level module → the top-level modules it refers to.
+type ModuleGraph = BTreeMap<String, BTreeSet<String>>;
+
+fn module_graph(files: &[(String, String)]) -> ModuleGraph {
+    let mut graph = ModuleGraph::new();
+    for (path, text) in files {
+        let Some(from) = top_module(path) else {
+            continue;
+        };
+        let refs = crate_references(text);
+        let entry = graph.entry(from.clone()).or_default();
+        entry.extend(refs.into_iter().filter(|to| *to != from));
+    }
+    graph
+}
+
+/// One cycle of the graph, if there is any (depth-first search).
+fn find_cycle(graph: &ModuleGraph) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &ModuleGraph,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|n| n == node) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(node.to_string());
+            return Some(cycle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, graph, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.insert(node.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn no_crate_has_an_import_cycle_between_its_modules() {
+    let root = repository_root();
+    let mut cycles = Vec::new();
+    for entry in std::fs::read_dir(root.join("crates")).expect("crates/") {
+        let crate_dir = entry.expect("a crate").path();
+        let src = format!("{}/src", relative(&root, &crate_dir));
+        let files: Files = read_files(&root, &src, &["rs"])
+            .into_iter()
+            .map(|(path, text)| (path[src.len() + 1..].to_string(), text))
+            .collect();
+        if let Some(cycle) = find_cycle(&module_graph(&files)) {
+            cycles.push(format!("{src}: {}", cycle.join(" → ")));
+        }
+    }
+    assert!(cycles.is_empty(), "module import cycles: {cycles:#?}");
+}
+
+#[test]
+fn checker_finds_a_module_cycle() {
+    let files = fake_files(&[
+        ("journal.rs", "use crate::roots::lock;"),
+        ("roots.rs", "fn f() { crate::journal::lock(); }"),
+        ("locks.rs", "use crate::{error::DbResultExt, rows};"),
+        ("memory/roots.rs", "use super::Tables; use crate::rules;"),
+    ]);
+    let graph = module_graph(&files);
+    assert_eq!(
+        graph["locks"],
+        BTreeSet::from(["error".into(), "rows".into()])
+    );
+    let cycle = find_cycle(&graph).expect("a cycle");
+    assert_eq!(cycle, ["journal", "roots", "journal"]);
+    let acyclic = fake_files(&[
+        ("journal.rs", "use crate::locks;"),
+        (
+            "roots.rs",
+            "use crate::locks; // crate::journal::x in a comment",
+        ),
+    ]);
+    assert_eq!(find_cycle(&module_graph(&acyclic)), None);
+}
+
+// ---- SQL lives in tollgate-postgres -----------------------------------------------------------
+
+/// Lines of `text` holding a string literal that starts like an SQL statement.
+fn sql_lines(text: &str) -> Vec<usize> {
+    const STATEMENTS: [&str; 8] = [
+        "SELECT ",
+        "INSERT INTO",
+        "UPDATE ",
+        "DELETE FROM",
+        "CREATE ",
+        "DROP ",
+        "ALTER ",
+        "WITH ",
+    ];
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| {
+            let code = line.split("//").next().unwrap_or("");
+            code.split('"').skip(1).step_by(2).any(|literal| {
+                STATEMENTS
+                    .iter()
+                    .any(|s| literal.trim_start().starts_with(s))
+            })
+        })
+        .map(|(n, _)| n + 1)
+        .collect()
+}
+
+#[test]
+fn no_sql_outside_the_postgres_crate() {
+    let root = repository_root();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(root.join("crates")).expect("crates/") {
+        let crate_dir = entry.expect("a crate").path();
+        if crate_dir.ends_with("tollgate-postgres") {
+            continue;
+        }
+        let src = format!("{}/src", relative(&root, &crate_dir));
+        for (path, text) in read_files(&root, &src, &["rs"]) {
+            found.extend(sql_lines(&text).into_iter().map(|n| format!("{path}:{n}")));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "SQL outside tollgate-postgres: {found:#?}"
+    );
+}
+
+#[test]
+fn checker_finds_an_sql_string() {
+    let text = "let q = \"SELECT scope FROM api_keys\";\n// \"SELECT in a comment\"\nlet s = \"Selected\";\n";
+    assert_eq!(sql_lines(text), [1]);
+}
+
+#[test]
+fn no_module_is_included_by_path() {
+    let root = repository_root();
+    let attribute = ["#[", "path"].concat();
+    let found: Vec<String> = CODE_DIRS
+        .iter()
+        .flat_map(|dir| read_files(&root, dir, &["rs"]))
+        .filter(|(_, text)| text.lines().any(|l| l.trim_start().starts_with(&attribute)))
+        .map(|(path, _)| path)
+        .collect();
+    assert!(found.is_empty(), "modules included by path: {found:?}");
+}
