@@ -29,6 +29,9 @@ use tollgate_store::{MemoryStores, SettlementStore, SpendStore, Stores};
 const DEMO_LEASE_MS: u64 = 300;
 /// Run timeout of the demo's profiles; a claim's lease covers it (plus a second of slack).
 const DEMO_RUN_TIMEOUT_MS: u64 = 500;
+/// Run timeout of the post-call block's long answer: 40,000 characters take a while on a
+/// loaded machine, and a timed-out read would end in reconciliation instead.
+const DEMO_LONG_RUN_TIMEOUT_MS: u64 = 10_000;
 
 fn money(text: &str) -> Result<Money, CommandError> {
     Money::parse(text, "demo amount").map_err(|e| CommandError::Demo(e.to_string()))
@@ -252,6 +255,7 @@ async fn tour_calls(tour: &mut Tour) -> Result<(), CommandError> {
         },
     )?;
     big.max_tokens = 64;
+    big.run_timeout_ms = DEMO_LONG_RUN_TIMEOUT_MS;
     let post = tour
         .runner(big)?
         .run(tour.request("order-4", "r-1", "Write a lot")?)
