@@ -8,7 +8,6 @@
 //! a new value is read as an integer, then a boolean, else a string. Variables whose first level
 //! is not a section of the file (e.g. `TOLLGATE_TEST_DATABASE_URL`) are ignored.
 
-use crate::auth::Role;
 use crate::layers;
 use crate::profiles::{self, Profile};
 use crate::secret::Secret;
@@ -19,6 +18,7 @@ use std::path::Path;
 use tollgate_core::ids::Scope;
 use tollgate_core::message::{Temperature, ToolChoice, ToolSpec};
 use tollgate_provider::Protocol;
+use tollgate_store::{KeyDigest, KeyRole};
 
 /// The file read when `--config` is not given, if it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "tollgate.toml";
@@ -280,12 +280,12 @@ pub struct ProviderSettings {
 /// A static key grant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyGrant {
-    /// SHA-256 of the key, lower-case hex.
-    pub sha256: String,
+    /// SHA-256 of the key.
+    pub digest: KeyDigest,
     /// Scope.
     pub scope: Scope,
     /// Role.
-    pub role: Role,
+    pub role: KeyRole,
 }
 
 /// Scheduler settings.
@@ -467,23 +467,19 @@ fn keys(sections: &[KeySection]) -> Result<Vec<KeyGrant>, ConfigError> {
         .map(|(i, k)| {
             let scope =
                 Scope::parse(k.scope.clone()).map_err(|e| err(format!("keys[{i}]: {e}")))?;
-            let role: Role = k.role.parse().map_err(|e| err(format!("keys[{i}]: {e}")))?;
-            let hex_ok = k.sha256.len() == 64
-                && k.sha256
-                    .bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-            if !hex_ok {
-                return Err(err(format!(
+            let role: KeyRole = k.role.parse().map_err(|e| err(format!("keys[{i}]: {e}")))?;
+            let digest = KeyDigest::from_hex(&k.sha256).ok_or_else(|| {
+                err(format!(
                     "keys[{i}]: sha256 must be 64 lower-case hex digits"
-                )));
-            }
-            if !seen.insert(k.sha256.clone()) {
+                ))
+            })?;
+            if !seen.insert(digest) {
                 return Err(err(format!(
                     "keys[{i}]: the same key hash is declared twice"
                 )));
             }
             Ok(KeyGrant {
-                sha256: k.sha256.clone(),
+                digest,
                 scope,
                 role,
             })
