@@ -1,4 +1,4 @@
--- API keys of the HTTP service (tollgate-server auth.rs): only the SHA-256 of a key is stored;
+-- API keys of the HTTP service (spec/service.md, Auth): only the SHA-256 of a key is stored;
 -- the key decides the scope and the role (SC-10). Keys are created by `tollgate keys create`.
 CREATE TABLE api_keys (
     sha256     text PRIMARY KEY CHECK (sha256 ~ '^[0-9a-f]{64}$'),

@@ -22,6 +22,7 @@
 //! `migrations/` directory.
 #![warn(missing_docs)]
 
+mod api_keys;
 mod audit;
 mod error;
 mod executions;
@@ -36,6 +37,7 @@ mod settlements;
 mod spend;
 #[cfg(feature = "test-support")]
 mod test_support;
+mod work;
 
 use error::{db, sqlstate, DbResultExt, UNDEFINED_TABLE};
 use sqlx::migrate::{MigrateError, Migrator};

@@ -74,6 +74,14 @@ macro_rules! root_columns {
 }
 pub(crate) use root_columns;
 
+/// Columns of `api_keys`, in [`ApiKeyRow`] order.
+macro_rules! api_key_columns {
+    () => {
+        "sha256, scope, role, created_at"
+    };
+}
+pub(crate) use api_key_columns;
+
 /// Columns of `root_receipts`.
 macro_rules! receipt_columns {
     () => {
@@ -431,6 +439,27 @@ impl ReceiptRow {
             execution_id: ExecutionId(self.execution_id),
             amount: money(self.amount, "amount")?,
             currency: Currency::parse(&self.currency).map_err(|_| corrupt("currency"))?,
+            created_at: self.created_at,
+        })
+    }
+}
+
+/// A row of `api_keys`.
+#[derive(sqlx::FromRow)]
+pub(crate) struct ApiKeyRow {
+    sha256: String,
+    scope: String,
+    role: String,
+    created_at: DateTime<Utc>,
+}
+
+impl ApiKeyRow {
+    /// The record.
+    pub(crate) fn into_record(self) -> StoreResult<ApiKeyRecord> {
+        Ok(ApiKeyRecord {
+            digest: KeyDigest::from_hex(&self.sha256).ok_or_else(|| corrupt("sha256"))?,
+            scope: id(self.scope, "scope", Scope::parse)?,
+            role: parse(&self.role, "role")?,
             created_at: self.created_at,
         })
     }

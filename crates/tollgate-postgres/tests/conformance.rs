@@ -35,6 +35,11 @@ mod roots {
     tollgate_store::root_conformance!(fresh);
 }
 
+mod service {
+    use super::fresh;
+    tollgate_store::service_conformance!(fresh);
+}
+
 async fn settled(s: &PgStores) -> ExecutionRecord {
     let ClaimOutcome::Claimed(r) = s
         .claim(claim_req("a", "k1", text_config(), "0.5"))

@@ -1,67 +1,24 @@
-//! API keys: `Authorization: Bearer <key>`. Keys are kept as SHA-256 hex only; a key maps to a
-//! scope and a role. The scope always comes from the key (SC-10): request bodies never name one.
+//! API keys: `Authorization: Bearer <key>`. A key is kept as its SHA-256 only ([`KeyDigest`]);
+//! it maps to a scope and a role. The scope always comes from the key (SC-10): request bodies
+//! never name one.
 //!
-//! Keys come from `[[keys]]` in the configuration, from an in-memory set (the embedded
-//! default's generated keys), and on Postgres from the `api_keys` table.
+//! Keys come from `[[keys]]` in the configuration and from the stores' [`ApiKeyStore`]: on
+//! Postgres the `api_keys` table, in memory the embedded default's generated keys and any other
+//! key created in the process.
 
 use crate::config::KeyGrant;
 use crate::error::ApiError;
 use crate::secret::Secret;
-use serde::Serialize;
-use sha2::{Digest, Sha256};
-use sqlx::PgPool;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::fmt;
-use std::str::FromStr;
-use std::sync::RwLock;
+use std::sync::Arc;
 use tollgate_core::ids::Scope;
-use tollgate_store::StoreError;
+use tollgate_store::{ApiKeyRecord, ApiKeyStore, KeyDigest, KeyRole, StoreError};
 
 /// Longest bearer key accepted, in bytes (anything longer is not ours).
 pub const KEY_LEN_MAX_BYTES: usize = 256;
 /// Prefix of generated keys.
 pub const KEY_PREFIX: &str = "tg_";
-
-/// What a key may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    /// Runs calls and roots, reads them.
-    Caller,
-    /// Reads, recovers, reconciles and resolves (spec/service.md — Auth and roles).
-    Operator,
-    /// Reads profiles; settlements are read from the finance view.
-    Finance,
-}
-
-impl Role {
-    /// The wire name.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::Caller => "caller",
-            Self::Operator => "operator",
-            Self::Finance => "finance",
-        }
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Role {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "caller" => Ok(Self::Caller),
-            "operator" => Ok(Self::Operator),
-            "finance" => Ok(Self::Finance),
-            other => Err(format!("role {other:?} is not caller, operator or finance")),
-        }
-    }
-}
 
 /// The authenticated principal of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,7 +26,7 @@ pub struct Principal {
     /// The key's scope: the only scope this request can read or touch.
     pub scope: Scope,
     /// The key's role.
-    pub role: Role,
+    pub role: KeyRole,
 }
 
 impl Principal {
@@ -77,18 +34,13 @@ impl Principal {
     ///
     /// # Errors
     /// [`ApiError::Forbidden`].
-    pub fn require(&self, roles: &[Role]) -> Result<(), ApiError> {
+    pub fn require(&self, roles: &[KeyRole]) -> Result<(), ApiError> {
         if roles.contains(&self.role) {
             Ok(())
         } else {
             Err(ApiError::Forbidden)
         }
     }
-}
-
-/// SHA-256 of a key, lower-case hex: the only form in which keys are stored.
-pub fn hash_key(key: &str) -> String {
-    hex::encode(Sha256::digest(key.as_bytes()))
 }
 
 /// A new random key: the prefix and two v4 UUIDs in hex (244 random bits).
@@ -100,79 +52,93 @@ pub fn generate_key() -> Secret {
     ))
 }
 
-/// Every key source.
-#[derive(Debug, Default)]
+/// Generates a key for `scope` and `role` and stores only its digest in `store`. The key is
+/// returned once; it cannot be read back.
+///
+/// # Errors
+/// Store failure.
+pub async fn create_key(
+    store: &dyn ApiKeyStore,
+    scope: &Scope,
+    role: KeyRole,
+) -> Result<Secret, StoreError> {
+    let key = generate_key();
+    store
+        .insert_key(ApiKeyRecord {
+            digest: KeyDigest::of_key(key.expose()),
+            scope: scope.clone(),
+            role,
+            created_at: chrono::Utc::now(),
+        })
+        .await?;
+    Ok(key)
+}
+
+/// Every key source: the static grants, then the stores.
 pub struct KeyStore {
-    local: RwLock<HashMap<String, Principal>>,
-    pool: Option<PgPool>,
+    grants: HashMap<KeyDigest, Principal>,
+    store: Arc<dyn ApiKeyStore>,
+}
+
+impl fmt::Debug for KeyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyStore")
+            .field("grants", &self.grants.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl KeyStore {
-    /// The static grants, plus the `api_keys` table when `pool` is given.
-    pub fn new(grants: &[KeyGrant], pool: Option<PgPool>) -> Self {
-        let local = grants
+    /// The static grants, then the keys of `store`.
+    pub fn new(grants: &[KeyGrant], store: Arc<dyn ApiKeyStore>) -> Self {
+        let grants = grants
             .iter()
             .map(|g| {
                 let principal = Principal {
                     scope: g.scope.clone(),
                     role: g.role,
                 };
-                (g.sha256.clone(), principal)
+                (g.digest, principal)
             })
             .collect();
-        Self {
-            local: RwLock::new(local),
-            pool,
-        }
+        Self { grants, store }
     }
 
-    /// Adds a key to the in-memory set (the embedded default's generated keys, tests).
-    pub fn insert(&self, key: &Secret, principal: Principal) {
-        let mut local = self.local.write().unwrap_or_else(|p| p.into_inner());
-        local.insert(hash_key(key.expose()), principal);
+    /// Whether any static key is configured.
+    pub fn has_grants(&self) -> bool {
+        !self.grants.is_empty()
     }
 
-    /// Whether no static or in-memory key exists.
-    pub fn is_empty(&self) -> bool {
-        self.local
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty()
-    }
-
-    /// Scopes of the static and in-memory keys (the scheduler's scopes on the in-memory stores).
-    pub fn known_scopes(&self) -> BTreeSet<Scope> {
-        let local = self.local.read().unwrap_or_else(|p| p.into_inner());
-        local.values().map(|p| p.scope.clone()).collect()
+    /// Generates a key for `scope` and `role` in the stores (see [`create_key`]).
+    ///
+    /// # Errors
+    /// Store failure.
+    pub async fn create(&self, scope: &Scope, role: KeyRole) -> Result<Secret, StoreError> {
+        create_key(&*self.store, scope, role).await
     }
 
     /// The principal of an `Authorization` header value.
     ///
     /// # Errors
-    /// `unauthenticated` for no, malformed or unknown keys; `unavailable` when the key table
+    /// `unauthenticated` for no, malformed or unknown keys; `unavailable` when the stored keys
     /// cannot be read.
     pub async fn authenticate(&self, header: Option<&str>) -> Result<Principal, ApiError> {
         let key = header.and_then(bearer).ok_or(ApiError::Unauthenticated)?;
-        let hash = hash_key(key);
-        let known = {
-            let local = self.local.read().unwrap_or_else(|p| p.into_inner());
-            local.get(&hash).cloned()
-        };
-        if let Some(principal) = known {
-            return Ok(principal);
+        let digest = KeyDigest::of_key(key);
+        if let Some(principal) = self.grants.get(&digest) {
+            return Ok(principal.clone());
         }
-        let Some(pool) = &self.pool else {
-            return Err(ApiError::Unauthenticated);
-        };
-        lookup(pool, &hash)
-            .await
-            .map_err(|e| {
-                tracing::warn!(error = %e, "api key lookup failed");
-                ApiError::Unavailable {
-                    operation_key: None,
-                }
-            })?
-            .ok_or(ApiError::Unauthenticated)
+        let stored = self.store.key_by_digest(&digest).await.map_err(|e| {
+            tracing::warn!(error = %e, "api key lookup failed");
+            ApiError::Unavailable {
+                operation_key: None,
+            }
+        })?;
+        let record = stored.ok_or(ApiError::Unauthenticated)?;
+        Ok(Principal {
+            scope: record.scope,
+            role: record.role,
+        })
     }
 }
 
@@ -186,51 +152,15 @@ fn bearer(header: &str) -> Option<&str> {
     ok.then_some(key)
 }
 
-fn db(e: sqlx::Error) -> StoreError {
-    StoreError::Unavailable(match e {
-        sqlx::Error::Database(d) => format!("database error {}", d.code().unwrap_or_default()),
-        other => other.to_string(),
-    })
-}
-
-async fn lookup(pool: &PgPool, hash: &str) -> Result<Option<Principal>, StoreError> {
-    let row: Option<(String, String)> =
-        sqlx::query_as("SELECT scope, role FROM api_keys WHERE sha256 = $1")
-            .bind(hash)
-            .fetch_optional(pool)
-            .await
-            .map_err(db)?;
-    row.map(|(scope, role)| {
-        Ok(Principal {
-            scope: Scope::parse(scope).map_err(|e| StoreError::Corrupt(e.to_string()))?,
-            role: role.parse().map_err(StoreError::Corrupt)?,
-        })
-    })
-    .transpose()
-}
-
-/// Generates a key for `scope` and `role` and stores only its hash in `api_keys`. The key is
-/// returned once; it cannot be read back.
-///
-/// # Errors
-/// Store failure.
-pub async fn create_key(pool: &PgPool, scope: &Scope, role: Role) -> Result<Secret, StoreError> {
-    let key = generate_key();
-    sqlx::query(
-        "INSERT INTO api_keys (sha256, scope, role, created_at) VALUES ($1, $2, $3, now())",
-    )
-    .bind(hash_key(key.expose()))
-    .bind(scope.as_str())
-    .bind(role.as_str())
-    .execute(pool)
-    .await
-    .map_err(db)?;
-    Ok(key)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tollgate_store::fault::{FaultPoint, FaultyStores};
+    use tollgate_store::MemoryStores;
+
+    fn memory_keys(grants: &[KeyGrant]) -> KeyStore {
+        KeyStore::new(grants, Arc::new(MemoryStores::new()))
+    }
 
     #[test]
     fn keys_are_random_long_and_hashed() {
@@ -238,23 +168,21 @@ mod tests {
         let b = generate_key();
         assert_ne!(a, b);
         assert!(a.expose().len() >= KEY_PREFIX.len() + 64);
-        assert_eq!(hash_key("abc").len(), 64);
-        assert_eq!(
-            hash_key("abc"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
+        let digest = KeyDigest::of_key(a.expose());
+        assert_eq!(digest.to_hex().len(), 64);
+        assert!(!digest.to_hex().contains(a.expose()));
     }
 
     #[tokio::test]
     async fn sc_10_the_scope_comes_from_the_key() {
-        let keys = KeyStore::default();
-        let key = generate_key();
-        let principal = Principal {
-            scope: Scope::parse("acme").unwrap(),
-            role: Role::Caller,
-        };
-        keys.insert(&key, principal.clone());
+        let keys = memory_keys(&[]);
+        let scope = Scope::parse("acme").unwrap();
+        let key = keys.create(&scope, KeyRole::Caller).await.unwrap();
         let header = format!("Bearer {}", key.expose());
+        let principal = Principal {
+            scope,
+            role: KeyRole::Caller,
+        };
         assert_eq!(keys.authenticate(Some(&header)).await.unwrap(), principal);
         for bad in [None, Some("Bearer"), Some("Basic abc"), Some("Bearer nope")] {
             assert!(matches!(
@@ -262,5 +190,31 @@ mod tests {
                 Err(ApiError::Unauthenticated)
             ));
         }
+    }
+
+    #[tokio::test]
+    async fn static_grants_come_first_and_a_failed_lookup_is_unavailable() {
+        let faulty = Arc::new(FaultyStores::with_service(Arc::new(MemoryStores::new())));
+        let grant = KeyGrant {
+            digest: KeyDigest::of_key("tg_static"),
+            scope: Scope::parse("acme").unwrap(),
+            role: KeyRole::Operator,
+        };
+        let keys = KeyStore::new(std::slice::from_ref(&grant), faulty.clone());
+        assert!(keys.has_grants());
+        faulty.arm(FaultPoint::KeyLookup);
+        let principal = keys.authenticate(Some("Bearer tg_static")).await.unwrap();
+        assert_eq!(principal.role, KeyRole::Operator);
+        assert!(matches!(
+            keys.authenticate(Some("Bearer tg_other")).await,
+            Err(ApiError::Unavailable {
+                operation_key: None
+            })
+        ));
+        faulty.disarm(FaultPoint::KeyLookup);
+        assert!(matches!(
+            keys.authenticate(Some("Bearer tg_other")).await,
+            Err(ApiError::Unauthenticated)
+        ));
     }
 }

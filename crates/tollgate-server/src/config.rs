@@ -8,7 +8,6 @@
 //! a new value is read as an integer, then a boolean, else a string. Variables whose first level
 //! is not a section of the file (e.g. `TOLLGATE_TEST_DATABASE_URL`) are ignored.
 
-use crate::auth::Role;
 use crate::layers;
 use crate::profiles::{self, Profile};
 use crate::secret::Secret;
@@ -17,8 +16,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use tollgate_core::ids::Scope;
-use tollgate_core::message::{Temperature, ToolChoice, ToolSpec};
 use tollgate_provider::Protocol;
+use tollgate_store::{KeyDigest, KeyRole};
+
+pub use crate::sections::{
+    CapsSection, ConfigError, DatabaseSection, KeySection, ModelPricesSection, PriceSection,
+    ProfileSection, ProviderSection, RunnerSection, SchedulerSection, ServerSection,
+};
 
 /// The file read when `--config` is not given, if it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "tollgate.toml";
@@ -56,180 +60,8 @@ const SECTIONS: [&str; 8] = [
     "keys",
 ];
 
-/// Why the configuration cannot be used. Names files, keys and fields, never secret values.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigError(pub String);
-
 fn err(message: impl Into<String>) -> ConfigError {
     ConfigError(message.into())
-}
-
-/// `[server]`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ServerSection {
-    /// Listen address.
-    pub listen: Option<String>,
-}
-
-/// `[database]`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DatabaseSection {
-    /// Postgres URL; none (and no `DATABASE_URL`) → the embedded default.
-    pub url: Option<Secret>,
-    /// Pool size.
-    pub max_connections: Option<u32>,
-}
-
-/// `[scheduler]`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SchedulerSection {
-    /// Period between passes (± 20 % jitter).
-    pub interval_ms: Option<u64>,
-    /// Rows per scope and task per pass.
-    pub batch: Option<u32>,
-}
-
-/// `[runner]`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RunnerSection {
-    /// Fence lease of a claimed execution.
-    pub lease_ms: Option<u64>,
-}
-
-/// `[[providers]]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProviderSection {
-    /// Name profiles refer to.
-    pub name: String,
-    /// `openai-chat`, `openai-responses` or `anthropic`.
-    pub kind: String,
-    /// Base URL.
-    pub base_url: String,
-    /// Name of the environment variable holding the API key.
-    pub api_key_env: Option<String>,
-    /// Connect timeout.
-    pub connect_timeout_ms: Option<u64>,
-}
-
-/// The prices of one model, decimal strings per million tokens.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelPricesSection {
-    /// Uncached input.
-    pub input: String,
-    /// Output.
-    pub output: String,
-    /// Cache read.
-    pub cache_read: String,
-    /// Cache write.
-    pub cache_write: String,
-    /// Reasoning.
-    pub reasoning: String,
-}
-
-/// `[[prices]]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PriceSection {
-    /// Version id.
-    pub version: String,
-    /// Currency code.
-    pub currency: String,
-    /// Prices by model.
-    #[serde(default)]
-    pub models: BTreeMap<String, ModelPricesSection>,
-}
-
-/// `[profiles.caps]`: decimal strings.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CapsSection {
-    /// Session warn.
-    pub session_warn: Option<String>,
-    /// Session block.
-    pub session_block: Option<String>,
-    /// Daily warn.
-    pub daily_warn: Option<String>,
-    /// Daily block.
-    pub daily_block: Option<String>,
-    /// Root warn.
-    pub root_warn: Option<String>,
-    /// Root block.
-    pub root_block: Option<String>,
-}
-
-/// `[[profiles]]` (spec/service.md — Profiles).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProfileSection {
-    /// Name callers use.
-    pub name: String,
-    /// `text`, `json`, `structured` or `step`.
-    pub kind: String,
-    /// Provider name.
-    pub provider: String,
-    /// Model.
-    pub model: String,
-    /// Policy version.
-    pub policy_version: String,
-    /// Price version (prices are snapshotted from it).
-    pub price_version: String,
-    /// Output contract version (default `none`).
-    pub output_contract_version: Option<String>,
-    /// Who is charged.
-    pub consumer: String,
-    /// System prompt.
-    pub system: Option<String>,
-    /// Output token cap.
-    pub max_tokens: Option<u32>,
-    /// Input limit, UTF-16 code units.
-    pub max_input_chars: Option<u64>,
-    /// Output limit.
-    pub max_output_chars: Option<u64>,
-    /// Whole-request limit.
-    pub max_request_chars: Option<u64>,
-    /// Reasoning limit.
-    pub max_reasoning_chars: Option<u64>,
-    /// Reasoning-loop limit.
-    pub max_consecutive_reasoning: Option<u32>,
-    /// Bound of one run.
-    pub run_timeout_ms: Option<u64>,
-    /// Retention, e.g. `30d` (units s, m, h, d).
-    pub result_retention: Option<String>,
-    /// Prompt-cache override.
-    pub cache: Option<bool>,
-    /// Temperature.
-    pub temperature: Option<Temperature>,
-    /// JSON Schema of the output (json profiles).
-    pub output_schema: Option<serde_json::Value>,
-    /// Tools (structured and step profiles).
-    #[serde(default)]
-    pub tools: Vec<ToolSpec>,
-    /// Tool choice (structured and step profiles).
-    pub tool_choice: Option<ToolChoice>,
-    /// Context window for the request-fit check.
-    pub context_window_tokens: Option<u64>,
-    /// Caps.
-    #[serde(default)]
-    pub caps: CapsSection,
-}
-
-/// `[[keys]]`: a static API key, by its hash only.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KeySection {
-    /// Scope the key acts in.
-    pub scope: String,
-    /// `caller`, `operator` or `finance`.
-    pub role: String,
-    /// Lower-case hex SHA-256 of the key.
-    pub sha256: String,
 }
 
 /// The file as read, after all layers, before validation.
@@ -280,12 +112,12 @@ pub struct ProviderSettings {
 /// A static key grant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyGrant {
-    /// SHA-256 of the key, lower-case hex.
-    pub sha256: String,
+    /// SHA-256 of the key.
+    pub digest: KeyDigest,
     /// Scope.
     pub scope: Scope,
     /// Role.
-    pub role: Role,
+    pub role: KeyRole,
 }
 
 /// Scheduler settings.
@@ -393,7 +225,8 @@ impl FileConfig {
             .unwrap_or(POOL_CONNECTIONS_DEFAULT);
         range("database.max_connections", max_connections.into(), 1, 1_000)?;
         let providers = providers(&self.providers, env)?;
-        let profiles = profiles::build(&self.profiles, &self.prices, &providers)?;
+        let provider_names = providers.keys().map(String::as_str).collect();
+        let profiles = profiles::build(&self.profiles, &self.prices, &provider_names)?;
         let keys = keys(&self.keys)?;
         Ok(Settings {
             listen,
@@ -467,23 +300,19 @@ fn keys(sections: &[KeySection]) -> Result<Vec<KeyGrant>, ConfigError> {
         .map(|(i, k)| {
             let scope =
                 Scope::parse(k.scope.clone()).map_err(|e| err(format!("keys[{i}]: {e}")))?;
-            let role: Role = k.role.parse().map_err(|e| err(format!("keys[{i}]: {e}")))?;
-            let hex_ok = k.sha256.len() == 64
-                && k.sha256
-                    .bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-            if !hex_ok {
-                return Err(err(format!(
+            let role: KeyRole = k.role.parse().map_err(|e| err(format!("keys[{i}]: {e}")))?;
+            let digest = KeyDigest::from_hex(&k.sha256).ok_or_else(|| {
+                err(format!(
                     "keys[{i}]: sha256 must be 64 lower-case hex digits"
-                )));
-            }
-            if !seen.insert(k.sha256.clone()) {
+                ))
+            })?;
+            if !seen.insert(digest) {
                 return Err(err(format!(
                     "keys[{i}]: the same key hash is declared twice"
                 )));
             }
             Ok(KeyGrant {
-                sha256: k.sha256.clone(),
+                digest,
                 scope,
                 role,
             })

@@ -3,10 +3,12 @@
 //! profiles for the mock models. Configured providers, prices and profiles keep their names; the
 //! built-ins only fill the names that are free.
 
-use crate::auth::{generate_key, KeyStore, Principal, Role};
-use crate::config::{ConfigError, Env, FileConfig};
+use crate::app::StartError;
+use crate::auth::KeyStore;
+use crate::config::{ConfigError, Env, FileConfig, ProviderSection};
 use crate::secret::Secret;
 use tollgate_core::ids::Scope;
+use tollgate_store::KeyRole;
 
 /// The built-in provider's name.
 pub const PROVIDER: &str = "embedded-mock";
@@ -118,7 +120,7 @@ input_schema = { type = "object", required = ["city"], properties = { city = { t
 pub fn extend(config: &mut FileConfig, mock_base_url: &str) -> Result<(), ConfigError> {
     let built_in = FileConfig::from_toml(BUILT_IN, &Env::new())?;
     if !config.providers.iter().any(|p| p.name == PROVIDER) {
-        config.providers.push(crate::config::ProviderSection {
+        config.providers.push(ProviderSection {
             name: PROVIDER.into(),
             kind: "openai-chat".into(),
             base_url: mock_base_url.into(),
@@ -148,27 +150,21 @@ pub struct DemoKeys {
     pub operator: Secret,
 }
 
-/// Creates scope `demo` with one caller and one operator key in `keys`.
+/// Creates scope `demo` with one caller and one operator key in `keys` (the stores' keys).
 ///
 /// # Errors
-/// Never in practice (`demo` is a valid scope).
-pub fn demo_keys(keys: &KeyStore) -> Result<DemoKeys, ConfigError> {
-    let scope = Scope::parse(DEMO_SCOPE).map_err(|e| ConfigError(e.to_string()))?;
-    let demo = DemoKeys {
-        caller: generate_key(),
-        operator: generate_key(),
-    };
-    for (key, role) in [
-        (&demo.caller, Role::Caller),
-        (&demo.operator, Role::Operator),
-    ] {
-        let principal = Principal {
-            scope: scope.clone(),
-            role,
-        };
-        keys.insert(key, principal);
-    }
-    Ok(demo)
+/// The keys cannot be stored.
+pub async fn demo_keys(keys: &KeyStore) -> Result<DemoKeys, StartError> {
+    let scope = Scope::parse(DEMO_SCOPE).map_err(|e| StartError(e.to_string()))?;
+    let stored =
+        |e: tollgate_store::StoreError| StartError(format!("cannot store the demo keys: {e}"));
+    Ok(DemoKeys {
+        caller: keys.create(&scope, KeyRole::Caller).await.map_err(stored)?,
+        operator: keys
+            .create(&scope, KeyRole::Operator)
+            .await
+            .map_err(stored)?,
+    })
 }
 
 #[cfg(test)]

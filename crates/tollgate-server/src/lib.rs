@@ -19,6 +19,7 @@ pub mod profiles;
 pub mod routes;
 pub mod scheduler;
 pub mod secret;
+pub mod sections;
 pub mod service;
 pub mod start;
 

@@ -2,9 +2,9 @@
 //! Profiles). Each `[[profiles]]` section becomes a checked [`CallConfig`] with the model's
 //! prices copied from its price version, so a later price table cannot change a loaded profile.
 
-use crate::config::{CapsSection, ConfigError, PriceSection, ProfileSection, ProviderSettings};
+use crate::sections::{CapsSection, ConfigError, PriceSection, ProfileSection};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use tollgate_core::caps::Caps;
 use tollgate_core::config::{CallConfig, OutputContract};
 use tollgate_core::ids::{ConsumerId, VersionId};
@@ -125,13 +125,13 @@ fn version(text: &str) -> Result<VersionId, String> {
 fn snapshot(
     p: &ProfileSection,
     tables: &BTreeMap<String, PriceTable>,
-    providers: &BTreeMap<String, ProviderSettings>,
+    providers: &BTreeSet<&str>,
 ) -> Result<Profile, String> {
     let kind: CallKind = p
         .kind
         .parse()
         .map_err(|_| format!("kind {:?} is not text, json, structured or step", p.kind))?;
-    if !providers.contains_key(&p.provider) {
+    if !providers.contains(p.provider.as_str()) {
         return Err(format!("provider {:?} is not declared", p.provider));
     }
     let table = tables
@@ -189,14 +189,14 @@ fn snapshot(
     })
 }
 
-/// Builds every profile.
+/// Builds every profile; `providers` are the names of the declared providers.
 ///
 /// # Errors
 /// The first invalid profile or price table, naming it.
 pub fn build(
     sections: &[ProfileSection],
     prices: &[PriceSection],
-    providers: &BTreeMap<String, ProviderSettings>,
+    providers: &BTreeSet<&str>,
 ) -> Result<BTreeMap<String, Profile>, ConfigError> {
     let tables = price_tables(prices)?;
     let mut profiles = BTreeMap::new();
@@ -219,14 +219,18 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Env, FileConfig};
+    use serde::Deserialize;
+
+    /// The price and profile sections of a file (the rest of the file is not read here).
+    #[derive(Deserialize)]
+    struct Sections {
+        #[serde(default)]
+        prices: Vec<PriceSection>,
+        #[serde(default)]
+        profiles: Vec<ProfileSection>,
+    }
 
     const BASE: &str = r#"
-[[providers]]
-name = "mock"
-kind = "openai-chat"
-base_url = "http://127.0.0.1:9"
-
 [[prices]]
 version = "prices-1"
 currency = "USD"
@@ -240,10 +244,12 @@ reasoning = "2.00"
 
     fn load(profile: &str) -> Result<BTreeMap<String, Profile>, ConfigError> {
         let text = format!("{BASE}\n{profile}");
-        let env = Env::new();
-        FileConfig::from_toml(&text, &env)?
-            .validate(&env)
-            .map(|s| s.profiles)
+        let sections: Sections = toml::from_str(&text).map_err(|e| err(e.message()))?;
+        build(
+            &sections.profiles,
+            &sections.prices,
+            &BTreeSet::from(["mock"]),
+        )
     }
 
     const SUMMARIZE: &str = r#"

@@ -7,7 +7,6 @@
 //! the loser of a race finds no eligible fence and skips. A failed task is logged and counted;
 //! the pass goes on with the next one. Shutdown is checked between tasks and during the sleep.
 
-use crate::auth::KeyStore;
 use crate::backend::Backend;
 use crate::config::SchedulerSettings;
 use crate::metrics::{Metrics, PassCounts};
@@ -18,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tollgate_core::ids::{OperationKey, Scope};
 use tollgate_core::state::ExecutionState;
 use tollgate_runner::recovery::Reconciler;
-use tollgate_store::StoreError;
+use tollgate_store::{ServiceStores, StoreError};
 
 /// Scopes visited per pass at most (the rest get their turn in the next passes).
 pub const SCOPES_PER_PASS_MAX: u32 = 1_000;
@@ -31,8 +30,7 @@ const JITTER_PERCENT: u64 = 20;
 
 /// The scheduler.
 pub struct Scheduler {
-    backend: Backend,
-    keys: Arc<KeyStore>,
+    stores: Arc<dyn ServiceStores>,
     reconciler: Reconciler,
     settings: SchedulerSettings,
     lease_ms: u64,
@@ -40,27 +38,25 @@ pub struct Scheduler {
     /// Where each scope's usage scan continues (its unacknowledged rows may stay pending).
     usage_cursors: HashMap<Scope, i64>,
     /// The last scope visited when a pass stopped at [`SCOPES_PER_PASS_MAX`].
-    scope_cursor: String,
+    scope_cursor: Option<Scope>,
 }
 
 impl Scheduler {
-    /// A scheduler over `backend`; `keys` gives the scopes on the in-memory stores.
+    /// A scheduler over `backend`.
     pub fn new(
         backend: Backend,
-        keys: Arc<KeyStore>,
         settings: SchedulerSettings,
         lease_ms: u64,
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             reconciler: crate::app::reconciler(&backend),
-            backend,
-            keys,
+            stores: backend.stores(),
             settings,
             lease_ms,
             metrics,
             usage_cursors: HashMap::new(),
-            scope_cursor: String::new(),
+            scope_cursor: None,
         }
     }
 
@@ -92,10 +88,9 @@ impl Scheduler {
     /// One pass over the scopes with work, then erasure.
     pub async fn pass(&mut self, shutdown: &CancellationToken) -> PassCounts {
         let mut counts = PassCounts::default();
-        let known = self.keys.known_scopes();
         let scopes = match self
-            .backend
-            .scopes_with_work(&known, &self.scope_cursor, SCOPES_PER_PASS_MAX)
+            .stores
+            .scopes_with_work(self.scope_cursor.as_ref(), SCOPES_PER_PASS_MAX)
             .await
         {
             Ok(scopes) => scopes,
@@ -105,8 +100,8 @@ impl Scheduler {
             }
         };
         self.scope_cursor = match scopes.last() {
-            Some(last) if scopes.len() >= SCOPES_PER_PASS_MAX as usize => last.to_string(),
-            _ => String::new(),
+            Some(last) if scopes.len() >= SCOPES_PER_PASS_MAX as usize => Some(last.clone()),
+            _ => None,
         };
         for scope in &scopes {
             if shutdown.is_cancelled() {
@@ -155,8 +150,7 @@ impl Scheduler {
             Err(e) => failed(counts, "reconcile_usage", &e),
         }
         match self
-            .backend
-            .stores()
+            .stores
             .by_state(
                 scope,
                 ExecutionState::ReconciliationRequired,

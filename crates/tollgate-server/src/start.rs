@@ -3,7 +3,7 @@
 //! and calls [`serve`], [`scheduler`] or [`create_key`].
 
 use crate::app::{App, StartError};
-use crate::auth::{self, KeyStore, Role};
+use crate::auth::{self, KeyStore};
 use crate::backend::Backend;
 use crate::config::{Env, FileConfig, Settings};
 use crate::embedded;
@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tollgate_core::ids::Scope;
 use tollgate_mock_provider::MockProvider;
 use tollgate_postgres::PgStores;
+use tollgate_store::KeyRole;
 
 /// Where the configuration comes from.
 #[derive(Debug, Clone, Default)]
@@ -83,15 +84,15 @@ pub async fn serve(options: Options, shutdown: CancellationToken) -> Result<(), 
         Some(url) => Backend::Postgres(connect(url, settings.max_connections).await?),
         None => Backend::memory(),
     };
-    let keys = Arc::new(KeyStore::new(&settings.keys, backend.pool()));
+    let keys = Arc::new(KeyStore::new(&settings.keys, backend.stores()));
     if let Some(mock) = &mock {
         notice(&format!(
             "tollgate: embedded default — in-memory stores (lost on exit) and the built-in mock provider at {}; profiles: {}",
             mock.base_url(),
             settings.profiles.keys().cloned().collect::<Vec<_>>().join(", ")
         ));
-        if keys.is_empty() {
-            let demo = embedded::demo_keys(&keys).map_err(start_error)?;
+        if !keys.has_grants() {
+            let demo = embedded::demo_keys(&keys).await?;
             notice(&format!(
                 "tollgate: scope {} — caller key {}, operator key {} (shown once)",
                 embedded::DEMO_SCOPE,
@@ -123,13 +124,7 @@ async fn serve_app(
         "tollgate: listening on http://{addr} (stores: {})",
         backend.name()
     ));
-    let scheduler = Scheduler::new(
-        backend,
-        keys,
-        settings.scheduler,
-        settings.lease_ms,
-        metrics,
-    );
+    let scheduler = Scheduler::new(backend, settings.scheduler, settings.lease_ms, metrics);
     let stop_scheduler = shutdown.child_token();
     let scheduler = tokio::spawn(scheduler.run(stop_scheduler.clone()));
     let served = crate::run(listener, app, shutdown.cancelled_owned()).await;
@@ -152,11 +147,9 @@ pub async fn scheduler(options: Options, shutdown: CancellationToken) -> Result<
         )
     })?;
     let backend = Backend::Postgres(connect(url, settings.max_connections).await?);
-    let keys = Arc::new(KeyStore::new(&settings.keys, backend.pool()));
     notice("tollgate: scheduler running on postgres");
     let scheduler = Scheduler::new(
         backend,
-        keys,
         settings.scheduler,
         settings.lease_ms,
         Arc::new(Metrics::default()),
@@ -172,7 +165,7 @@ pub async fn scheduler(options: Options, shutdown: CancellationToken) -> Result<
 /// No `DATABASE_URL`, invalid scope or role, store failure.
 pub async fn create_key(env: &Env, scope: &str, role: &str) -> Result<Secret, StartError> {
     let scope = Scope::parse(scope).map_err(start_error)?;
-    let role: Role = role.parse().map_err(StartError)?;
+    let role: KeyRole = role.parse().map_err(StartError)?;
     let url = env
         .get("DATABASE_URL")
         .filter(|u| !u.trim().is_empty())
@@ -180,7 +173,7 @@ pub async fn create_key(env: &Env, scope: &str, role: &str) -> Result<Secret, St
             StartError("DATABASE_URL is not set (keys are stored in Postgres)".into())
         })?;
     let stores = connect(&Secret::new(url.clone()), 2).await?;
-    auth::create_key(stores.pool(), &scope, role)
+    auth::create_key(&*stores, &scope, role)
         .await
         .map_err(|e| StartError(format!("cannot store the key: {e}")))
 }

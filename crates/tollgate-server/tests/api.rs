@@ -7,16 +7,16 @@ mod support;
 
 use reqwest::StatusCode;
 use serde_json::json;
-use std::str::FromStr;
 use std::sync::Arc;
 use support::{admin_url, call, Server, SECRET};
 use tokio_util::sync::CancellationToken;
 use tollgate_core::ids::Scope;
-use tollgate_postgres::PgStores;
-use tollgate_server::auth::{self, Role};
+use tollgate_postgres::fresh_test_database;
+use tollgate_server::auth;
 use tollgate_server::metrics::Metrics;
 use tollgate_server::scheduler::Scheduler;
 use tollgate_server::Backend;
+use tollgate_store::{ApiKeyStore, KeyDigest, KeyRole};
 
 #[tokio::test]
 async fn sc_13_a_call_then_its_replay_sends_once() {
@@ -419,13 +419,14 @@ async fn sc_62_scheduler_pass_acknowledges_settled_evidence() {
         batch: 10,
     };
     let metrics = Arc::new(Metrics::default());
-    let mut scheduler = Scheduler::new(s.backend.clone(), s.keys.clone(), settings, 1000, metrics);
+    let mut scheduler = Scheduler::new(s.backend.clone(), settings, 1000, metrics);
     let counts = scheduler.pass(&CancellationToken::new()).await;
     assert_eq!(counts.errors, 0);
-    assert_eq!(counts.scopes, 2, "acme and globex");
+    assert_eq!(counts.scopes, 1, "acme has work, globex none");
     assert_eq!(counts.acknowledged, 1);
     let again = scheduler.pass(&CancellationToken::new()).await;
     assert_eq!(again.acknowledged, 0, "acknowledged once");
+    assert_eq!(again.scopes, 0, "no work left");
     s.stop().await;
 }
 
@@ -483,35 +484,19 @@ async fn health_readiness_and_metrics_carry_no_content() {
 
 #[tokio::test]
 async fn postgres_a_call_and_its_replay_through_the_api() {
-    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-    use sqlx::{ConnectOptions, Connection};
-    let options = PgConnectOptions::from_str(&admin_url())
+    let stores = Arc::new(fresh_test_database(&admin_url()).await.unwrap());
+    let s = Server::start(Backend::Postgres(stores.clone())).await;
+    // A key in the api_keys table, stored under its digest only.
+    let acme = Scope::parse("acme").unwrap();
+    let key = auth::create_key(&*stores, &acme, KeyRole::Caller)
+        .await
+        .unwrap();
+    let stored = stores
+        .key_by_digest(&KeyDigest::of_key(key.expose()))
+        .await
         .unwrap()
-        .disable_statement_logging();
-    let name = format!("tollgate_srv_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = sqlx::PgConnection::connect_with(&options).await.unwrap();
-    // An identifier we generated (letters, digits, underscores): identifiers cannot be bound.
-    sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
-        .execute(&mut admin)
-        .await
         .unwrap();
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .connect_with(options.clone().database(&name))
-        .await
-        .unwrap();
-    let stores = PgStores::new(pool.clone());
-    stores.migrate().await.unwrap();
-    let s = Server::start(Backend::Postgres(Arc::new(stores))).await;
-    // A key from the api_keys table (stored as its hash only).
-    let key = auth::create_key(&pool, &Scope::parse("acme").unwrap(), Role::Caller)
-        .await
-        .unwrap();
-    let stored: String = sqlx::query_scalar("SELECT sha256 FROM api_keys")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(stored, auth::hash_key(key.expose()));
+    assert_eq!((&stored.scope, stored.role), (&acme, KeyRole::Caller));
     let body = call("summarize", "pg-1", "r-1", "hello postgres");
     let (status, first, _) = s.post("/v1/calls", key.expose(), &body).await;
     assert_eq!(status, StatusCode::OK, "{first}");
@@ -529,10 +514,4 @@ async fn postgres_a_call_and_its_replay_through_the_api() {
     let (status, _, _) = s.get("/v1/calls/pg-1", &s.stranger).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     s.stop().await;
-    pool.close().await;
-    sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    admin.close().await.unwrap();
 }

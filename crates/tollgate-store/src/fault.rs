@@ -37,12 +37,17 @@ pub enum FaultPoint {
     CloseRoot,
     /// `root_receipt` reads nothing, as if the receipt set were incomplete.
     HideRootReceipt,
+    /// `key_by_digest` fails.
+    KeyLookup,
+    /// `scopes_with_work` fails.
+    WorkScan,
 }
 
 /// Stores with injectable faults.
 pub struct FaultyStores {
     inner: Arc<dyn Stores>,
     roots: Option<Arc<dyn AllStores>>,
+    service: Option<Arc<dyn ServiceStores>>,
     armed: Mutex<HashSet<FaultPoint>>,
 }
 
@@ -52,6 +57,7 @@ impl FaultyStores {
         Self {
             inner,
             roots: None,
+            service: None,
             armed: Mutex::new(HashSet::new()),
         }
     }
@@ -62,6 +68,19 @@ impl FaultyStores {
         Self {
             inner: stores,
             roots: Some(inner),
+            service: None,
+            armed: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Wraps stores that also keep API keys and scan for work (the HTTP service's stores).
+    pub fn with_service(inner: Arc<dyn ServiceStores>) -> Self {
+        let stores: Arc<dyn Stores> = inner.clone();
+        let roots: Arc<dyn AllStores> = inner.clone();
+        Self {
+            inner: stores,
+            roots: Some(roots),
+            service: Some(inner),
             armed: Mutex::new(HashSet::new()),
         }
     }
@@ -70,6 +89,12 @@ impl FaultyStores {
         self.roots
             .as_ref()
             .ok_or_else(|| StoreError::Unavailable("these stores keep no roots".into()))
+    }
+
+    fn service(&self) -> StoreResult<&Arc<dyn ServiceStores>> {
+        self.service
+            .as_ref()
+            .ok_or_else(|| StoreError::Unavailable("these stores keep no service tables".into()))
     }
 
     /// Arms `point`: every call fails until disarmed.
@@ -353,5 +378,24 @@ impl RootStore for FaultyStores {
         limit: u32,
     ) -> StoreResult<Vec<RootRecord>> {
         self.roots()?.reconcile_roots(scope, now, limit).await
+    }
+}
+
+#[async_trait]
+impl ApiKeyStore for FaultyStores {
+    async fn insert_key(&self, key: ApiKeyRecord) -> StoreResult<()> {
+        self.service()?.insert_key(key).await
+    }
+    async fn key_by_digest(&self, digest: &KeyDigest) -> StoreResult<Option<ApiKeyRecord>> {
+        self.check(FaultPoint::KeyLookup)?;
+        self.service()?.key_by_digest(digest).await
+    }
+}
+
+#[async_trait]
+impl WorkScan for FaultyStores {
+    async fn scopes_with_work(&self, after: Option<&Scope>, limit: u32) -> StoreResult<Vec<Scope>> {
+        self.check(FaultPoint::WorkScan)?;
+        self.service()?.scopes_with_work(after, limit).await
     }
 }

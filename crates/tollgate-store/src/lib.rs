@@ -4,9 +4,10 @@
 //! The traits are split by capability (SC-50): the journal ([`ExecutionStore`]), results
 //! ([`ResultStore`]), the usage inbox ([`UsageInbox`]), governed settlements
 //! ([`SettlementStore`]), spend totals ([`SpendStore`]) and the append-only audit log
-//! ([`AuditLog`]). Operations that must be atomic across tables — claim with holds, settlement
-//! with spend, result and journal — are single methods, so each implementation can make them one
-//! transaction.
+//! ([`AuditLog`]); beside them, operation roots ([`RootStore`]) and, for the HTTP service, API
+//! keys ([`ApiKeyStore`]) and the scheduler's work scan ([`WorkScan`]). Operations that must be
+//! atomic across tables — claim with holds, settlement with spend, result and journal — are
+//! single methods, so each implementation can make them one transaction.
 #![warn(missing_docs)]
 
 pub mod audit;

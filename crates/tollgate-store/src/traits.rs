@@ -390,3 +390,51 @@ pub trait RootStore: Send + Sync {
 pub trait AllStores: Stores + RootStore {}
 
 impl<T> AllStores for T where T: Stores + RootStore {}
+
+/// API keys of the HTTP service, by the SHA-256 of the key: the key itself is never stored, so
+/// it cannot be read back. Keys belong to no execution and write no audit row.
+#[async_trait]
+pub trait ApiKeyStore: Send + Sync {
+    /// Stores a key: its digest, scope, role and creation time. An existing key is never
+    /// overwritten.
+    ///
+    /// # Errors
+    /// `Duplicate` when a key with this digest is stored already (nothing changes); store
+    /// failure.
+    async fn insert_key(&self, key: ApiKeyRecord) -> StoreResult<()>;
+
+    /// The key whose SHA-256 is `digest`; `None` when there is none.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn key_by_digest(&self, digest: &KeyDigest) -> StoreResult<Option<ApiKeyRecord>>;
+}
+
+/// Where the scheduler finds work.
+#[async_trait]
+pub trait WorkScan: Send + Sync {
+    /// Up to `limit` scopes with open work, each once, in ascending order of name and strictly
+    /// after `after` (`None`: from the first) — a rotating cursor, so that every scope gets its
+    /// turn. A scope has open work when it has at least one of:
+    ///
+    /// - an execution in `prepared`, `dispatched` or `reconciliation_required`, whatever its
+    ///   lease (an execution whose lease is still live counts);
+    /// - usage evidence not yet acknowledged;
+    /// - a root that is not `reconciled` (`active`, `closed` or `expired`), whatever its
+    ///   deadline.
+    ///
+    /// Nothing else is work: completed and not-dispatched executions, acknowledged evidence,
+    /// reconciled roots, results awaiting erasure (erasure is not per scope) and API keys. The
+    /// list is a superset of what a scheduler pass will change; the per-scope tasks decide what
+    /// is due. Names are compared as the store compares text: byte order in memory, the
+    /// database's collation on Postgres (byte order under `C`).
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn scopes_with_work(&self, after: Option<&Scope>, limit: u32) -> StoreResult<Vec<Scope>>;
+}
+
+/// Everything the HTTP service needs: the runners' stores, API keys and the work scan.
+pub trait ServiceStores: AllStores + ApiKeyStore + WorkScan {}
+
+impl<T> ServiceStores for T where T: AllStores + ApiKeyStore + WorkScan {}

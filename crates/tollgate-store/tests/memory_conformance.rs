@@ -14,3 +14,8 @@ mod roots {
     use super::fresh;
     tollgate_store::root_conformance!(fresh);
 }
+
+mod service {
+    use super::fresh;
+    tollgate_store::service_conformance!(fresh);
+}

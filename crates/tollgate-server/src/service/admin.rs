@@ -3,7 +3,7 @@
 
 use super::{id, parse, store_failure};
 use crate::app::App;
-use crate::auth::{Principal, Role};
+use crate::auth::Principal;
 use crate::config::{LEASE_MS_MAX, LEASE_MS_MIN};
 use crate::error::ApiError;
 use chrono::{DateTime, Utc};
@@ -13,7 +13,7 @@ use tollgate_core::state::{CallKind, ExecutionState, NotDispatchedCause, Outcome
 use tollgate_core::usage::Usage;
 use tollgate_core::view::View;
 use tollgate_runner::recovery::{ExpiredCounts, UsageCounts, RECONCILE_PAGE_MAX};
-use tollgate_store::Evidence;
+use tollgate_store::{Evidence, KeyRole};
 
 /// Default page of `reconcile/expired` and of the executions listing.
 pub const PAGE_DEFAULT: u32 = 50;
@@ -118,7 +118,7 @@ pub struct ExecutionList {
 }
 
 fn operator(who: &Principal) -> Result<(), ApiError> {
-    who.require(&[Role::Operator])
+    who.require(&[KeyRole::Operator])
 }
 
 /// `POST /v1/admin/recover` (SC-40, ST-30, SR-11): finishes an execution whose fence expired;

@@ -3,7 +3,7 @@
 
 use super::{caller_id, checked_input, detached, id, parse, store_failure, InputBody};
 use crate::app::{App, ProfileRunner};
-use crate::auth::{Principal, Role};
+use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::profiles::Profile;
 use serde::{Deserialize, Serialize};
@@ -12,6 +12,7 @@ use tollgate_core::ids::{InputRevision, Intent, OperationKey, SessionId};
 use tollgate_core::view::View;
 use tollgate_runner::single::RunRequest;
 use tollgate_runner::views;
+use tollgate_store::KeyRole;
 use tracing::Instrument;
 
 /// `POST /v1/calls`. The scope is the key's: the body cannot name one (SC-10).
@@ -49,7 +50,7 @@ pub fn profiles(app: &App, _who: &Principal) -> Result<ProfileList, ApiError> {
 /// # Errors
 /// `invalid_request`, `conflict`, `cap_blocked`, `unavailable`, `interrupted`, `forbidden`.
 pub async fn create(app: &App, who: &Principal, body: &[u8]) -> Result<View, ApiError> {
-    who.require(&[Role::Caller])?;
+    who.require(&[KeyRole::Caller])?;
     let result = create_checked(app, who, body).await;
     app.metrics.observe(&result);
     result
@@ -124,7 +125,7 @@ fn answered(view: View) -> Result<View, ApiError> {
 /// # Errors
 /// `not_found`, `unavailable`, `forbidden`.
 pub async fn read(app: &App, who: &Principal, key: String) -> Result<View, ApiError> {
-    who.require(&[Role::Caller, Role::Operator])?;
+    who.require(&[KeyRole::Caller, KeyRole::Operator])?;
     let key = caller_id(OperationKey::parse, key)?;
     let stores = app.backend.stores();
     let record = stores

@@ -7,7 +7,7 @@
 
 use super::{caller_id, checked_input, detached, id, parse, InputBody};
 use crate::app::{App, ProfileRunner};
-use crate::auth::{Principal, Role};
+use crate::auth::Principal;
 use crate::error::ApiError;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -16,7 +16,7 @@ use tollgate_core::ids::{InputRevision, Intent, OperationKey, RootKey, SessionId
 use tollgate_core::money::{Currency, Money};
 use tollgate_core::view::View;
 use tollgate_runner::step::{GovernedStepRunner, OpenRoot, StepRequest};
-use tollgate_store::{RootRecord, RootState};
+use tollgate_store::{KeyRole, RootRecord, RootState};
 use tracing::Instrument;
 
 /// `POST /v1/roots`.
@@ -99,7 +99,7 @@ async fn root_of(app: &App, who: &Principal, root_key: &RootKey) -> Result<RootR
 /// # Errors
 /// `invalid_request`, `conflict`, `unavailable`, `forbidden`.
 pub async fn open(app: &App, who: &Principal, body: &[u8]) -> Result<RootView, ApiError> {
-    who.require(&[Role::Caller])?;
+    who.require(&[KeyRole::Caller])?;
     let body: OpenBody = parse(body)?;
     let loaded = app
         .profiles
@@ -135,7 +135,7 @@ pub async fn step(
     root_key: String,
     body: &[u8],
 ) -> Result<View, ApiError> {
-    who.require(&[Role::Caller])?;
+    who.require(&[KeyRole::Caller])?;
     let result = step_checked(app, who, root_key, body).await;
     app.metrics.observe(&result);
     result
@@ -195,7 +195,7 @@ pub async fn read_step(
     root_key: String,
     key: String,
 ) -> Result<View, ApiError> {
-    who.require(&[Role::Caller, Role::Operator])?;
+    who.require(&[KeyRole::Caller, KeyRole::Operator])?;
     let root_key = caller_id(RootKey::parse, root_key)?;
     let key = caller_id(OperationKey::parse, key)?;
     steps(app)?
@@ -209,7 +209,7 @@ pub async fn read_step(
 /// # Errors
 /// `not_found`, `unavailable`, `forbidden`.
 pub async fn read(app: &App, who: &Principal, root_key: String) -> Result<RootView, ApiError> {
-    who.require(&[Role::Caller, Role::Operator])?;
+    who.require(&[KeyRole::Caller, KeyRole::Operator])?;
     let root_key = caller_id(RootKey::parse, root_key)?;
     let root = root_of(app, who, &root_key).await?;
     Ok(root_view(app, root))
@@ -220,7 +220,7 @@ pub async fn read(app: &App, who: &Principal, root_key: String) -> Result<RootVi
 /// # Errors
 /// `not_found`, `unavailable`, `forbidden`.
 pub async fn close(app: &App, who: &Principal, root_key: String) -> Result<RootView, ApiError> {
-    who.require(&[Role::Caller])?;
+    who.require(&[KeyRole::Caller])?;
     let root_key = caller_id(RootKey::parse, root_key)?;
     let root = steps(app)?
         .close_root(&who.scope, &root_key)

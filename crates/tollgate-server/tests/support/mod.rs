@@ -9,10 +9,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tollgate_core::ids::Scope;
 use tollgate_mock_provider::MockProvider;
-use tollgate_server::auth::{generate_key, KeyStore, Principal, Role};
+use tollgate_server::auth::KeyStore;
 use tollgate_server::config::{Env, FileConfig};
 use tollgate_server::metrics::Metrics;
 use tollgate_server::{App, Backend};
+use tollgate_store::KeyRole;
 
 /// Looks like a credential; must never come back in an error body.
 pub const SECRET: &str = "sk-live-TOPSECRET-4242";
@@ -134,13 +135,9 @@ pub struct Server {
     pub task: JoinHandle<std::io::Result<()>>,
 }
 
-fn key_for(keys: &KeyStore, scope: &str, role: Role) -> String {
-    let key = generate_key();
-    let principal = Principal {
-        scope: Scope::parse(scope).unwrap(),
-        role,
-    };
-    keys.insert(&key, principal);
+async fn key_for(keys: &KeyStore, scope: &str, role: KeyRole) -> String {
+    let scope = Scope::parse(scope).unwrap();
+    let key = keys.create(&scope, role).await.unwrap();
     key.expose().to_string()
 }
 
@@ -154,10 +151,10 @@ impl Server {
             .unwrap()
             .validate(&env)
             .unwrap();
-        let keys = Arc::new(KeyStore::new(&settings.keys, backend.pool()));
-        let caller = key_for(&keys, "acme", Role::Caller);
-        let operator = key_for(&keys, "acme", Role::Operator);
-        let stranger = key_for(&keys, "globex", Role::Caller);
+        let keys = Arc::new(KeyStore::new(&settings.keys, backend.stores()));
+        let caller = key_for(&keys, "acme", KeyRole::Caller).await;
+        let operator = key_for(&keys, "acme", KeyRole::Operator).await;
+        let stranger = key_for(&keys, "globex", KeyRole::Caller).await;
         let metrics = Arc::new(Metrics::default());
         let app = App::build(&settings, backend.clone(), keys.clone(), metrics).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -655,4 +655,6 @@ pub async fn concurrent_claims_of_one_key_insert_once<S: Stores + 'static>(s: Ar
 }
 
 mod roots;
+mod service;
 pub use roots::*;
+pub use service::*;

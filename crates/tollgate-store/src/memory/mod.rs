@@ -28,6 +28,7 @@ struct Tables {
     audit: HashMap<Scope, Vec<AuditRow>>,
     roots: HashMap<(Scope, RootKey), RootRecord>,
     root_receipts: HashMap<ExecutionId, RootReceipt>,
+    api_keys: HashMap<KeyDigest, ApiKeyRecord>,
 }
 
 /// All stores in memory.
@@ -602,4 +603,6 @@ impl AuditLog for MemoryStores {
     }
 }
 
+mod api_keys;
 mod roots;
+mod work;

@@ -1,6 +1,7 @@
 //! What each table keeps, one module per table: its rows, the requests that write them and the
 //! outcomes those writes report. Everything is re-exported at the crate root.
 
+mod api_key;
 mod audit;
 mod evidence;
 mod execution;
@@ -8,6 +9,7 @@ mod result;
 mod root;
 mod settlement;
 
+pub use api_key::*;
 pub use audit::*;
 pub use evidence::*;
 pub use execution::*;

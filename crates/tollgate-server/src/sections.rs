@@ -1,0 +1,180 @@
+//! The configuration file as written (spec/service.md — Configuration): one serde type per
+//! section, before validation, and [`ConfigError`]. [`crate::config`] reads and validates them;
+//! [`crate::profiles`] turns the profile and price sections into profiles.
+
+use crate::secret::Secret;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use tollgate_core::message::{Temperature, ToolChoice, ToolSpec};
+
+/// Why the configuration cannot be used. Names files, keys and fields, never secret values.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// `[server]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    /// Listen address.
+    pub listen: Option<String>,
+}
+
+/// `[database]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSection {
+    /// Postgres URL; none (and no `DATABASE_URL`) → the embedded default.
+    pub url: Option<Secret>,
+    /// Pool size.
+    pub max_connections: Option<u32>,
+}
+
+/// `[scheduler]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerSection {
+    /// Period between passes (± 20 % jitter).
+    pub interval_ms: Option<u64>,
+    /// Rows per scope and task per pass.
+    pub batch: Option<u32>,
+}
+
+/// `[runner]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunnerSection {
+    /// Fence lease of a claimed execution.
+    pub lease_ms: Option<u64>,
+}
+
+/// `[[providers]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSection {
+    /// Name profiles refer to.
+    pub name: String,
+    /// `openai-chat`, `openai-responses` or `anthropic`.
+    pub kind: String,
+    /// Base URL.
+    pub base_url: String,
+    /// Name of the environment variable holding the API key.
+    pub api_key_env: Option<String>,
+    /// Connect timeout.
+    pub connect_timeout_ms: Option<u64>,
+}
+
+/// The prices of one model, decimal strings per million tokens.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPricesSection {
+    /// Uncached input.
+    pub input: String,
+    /// Output.
+    pub output: String,
+    /// Cache read.
+    pub cache_read: String,
+    /// Cache write.
+    pub cache_write: String,
+    /// Reasoning.
+    pub reasoning: String,
+}
+
+/// `[[prices]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceSection {
+    /// Version id.
+    pub version: String,
+    /// Currency code.
+    pub currency: String,
+    /// Prices by model.
+    #[serde(default)]
+    pub models: BTreeMap<String, ModelPricesSection>,
+}
+
+/// `[profiles.caps]`: decimal strings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapsSection {
+    /// Session warn.
+    pub session_warn: Option<String>,
+    /// Session block.
+    pub session_block: Option<String>,
+    /// Daily warn.
+    pub daily_warn: Option<String>,
+    /// Daily block.
+    pub daily_block: Option<String>,
+    /// Root warn.
+    pub root_warn: Option<String>,
+    /// Root block.
+    pub root_block: Option<String>,
+}
+
+/// `[[profiles]]` (spec/service.md — Profiles).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileSection {
+    /// Name callers use.
+    pub name: String,
+    /// `text`, `json`, `structured` or `step`.
+    pub kind: String,
+    /// Provider name.
+    pub provider: String,
+    /// Model.
+    pub model: String,
+    /// Policy version.
+    pub policy_version: String,
+    /// Price version (prices are snapshotted from it).
+    pub price_version: String,
+    /// Output contract version (default `none`).
+    pub output_contract_version: Option<String>,
+    /// Who is charged.
+    pub consumer: String,
+    /// System prompt.
+    pub system: Option<String>,
+    /// Output token cap.
+    pub max_tokens: Option<u32>,
+    /// Input limit, UTF-16 code units.
+    pub max_input_chars: Option<u64>,
+    /// Output limit.
+    pub max_output_chars: Option<u64>,
+    /// Whole-request limit.
+    pub max_request_chars: Option<u64>,
+    /// Reasoning limit.
+    pub max_reasoning_chars: Option<u64>,
+    /// Reasoning-loop limit.
+    pub max_consecutive_reasoning: Option<u32>,
+    /// Bound of one run.
+    pub run_timeout_ms: Option<u64>,
+    /// Retention, e.g. `30d` (units s, m, h, d).
+    pub result_retention: Option<String>,
+    /// Prompt-cache override.
+    pub cache: Option<bool>,
+    /// Temperature.
+    pub temperature: Option<Temperature>,
+    /// JSON Schema of the output (json profiles).
+    pub output_schema: Option<serde_json::Value>,
+    /// Tools (structured and step profiles).
+    #[serde(default)]
+    pub tools: Vec<ToolSpec>,
+    /// Tool choice (structured and step profiles).
+    pub tool_choice: Option<ToolChoice>,
+    /// Context window for the request-fit check.
+    pub context_window_tokens: Option<u64>,
+    /// Caps.
+    #[serde(default)]
+    pub caps: CapsSection,
+}
+
+/// `[[keys]]`: a static API key, by its hash only.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeySection {
+    /// Scope the key acts in.
+    pub scope: String,
+    /// `caller`, `operator` or `finance`.
+    pub role: String,
+    /// Lower-case hex SHA-256 of the key.
+    pub sha256: String,
+}
