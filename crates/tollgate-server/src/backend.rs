@@ -13,7 +13,7 @@ use tollgate_store::{AllStores, MemoryStores, StoreError};
 pub enum Backend {
     /// The embedded default (lost on exit).
     Memory(Arc<MemoryStores>),
-    /// Postgres.
+    /// Postgres at `[database] url` / `DATABASE_URL`: durable and shared between processes.
     Postgres(Arc<PgStores>),
 }
 

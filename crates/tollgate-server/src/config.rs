@@ -109,7 +109,7 @@ pub struct ProviderSection {
     pub name: String,
     /// `openai-chat`, `openai-responses` or `anthropic`.
     pub kind: String,
-    /// Base URL.
+    /// `http(s)` root of the API; the protocol's path is appended, a trailing `/v1` not doubled.
     pub base_url: String,
     /// Name of the environment variable holding the API key.
     pub api_key_env: Option<String>,
@@ -123,13 +123,13 @@ pub struct ProviderSection {
 pub struct ModelPricesSection {
     /// Uncached input.
     pub input: String,
-    /// Output.
+    /// Visible output (reasoning is priced on its own).
     pub output: String,
-    /// Cache read.
+    /// Input read from the provider's prompt cache.
     pub cache_read: String,
-    /// Cache write.
+    /// Input written to the provider's prompt cache.
     pub cache_write: String,
-    /// Reasoning.
+    /// Reasoning (thinking) tokens.
     pub reasoning: String,
 }
 
@@ -150,17 +150,17 @@ pub struct PriceSection {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CapsSection {
-    /// Session warn.
+    /// Warn once the consumer's settled spend in one session reaches this.
     pub session_warn: Option<String>,
-    /// Session block.
+    /// No claim may take the consumer's session spend (settled + held) past this.
     pub session_block: Option<String>,
-    /// Daily warn.
+    /// Like `session_warn`, for the consumer's spend on one accounting day (UTC).
     pub daily_warn: Option<String>,
-    /// Daily block.
+    /// Like `session_block`, for the consumer's spend on one accounting day (UTC).
     pub daily_block: Option<String>,
-    /// Root warn.
+    /// Like `session_warn`, for a root's inclusive cost (calls under a root only).
     pub root_warn: Option<String>,
-    /// Root block.
+    /// Like `session_block`, for a root's inclusive cost (calls under a root only).
     pub root_block: Option<String>,
 }
 
@@ -174,9 +174,9 @@ pub struct ProfileSection {
     pub kind: String,
     /// Provider name.
     pub provider: String,
-    /// Model.
+    /// Model name sent to the provider; `price_version` must price it.
     pub model: String,
-    /// Policy version.
+    /// Immutable policy id; changed behaviour needs a new one (SC-1).
     pub policy_version: String,
     /// Price version (prices are snapshotted from it).
     pub price_version: String,
@@ -204,7 +204,7 @@ pub struct ProfileSection {
     pub result_retention: Option<String>,
     /// Prompt-cache override.
     pub cache: Option<bool>,
-    /// Temperature.
+    /// Sampling temperature, at most two fraction digits; none leaves it to the provider (SC-5).
     pub temperature: Option<Temperature>,
     /// JSON Schema of the output (json profiles).
     pub output_schema: Option<serde_json::Value>,
@@ -215,7 +215,7 @@ pub struct ProfileSection {
     pub tool_choice: Option<ToolChoice>,
     /// Context window for the request-fit check.
     pub context_window_tokens: Option<u64>,
-    /// Caps.
+    /// Money caps in the price version's currency; any subset.
     #[serde(default)]
     pub caps: CapsSection,
 }
@@ -265,11 +265,11 @@ pub struct FileConfig {
 /// A provider ready to build clients for.
 #[derive(Debug, Clone)]
 pub struct ProviderSettings {
-    /// Name.
+    /// The name profiles refer to; unique among providers.
     pub name: String,
     /// Wire protocol.
     pub protocol: Protocol,
-    /// Base URL.
+    /// API root as configured; the protocol's path is appended to it.
     pub base_url: String,
     /// API key read from the named environment variable.
     pub api_key: Option<Secret>,
@@ -282,13 +282,13 @@ pub struct ProviderSettings {
 pub struct KeyGrant {
     /// SHA-256 of the key, lower-case hex.
     pub sha256: String,
-    /// Scope.
+    /// The scope every request with this key acts in (SC-10).
     pub scope: Scope,
-    /// Role.
+    /// What the key may do: caller, operator or finance.
     pub role: Role,
 }
 
-/// Scheduler settings.
+/// How often the scheduler runs a pass and how many rows one pass takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SchedulerSettings {
     /// Period between passes.
@@ -306,7 +306,7 @@ pub struct Settings {
     pub database_url: Option<Secret>,
     /// Pool size.
     pub max_connections: u32,
-    /// Scheduler.
+    /// Pass period and batch from `[scheduler]`, within their bounds.
     pub scheduler: SchedulerSettings,
     /// Fence lease.
     pub lease_ms: u64,
