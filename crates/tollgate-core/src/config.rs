@@ -98,7 +98,7 @@ pub enum ConfigError {
     /// A limit is zero or above its ceiling.
     #[error("{field} must be between {min} and {max}")]
     Limit {
-        /// Field.
+        /// Name of the snapshot field out of range, e.g. `max_tokens`.
         field: &'static str,
         /// Minimum.
         min: u64,

@@ -115,9 +115,10 @@ fn write_canonical(value: &serde_json::Value, out: &mut String) {
 pub struct Binding {
     /// Session.
     pub session_id: SessionId,
-    /// Intent.
+    /// The declared purpose of the call; a different intent under the same key conflicts.
     pub intent: Intent,
-    /// Input revision.
+    /// Immutable revision of the input the host authorized; a different one under the same key
+    /// conflicts.
     pub input_revision: InputRevision,
     /// The whole config snapshot (versions, prices, caps, limits, temperature, tools, choice).
     pub config: CallConfig,

@@ -12,27 +12,27 @@ use serde::{Deserialize, Serialize};
 pub enum ProviderEvent {
     /// The provider's own id of this response (request id, message id, response id).
     ProviderRef {
-        /// The id.
+        /// The provider's id as sent; the first one seen becomes the call's provider reference.
         id: String,
     },
     /// A piece of visible text.
     TextDelta {
-        /// The text.
+        /// The next piece of visible text; counts toward `max_output_chars`.
         text: String,
     },
     /// A piece of a refusal message (OpenAI `refusal` deltas). Counts as content.
     RefusalDelta {
-        /// The text.
+        /// The next piece of the refusal; counts toward `max_output_chars`.
         text: String,
     },
     /// A piece of readable reasoning (thinking) text.
     ReasoningDelta {
-        /// The text.
+        /// The next piece of reasoning; counts toward `max_reasoning_chars`.
         text: String,
     },
     /// The signature of the current reasoning block (Anthropic `signature_delta`).
     ReasoningSignature {
-        /// The signature.
+        /// Opaque, kept verbatim on the open reasoning block; counts toward `max_reasoning_chars`.
         signature: String,
     },
     /// A reasoning block whose content is opaque: Anthropic `redacted_thinking` data or an OpenAI
@@ -69,7 +69,7 @@ pub enum ProviderEvent {
     },
     /// The provider's stop / finish reason, verbatim (`stop`, `end_turn`, `tool_calls`, ...).
     Stop {
-        /// The reason.
+        /// The reason exactly as sent; a second `Stop` in one stream is `stop_conflict`.
         reason: String,
     },
     /// Token usage. `terminal` is true only for the final, complete count (OpenAI's last chunk,

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
-    /// The user.
+    /// The caller's side; a text or JSON call's last message must be the user's.
     User,
     /// The model.
     Assistant,
@@ -17,9 +17,9 @@ pub enum Role {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Part {
-    /// Text.
+    /// Plain text: the only part text and JSON calls accept (SC-11).
     Text {
-        /// The text.
+        /// The text as given; counted in UTF-16 code units against `max_input_chars`.
         text: String,
     },
     /// A tool call the assistant made earlier (step runner input only).

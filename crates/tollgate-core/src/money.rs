@@ -110,7 +110,7 @@ pub enum MoneyError {
 pub struct Money(#[serde(with = "rust_decimal::serde::str")] Decimal);
 
 impl Money {
-    /// Zero.
+    /// Zero: what a proven refusal settles for and where `saturating_sub` floors.
     pub const ZERO: Money = Money(Decimal::ZERO);
 
     /// Wraps a decimal, checking sign and scale.
@@ -181,11 +181,11 @@ pub struct TokenPrices {
     pub input: Money,
     /// Visible output.
     pub output: Money,
-    /// Cache read.
+    /// Per million input tokens read from the provider's prompt cache.
     pub cache_read: Money,
-    /// Cache write.
+    /// Per million input tokens written to the provider's prompt cache.
     pub cache_write: Money,
-    /// Reasoning.
+    /// Per million reasoning (thinking) tokens, which `output` excludes.
     pub reasoning: Money,
 }
 

@@ -22,7 +22,7 @@ pub enum Block {
     Text {
         /// Position among all blocks.
         order: u32,
-        /// The text.
+        /// This block's text: the characters of [`Step::text`] at `range`.
         text: String,
         /// Where the text lies in [`Step::text`], in UTF-16 code units.
         range: Utf16Range,
@@ -52,7 +52,7 @@ pub enum Block {
     ToolCall {
         /// Position among all blocks.
         order: u32,
-        /// The call.
+        /// Id, name and parsed arguments, flattened into the block's JSON.
         #[serde(flatten)]
         call: ToolCall,
     },
@@ -60,7 +60,7 @@ pub enum Block {
     Provider {
         /// Position among all blocks.
         order: u32,
-        /// The block.
+        /// The block exactly as the provider sent it, never interpreted.
         block: serde_json::Value,
     },
 }

@@ -28,7 +28,7 @@ pub enum ViewState {
 pub struct Receipt {
     /// Exact amount.
     pub amount: Money,
-    /// Currency.
+    /// Currency of `amount`: the snapshot's price-table currency.
     pub currency: Currency,
     /// Price table used.
     pub price_version: String,
@@ -47,10 +47,10 @@ pub struct Output {
     pub json: Option<serde_json::Value>,
 }
 
-/// The view.
+/// What every call, step, read, recover and resolve answers with; built from committed rows.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct View {
-    /// State.
+    /// Where the call stands for the caller; decides which other fields are present.
     pub state: ViewState,
     /// Whether this answer is a replay of an earlier claim.
     pub replayed: bool,

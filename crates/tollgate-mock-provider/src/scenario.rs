@@ -99,11 +99,11 @@ pub(crate) enum Behaviour {
     Stream(Plan),
     /// An HTTP error status with a small JSON error body.
     Status {
-        /// The status.
+        /// HTTP status: 400 bad request, 404 unknown model, or a status scenario's 429 / 500.
         status: u16,
         /// Provider error type.
         kind: &'static str,
-        /// Message.
+        /// Human-readable text for the error body's `message` field.
         message: String,
     },
 }

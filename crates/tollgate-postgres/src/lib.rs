@@ -89,7 +89,7 @@ impl PgStores {
         Self { pool }
     }
 
-    /// The pool.
+    /// The connection pool every store transaction begins on; the server's key store shares it.
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }

@@ -22,7 +22,7 @@ const EXECUTION_LOCK: &str = concat!(
     " FROM executions WHERE id = $1 FOR UPDATE"
 );
 
-/// The root lock.
+/// Reads the root row `FOR UPDATE` by `(scope, root_key)`: second in the lock order.
 const ROOT_LOCK: &str = concat!(
     "SELECT ",
     root_columns!(),

@@ -22,7 +22,7 @@ pub enum ScriptedReply {
     Delayed {
         /// Delay before the first event, ms.
         delay_ms: u64,
-        /// The events.
+        /// Sent all at once after the delay; a cancel first yields one `aborted` error instead.
         events: Vec<ProviderEvent>,
     },
     /// These events, then nothing ever again (until cancelled).

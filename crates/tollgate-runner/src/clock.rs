@@ -5,11 +5,11 @@ use std::sync::Mutex;
 
 /// A source of the current time.
 pub trait Clock: Send + Sync {
-    /// Now.
+    /// The current UTC time; tests move a [`ManualClock`] instead of sleeping.
     fn now(&self) -> DateTime<Utc>;
 }
 
-/// The system clock.
+/// The wall clock (`Utc::now`); the default in `RunnerSettings::new`.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SystemClock;
 

@@ -17,7 +17,7 @@ pub enum InputError {
     /// No messages.
     #[error("input has no messages")]
     Empty,
-    /// Too many messages.
+    /// More than [`MESSAGES_MAX`] messages, the count the worst-case hold assumes.
     #[error("input has more than {MESSAGES_MAX} messages")]
     TooManyMessages,
     /// A non-text message on a text/JSON call (SC-11).
@@ -47,7 +47,7 @@ pub enum InputError {
     ContextWindow {
         /// Estimate.
         tokens: u64,
-        /// Limit.
+        /// Most input tokens the request-fit budget leaves for this window and `max_tokens`.
         limit: u64,
     },
 }

@@ -27,14 +27,14 @@ pub trait OutputPolicy: Send + Sync {
     }
 }
 
-/// The decision.
+/// What [`decide`] makes of a stream: settle at its cost, at zero, or hand it to an operator.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
     /// Settle with the terminal usage.
     Settle {
-        /// Usage.
+        /// The terminal usage; the charge is priced from it.
         usage: Usage,
-        /// Outcome.
+        /// `success`, `invalid`, `refused` or `truncated`; settling may still turn it `blocked`.
         outcome: Outcome,
         /// Output, when usable.
         output: Option<Output>,
@@ -47,7 +47,7 @@ pub enum Decision {
     ZeroSettle {
         /// `unavailable` (pre-stream) or `refused` (empty refusal).
         outcome: Outcome,
-        /// The proof.
+        /// Which proof held: pre-stream (RF-2) or empty refusal (RF-1).
         proof: RefusalProof,
     },
     /// No terminal usage: cost unknown, operator reconciliation (ST-23).

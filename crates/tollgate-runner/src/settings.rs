@@ -40,7 +40,7 @@ pub struct RunnerSettings {
     pub validate: Option<JsonValidator>,
     /// Metadata-only failures of background work.
     pub background_error: Option<BackgroundErrorFn>,
-    /// Clock.
+    /// Where claims, leases, accounting days and retention read the time; a `ManualClock` in tests.
     pub clock: Arc<dyn Clock>,
 }
 

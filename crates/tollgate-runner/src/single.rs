@@ -25,9 +25,9 @@ pub struct RunRequest {
     pub session_id: SessionId,
     /// Idempotency key.
     pub operation_key: OperationKey,
-    /// Input revision.
+    /// The host's revision of the input; part of the binding digest.
     pub input_revision: InputRevision,
-    /// Intent.
+    /// The caller's declared purpose of the call; part of the binding digest.
     pub intent: Intent,
     /// Lazy input.
     pub load_input: InputLoader,

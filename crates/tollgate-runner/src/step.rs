@@ -28,13 +28,13 @@ pub const ROOT_DEADLINE_MS_MAX: u64 = 24 * 3600 * 1000;
 pub struct OpenRoot {
     /// Tenant.
     pub scope: Scope,
-    /// Root key.
+    /// The root's key in the scope; reopening it with an equal binding returns it (SR-5).
     pub root_key: RootKey,
     /// Session.
     pub session_id: SessionId,
-    /// Intent.
+    /// The declared purpose; part of the root binding, shared by every step under it.
     pub intent: Intent,
-    /// Input revision.
+    /// Revision of the planned input; part of the root binding, shared by every step under it.
     pub input_revision: InputRevision,
     /// Admission window from now.
     pub deadline_ms: u64,
@@ -70,7 +70,7 @@ impl OutputPolicy for StepPolicy {
     }
 }
 
-/// The governed step runner.
+/// Runs model steps under operation roots: each send is one governed charge and one root receipt.
 pub struct GovernedStepRunner {
     pub(crate) engine: Engine,
     pub(crate) roots: Arc<dyn AllStores>,

@@ -34,7 +34,7 @@ pub enum ProfileRunner {
 
 /// A loaded profile with its runner.
 pub struct Loaded {
-    /// The profile.
+    /// Name, retention and call snapshot, as `GET /v1/profiles` lists them.
     pub profile: Profile,
     /// Its runner.
     pub runner: ProfileRunner,
@@ -50,7 +50,7 @@ pub struct AppState {
     pub reconciler: Reconciler,
     /// API keys.
     pub keys: Arc<KeyStore>,
-    /// Metrics.
+    /// Counters and gauges served at `GET /metrics`; the scheduler records its passes here too.
     pub metrics: Arc<Metrics>,
     /// Fence lease for operator recovery passes.
     pub lease_ms: u64,

@@ -12,7 +12,7 @@ use tollgate_store::{MemoryStores, ServiceStores, StoreError};
 pub enum Backend {
     /// The embedded default (lost on exit).
     Memory(Arc<MemoryStores>),
-    /// Postgres.
+    /// Postgres at `[database] url` / `DATABASE_URL`: durable and shared between processes.
     Postgres(Arc<PgStores>),
 }
 

@@ -97,11 +97,11 @@ pub struct FileConfig {
 /// A provider ready to build clients for.
 #[derive(Debug, Clone)]
 pub struct ProviderSettings {
-    /// Name.
+    /// The name profiles refer to; unique among providers.
     pub name: String,
     /// Wire protocol.
     pub protocol: Protocol,
-    /// Base URL.
+    /// API root as configured; the protocol's path is appended to it.
     pub base_url: String,
     /// API key read from the named environment variable.
     pub api_key: Option<Secret>,
@@ -114,13 +114,13 @@ pub struct ProviderSettings {
 pub struct KeyGrant {
     /// SHA-256 of the key.
     pub digest: KeyDigest,
-    /// Scope.
+    /// The scope every request with this key acts in (SC-10).
     pub scope: Scope,
-    /// Role.
+    /// What the key may do: caller, operator or finance.
     pub role: KeyRole,
 }
 
-/// Scheduler settings.
+/// How often the scheduler runs a pass and how many rows one pass takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SchedulerSettings {
     /// Period between passes.
@@ -138,7 +138,7 @@ pub struct Settings {
     pub database_url: Option<Secret>,
     /// Pool size.
     pub max_connections: u32,
-    /// Scheduler.
+    /// Pass period and batch from `[scheduler]`, within their bounds.
     pub scheduler: SchedulerSettings,
     /// Fence lease.
     pub lease_ms: u64,

@@ -12,7 +12,7 @@ use tollgate_core::caps::CapBlocked;
 use tollgate_runner::{Interruption, RunError};
 use tollgate_store::StoreError;
 
-/// An API error.
+/// Every error the HTTP API answers with; each variant has a stable code and status.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ApiError {
     /// No or unknown key (401).

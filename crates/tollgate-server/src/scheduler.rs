@@ -28,7 +28,7 @@ pub const BACKLOG_COUNT_PER_SCOPE_MAX: u32 = 100;
 /// Jitter of the period, in percent either way.
 const JITTER_PERCENT: u64 = 20;
 
-/// The scheduler.
+/// Periodic recovery, reconciliation and erasure over the scopes with work; many may run at once.
 pub struct Scheduler {
     stores: Arc<dyn ServiceStores>,
     reconciler: Reconciler,

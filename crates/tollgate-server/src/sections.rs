@@ -56,7 +56,7 @@ pub struct ProviderSection {
     pub name: String,
     /// `openai-chat`, `openai-responses` or `anthropic`.
     pub kind: String,
-    /// Base URL.
+    /// `http(s)` root of the API; the protocol's path is appended, a trailing `/v1` not doubled.
     pub base_url: String,
     /// Name of the environment variable holding the API key.
     pub api_key_env: Option<String>,
@@ -70,13 +70,13 @@ pub struct ProviderSection {
 pub struct ModelPricesSection {
     /// Uncached input.
     pub input: String,
-    /// Output.
+    /// Visible output (reasoning is priced on its own).
     pub output: String,
-    /// Cache read.
+    /// Input read from the provider's prompt cache.
     pub cache_read: String,
-    /// Cache write.
+    /// Input written to the provider's prompt cache.
     pub cache_write: String,
-    /// Reasoning.
+    /// Reasoning (thinking) tokens.
     pub reasoning: String,
 }
 
@@ -97,17 +97,17 @@ pub struct PriceSection {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CapsSection {
-    /// Session warn.
+    /// Warn once the consumer's settled spend in one session reaches this.
     pub session_warn: Option<String>,
-    /// Session block.
+    /// No claim may take the consumer's session spend (settled + held) past this.
     pub session_block: Option<String>,
-    /// Daily warn.
+    /// Like `session_warn`, for the consumer's spend on one accounting day (UTC).
     pub daily_warn: Option<String>,
-    /// Daily block.
+    /// Like `session_block`, for the consumer's spend on one accounting day (UTC).
     pub daily_block: Option<String>,
-    /// Root warn.
+    /// Like `session_warn`, for a root's inclusive cost (calls under a root only).
     pub root_warn: Option<String>,
-    /// Root block.
+    /// Like `session_block`, for a root's inclusive cost (calls under a root only).
     pub root_block: Option<String>,
 }
 
@@ -121,9 +121,9 @@ pub struct ProfileSection {
     pub kind: String,
     /// Provider name.
     pub provider: String,
-    /// Model.
+    /// Model name sent to the provider; `price_version` must price it.
     pub model: String,
-    /// Policy version.
+    /// Immutable policy id; changed behaviour needs a new one (SC-1).
     pub policy_version: String,
     /// Price version (prices are snapshotted from it).
     pub price_version: String,
@@ -151,7 +151,7 @@ pub struct ProfileSection {
     pub result_retention: Option<String>,
     /// Prompt-cache override.
     pub cache: Option<bool>,
-    /// Temperature.
+    /// Sampling temperature, at most two fraction digits; none leaves it to the provider (SC-5).
     pub temperature: Option<Temperature>,
     /// JSON Schema of the output (json profiles).
     pub output_schema: Option<serde_json::Value>,
@@ -162,7 +162,7 @@ pub struct ProfileSection {
     pub tool_choice: Option<ToolChoice>,
     /// Context window for the request-fit check.
     pub context_window_tokens: Option<u64>,
-    /// Caps.
+    /// Money caps in the price version's currency; any subset.
     #[serde(default)]
     pub caps: CapsSection,
 }

@@ -2,7 +2,7 @@
 
 use tollgate_core::ids::ExecutionId;
 
-/// Store result.
+/// What every store method returns; a failure never carries content.
 pub type StoreResult<T> = Result<T, StoreError>;
 
 /// Why a store operation failed. Never carries content.

@@ -162,7 +162,8 @@ pub trait ResultStore: Send + Sync {
     async fn erase_expired(&self, now: DateTime<Utc>, limit: u32) -> StoreResult<u64>;
 }
 
-/// The usage inbox.
+/// Append-only usage evidence of sent calls: recovery settles from it, `reconcile_usage`
+/// acknowledges it.
 #[async_trait]
 pub trait UsageInbox: Send + Sync {
     /// Appends evidence.

@@ -63,7 +63,7 @@ enum Command {
     },
     /// Recover one execution whose fence expired (SC-40); never loads input, never sends.
     Recover {
-        /// Scope.
+        /// Scope (tenant) the execution was claimed in.
         #[arg(long)]
         scope: String,
         /// Operation key.
@@ -80,7 +80,7 @@ enum Command {
     },
     /// The read view plus journal, receipts and audit trail (no content unless asked).
     Inspect {
-        /// Scope.
+        /// Scope (tenant) the execution was claimed in.
         #[arg(long)]
         scope: String,
         /// Operation key.
@@ -106,7 +106,7 @@ enum Command {
 enum Reconcile {
     /// Finish executions whose fences expired; prints {"roots", "executions"}.
     Expired {
-        /// Scope.
+        /// Scope (tenant) whose expired executions and roots to finish.
         #[arg(long)]
         scope: String,
         /// At most this many (≤ 100).
@@ -118,7 +118,7 @@ enum Reconcile {
     },
     /// Acknowledge exact usage evidence; prints {"scanned", "acknowledged", "cursor"}.
     Usage {
-        /// Scope.
+        /// Scope (tenant) whose unacknowledged usage evidence to scan.
         #[arg(long)]
         scope: String,
         /// Page size (default 50, at most 100).
@@ -147,7 +147,7 @@ enum Keys {
 enum Audit {
     /// Check a scope's audit hash chain; exit 1 and the first bad row if broken.
     Verify {
-        /// Scope.
+        /// Scope (tenant) whose hash chain to check; each scope has its own.
         #[arg(long)]
         scope: String,
     },

@@ -98,9 +98,9 @@ pub struct ExecutionSummary {
     pub not_dispatched_cause: Option<NotDispatchedCause>,
     /// Outcome, once completed.
     pub outcome: Option<Outcome>,
-    /// Provider and model.
+    /// Provider name from the execution's snapshot.
     pub provider: String,
-    /// Model.
+    /// Model name from the execution's snapshot.
     pub model: String,
     /// Provider reference, when known.
     pub provider_ref: Option<String>,

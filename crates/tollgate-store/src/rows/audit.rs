@@ -25,7 +25,7 @@ pub struct AuditEvent {
 pub struct AuditRow {
     /// Position in the scope's chain, from 1.
     pub seq: i64,
-    /// The event.
+    /// The event as appended; all of its fields are covered by `hash`.
     pub event: AuditEvent,
     /// Hash of the previous row (zeros for the first).
     pub prev_hash: Digest256,

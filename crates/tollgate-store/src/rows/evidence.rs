@@ -47,9 +47,9 @@ pub struct Evidence {
     pub usage: Usage,
     /// Whether the counts are the provider's terminal counts (exact).
     pub exact: bool,
-    /// Source.
+    /// Who reported it: the call's stream, a late report, or an operator.
     pub source: EvidenceSource,
-    /// Received at.
+    /// When the store accepted it (the writer's clock).
     pub received_at: DateTime<Utc>,
     /// Acknowledged at (by reconcile usage).
     pub acknowledged_at: Option<DateTime<Utc>>,
@@ -70,7 +70,7 @@ pub struct NewEvidence {
     pub usage: Usage,
     /// Terminal counts?
     pub exact: bool,
-    /// Source.
+    /// Who reports it: the call's stream, a late report, or an operator.
     pub source: EvidenceSource,
     /// Clock.
     pub now: DateTime<Utc>,

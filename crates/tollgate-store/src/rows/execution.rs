@@ -74,7 +74,7 @@ impl ExecutionRecord {
 pub struct Fence {
     /// Execution.
     pub execution_id: ExecutionId,
-    /// Token.
+    /// The token this writer holds; once a recovery takes a newer one, writes fail (`StaleFence`).
     pub token: FenceToken,
 }
 
@@ -87,7 +87,7 @@ pub struct ClaimRequest {
     pub operation_key: OperationKey,
     /// Root, when under one.
     pub root_key: Option<RootKey>,
-    /// Binding.
+    /// Session, intent, input revision and snapshot, stored with its digest.
     pub binding: Binding,
     /// Worst-case cost to hold against every block cap of `binding.config.caps`.
     pub hold: Money,

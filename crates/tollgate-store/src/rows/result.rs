@@ -13,7 +13,7 @@ use tollgate_core::view::Output;
 pub struct ResultRecord {
     /// Execution.
     pub execution_id: ExecutionId,
-    /// Outcome.
+    /// How the call completed, after the post-call block check; kept when content is erased.
     pub outcome: Outcome,
     /// Provider stop reason.
     pub stop: Option<String>,

@@ -53,7 +53,7 @@ pub struct RootRecord {
     pub id: tollgate_core::ids::RootId,
     /// Tenant.
     pub scope: Scope,
-    /// Root key.
+    /// The caller's key of the root, unique within `scope`.
     pub root_key: RootKey,
     /// Immutable binding (session, intent, revision, whole snapshot; no deadline: SR-5).
     pub binding: Binding,
@@ -61,7 +61,7 @@ pub struct RootRecord {
     pub binding_digest: Digest256,
     /// Admission deadline.
     pub deadline: DateTime<Utc>,
-    /// State.
+    /// Lifecycle state; only `active` admits new calls.
     pub state: RootState,
     /// Calls reserved under the root (slots taken before each child claim, ST-5).
     pub reserved_calls: i64,
@@ -90,9 +90,9 @@ impl RootRecord {
 pub struct OpenRootRequest {
     /// Tenant.
     pub scope: Scope,
-    /// Root key.
+    /// Key to open under; an existing root there is returned, never replaced.
     pub root_key: RootKey,
-    /// Binding.
+    /// Immutable binding, digested under the root domain; the deadline is not part of it.
     pub binding: Binding,
     /// Admission deadline.
     pub deadline: DateTime<Utc>,
@@ -129,7 +129,7 @@ pub struct RootReceipt {
     pub execution_id: ExecutionId,
     /// Amount (zero for proven refusals).
     pub amount: Money,
-    /// Currency.
+    /// Currency of `amount`: the snapshot's price-table currency.
     pub currency: Currency,
     /// Written at.
     pub created_at: DateTime<Utc>,

@@ -34,21 +34,21 @@ pub struct SettlementRecord {
     pub accounting_day: NaiveDate,
     /// Provider name.
     pub provider: String,
-    /// Model.
+    /// Model charged for, from the execution's snapshot.
     pub model: String,
     /// Price table.
     pub price_version: String,
     /// Policy.
     pub policy_version: String,
-    /// Currency.
+    /// Currency of `amount`: the snapshot's price-table currency.
     pub currency: Currency,
     /// Usage charged.
     pub usage: Usage,
     /// Exact amount.
     pub amount: Money,
-    /// Source.
+    /// Where the charged usage came from: `stream`, `recovery` or `operator`.
     pub source: SettlementSource,
-    /// Settled at.
+    /// When the settlement was written (the settler's clock).
     pub settled_at: DateTime<Utc>,
 }
 
@@ -61,7 +61,7 @@ pub struct SettleRequest {
     pub usage: Usage,
     /// Its exact amount (computed from the execution's snapshotted prices).
     pub amount: Money,
-    /// Source.
+    /// Where `usage` came from: the call's stream, inbox evidence in recovery, or an operator.
     pub source: SettlementSource,
     /// Outcome before the post-call block check.
     pub outcome: Outcome,
