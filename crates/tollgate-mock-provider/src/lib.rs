@@ -76,8 +76,14 @@
 //! - Reasoning loop: the role chunk / `response.created` + a reasoning item / `message_start` +
 //!   a thinking block, then one reasoning delta per millisecond.
 //!
-//! `GET /mock/requests` → `{"count": n}` counts every POST received on the three paths (counted
-//! on arrival, before any behaviour, errors included); `POST /mock/reset` sets it back to 0.
+//! `GET /mock/requests` → `{"count": n, "by_prompt": {"<prompt>": n, …}, "untracked": n}`:
+//! `count` counts every POST received on the three paths (counted on arrival, before any
+//! behaviour, errors included); once a body is read, the request is also counted under its
+//! prompt — the text of its last user message, the text the echo uses (`""` when there is none) —
+//! or as `untracked` when the body is not a JSON object, the prompt is longer than
+//! [`PROMPT_CHARS_MAX`] characters, or [`PROMPTS_TRACKED_MAX`] other prompts are already counted.
+//! A test that gives each call its own prompt sees how often each call was sent
+//! ([`MockProvider::request_count_for`]). `POST /mock/reset` sets all of it back to 0.
 //!
 //! The mock never logs request content.
 
@@ -98,10 +104,11 @@ use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use scenario::{Behaviour, Plan};
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -117,11 +124,42 @@ const FRAMES_BUFFERED: usize = 32;
 /// How long [`MockProvider::shutdown`] waits for the server to stop before aborting it.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
 
+/// Longest prompt (last user message text), in characters, counted under its own name by
+/// `GET /mock/requests`; longer ones count as `untracked`.
+pub const PROMPT_CHARS_MAX: usize = 256;
+/// Distinct prompts counted under their own name; requests with further new prompts count as
+/// `untracked` (the per-prompt counts stay bounded in a long-running mock).
+pub const PROMPTS_TRACKED_MAX: usize = 100_000;
+
+/// Provider requests by prompt.
+#[derive(Debug, Default)]
+struct PromptCounts {
+    by_prompt: HashMap<String, u64>,
+    untracked: u64,
+}
+
+impl PromptCounts {
+    fn add(&mut self, prompt: Option<String>) {
+        match prompt {
+            Some(prompt)
+                if prompt.chars().count() <= PROMPT_CHARS_MAX
+                    && (self.by_prompt.len() < PROMPTS_TRACKED_MAX
+                        || self.by_prompt.contains_key(&prompt)) =>
+            {
+                *self.by_prompt.entry(prompt).or_insert(0) += 1;
+            }
+            _ => self.untracked += 1,
+        }
+    }
+}
+
 /// Shared server state.
 #[derive(Debug, Clone, Default)]
 struct Shared {
     /// POSTs received on the three provider paths.
     requests: Arc<AtomicU64>,
+    /// The same POSTs by prompt, once their body is read.
+    prompts: Arc<Mutex<PromptCounts>>,
     /// Response bodies still being written (a writer task is alive).
     active_streams: Arc<AtomicU64>,
     /// Cancelled at shutdown: every writer stops (with a cut) and every hang ends.
@@ -167,6 +205,27 @@ impl MockProvider {
     /// POSTs received on the provider paths since start or the last `POST /mock/reset`.
     pub fn request_count(&self) -> u64 {
         self.shared.requests.load(Ordering::SeqCst)
+    }
+
+    /// POSTs whose last user message text is `prompt`, since start or the last reset (0 for a
+    /// prompt longer than [`PROMPT_CHARS_MAX`] characters: those are not counted by prompt).
+    pub fn request_count_for(&self, prompt: &str) -> u64 {
+        self.shared
+            .prompts()
+            .by_prompt
+            .get(prompt)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Every counted prompt with its number of POSTs, since start or the last reset.
+    pub fn requests_by_prompt(&self) -> BTreeMap<String, u64> {
+        self.shared
+            .prompts()
+            .by_prompt
+            .iter()
+            .map(|(prompt, n)| (prompt.clone(), *n))
+            .collect()
     }
 
     /// Response bodies still being written; drops to 0 once clients disconnect.
@@ -246,13 +305,33 @@ async fn messages(State(shared): State<Shared>, body: Body) -> Response {
     answer(shared, Protocol::Anthropic, body).await
 }
 
+impl Shared {
+    /// The per-prompt counts (a panic elsewhere cannot leave them half-written: each update is
+    /// one map entry).
+    fn prompts(&self) -> std::sync::MutexGuard<'_, PromptCounts> {
+        self.prompts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 async fn requests(State(shared): State<Shared>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({ "count": shared.requests.load(Ordering::SeqCst) }))
+    let count = shared.requests.load(Ordering::SeqCst);
+    let prompts = shared.prompts();
+    let by_prompt: serde_json::Map<String, serde_json::Value> = prompts
+        .by_prompt
+        .iter()
+        .map(|(prompt, n)| (prompt.clone(), serde_json::Value::from(*n)))
+        .collect();
+    Json(serde_json::json!({
+        "count": count,
+        "by_prompt": by_prompt,
+        "untracked": prompts.untracked,
+    }))
 }
 
 async fn reset(State(shared): State<Shared>) -> Json<serde_json::Value> {
     shared.requests.store(0, Ordering::SeqCst);
-    Json(serde_json::json!({ "count": 0 }))
+    *shared.prompts() = PromptCounts::default();
+    Json(serde_json::json!({ "count": 0, "by_prompt": {}, "untracked": 0 }))
 }
 
 /// One provider request: counted first, then decided by its model name.
@@ -260,12 +339,18 @@ async fn answer(shared: Shared, protocol: Protocol, body: Body) -> Response {
     shared.requests.fetch_add(1, Ordering::SeqCst);
     let request_id = format!("req_{}", uuid::Uuid::new_v4().simple());
     let behaviour = match axum::body::to_bytes(body, BODY_BYTES_MAX).await {
-        Ok(bytes) => scenario::decide(protocol, &bytes),
-        Err(_) => Behaviour::Status {
-            status: 400,
-            kind: "invalid_request",
-            message: "request body unreadable or too large".into(),
-        },
+        Ok(bytes) => {
+            shared.prompts().add(scenario::prompt_of(protocol, &bytes));
+            scenario::decide(protocol, &bytes)
+        }
+        Err(_) => {
+            shared.prompts().add(None);
+            Behaviour::Status {
+                status: 400,
+                kind: "invalid_request",
+                message: "request body unreadable or too large".into(),
+            }
+        }
     };
     let mut response = match behaviour {
         Behaviour::Status {

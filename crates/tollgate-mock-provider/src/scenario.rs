@@ -181,6 +181,26 @@ struct Request {
     encrypted_reasoning: bool,
 }
 
+/// The text of the last user message of a request body (the text the echo uses), or `None`
+/// when the body is not a JSON object of `protocol`'s request shape.
+pub(crate) fn prompt_of(protocol: Protocol, body: &[u8]) -> Option<String> {
+    let value = serde_json::from_slice::<Value>(body).ok()?;
+    if !value.is_object() {
+        return None;
+    }
+    let (_, messages) = request_parts(protocol, &value);
+    Some(messages.map(last_user_text).unwrap_or_default())
+}
+
+/// `(system prompt, messages)` of one protocol's request body.
+fn request_parts(protocol: Protocol, body: &Value) -> (Option<&Value>, Option<&Value>) {
+    match protocol {
+        Protocol::OpenAiChat => (None, body.get("messages")),
+        Protocol::OpenAiResponses => (body.get("instructions"), body.get("input")),
+        Protocol::Anthropic => (body.get("system"), body.get("messages")),
+    }
+}
+
 /// Decides the answer to one request body.
 pub(crate) fn decide(protocol: Protocol, body: &[u8]) -> Behaviour {
     let Ok(value) = serde_json::from_slice::<Value>(body) else {
@@ -339,11 +359,7 @@ fn sized(base: &str, size: Option<usize>, filler: &str) -> String {
 /// Reads the fields of one protocol's request body.
 fn inspect(protocol: Protocol, body: &Value) -> Option<Request> {
     let model = body.get("model")?.as_str()?.to_string();
-    let (system, messages) = match protocol {
-        Protocol::OpenAiChat => (None, body.get("messages")),
-        Protocol::OpenAiResponses => (body.get("instructions"), body.get("input")),
-        Protocol::Anthropic => (body.get("system"), body.get("messages")),
-    };
+    let (system, messages) = request_parts(protocol, body);
     let input_chars = system
         .map_or(0, text_chars)
         .saturating_add(messages.map_or(0, text_chars));

@@ -718,6 +718,104 @@ async fn mock_counts_each_post_exactly_once() {
     mock.shutdown().await;
 }
 
+/// `request` with `text` as its only user message.
+fn request_saying(protocol: Protocol, model: &str, text: &str) -> Value {
+    let mut body = request(protocol, model);
+    match protocol {
+        Protocol::OpenAiChat => body["messages"][1]["content"] = json!(text),
+        Protocol::OpenAiResponses => body["input"][0]["content"][0]["text"] = json!(text),
+        Protocol::Anthropic => body["messages"][0]["content"] = json!(text),
+    }
+    body
+}
+
+#[tokio::test]
+async fn mock_counts_each_post_by_its_prompt() {
+    let mock = start().await;
+    let base = mock.base_url();
+    for protocol in ALL {
+        post(
+            &mock,
+            protocol,
+            &request_saying(protocol, "mock-echo", "key-1"),
+        )
+        .await;
+    }
+    // Errors count under their prompt too; a non-object body and an oversized prompt do not.
+    post(
+        &mock,
+        Protocol::OpenAiChat,
+        &request_saying(Protocol::OpenAiChat, "mock-500", "key-2"),
+    )
+    .await;
+    post(&mock, Protocol::OpenAiResponses, &json!("not an object")).await;
+    let long = "x".repeat(PROMPT_CHARS_MAX + 1);
+    post(
+        &mock,
+        Protocol::Anthropic,
+        &request_saying(Protocol::Anthropic, "mock-echo", &long),
+    )
+    .await;
+    // A plain string input (Responses) is its own prompt.
+    let mut plain = request(Protocol::OpenAiResponses, "mock-echo");
+    plain["input"] = json!("key-3");
+    post(&mock, Protocol::OpenAiResponses, &plain).await;
+
+    assert_eq!(mock.request_count(), 7);
+    assert_eq!(mock.request_count_for("key-1"), 3);
+    assert_eq!(mock.request_count_for("key-2"), 1);
+    assert_eq!(mock.request_count_for("key-3"), 1);
+    assert_eq!(mock.request_count_for("never sent"), 0);
+    assert_eq!(mock.request_count_for(&long), 0);
+    let expected: BTreeMap<String, u64> = [("key-1", 3), ("key-2", 1), ("key-3", 1)]
+        .into_iter()
+        .map(|(p, n)| (p.to_string(), n))
+        .collect();
+    assert_eq!(mock.requests_by_prompt(), expected);
+
+    let read = || async {
+        client()
+            .get(format!("{base}/mock/requests"))
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        read().await,
+        json!({"count": 7, "by_prompt": {"key-1": 3, "key-2": 1, "key-3": 1}, "untracked": 2})
+    );
+    let reset = client()
+        .post(format!("{base}/mock/reset"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reset.status().as_u16(), 200);
+    assert_eq!(
+        read().await,
+        json!({"count": 0, "by_prompt": {}, "untracked": 0})
+    );
+    assert!(mock.requests_by_prompt().is_empty());
+    mock.shutdown().await;
+}
+
+#[test]
+fn mock_prompt_counts_stay_bounded() {
+    let mut counts = PromptCounts::default();
+    for i in 0..PROMPTS_TRACKED_MAX {
+        counts.add(Some(format!("p-{i}")));
+    }
+    // A known prompt still counts under its name; a new one is untracked.
+    counts.add(Some("p-0".into()));
+    counts.add(Some("one too many".into()));
+    counts.add(None);
+    assert_eq!(counts.by_prompt.len(), PROMPTS_TRACKED_MAX);
+    assert_eq!(counts.by_prompt.get("p-0"), Some(&2));
+    assert_eq!(counts.untracked, 2);
+}
+
 #[tokio::test]
 async fn mock_shutdown_ends_open_streams() {
     let mock = start().await;
