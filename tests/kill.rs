@@ -32,7 +32,8 @@ use tollgate_core::money::Money;
 use tollgate_core::state::ExecutionState;
 use tollgate_mock_provider::MockProvider;
 use tollgate_postgres::{test_admin_url, PgStores, TestDatabase};
-use tollgate_server::auth::{generate_key, hash_key};
+use tollgate_server::auth::generate_key;
+use tollgate_store::KeyDigest;
 use tollgate_store::{
     AuditLog, AuditRow, Evidence, ExecutionRecord, ExecutionStore, SettlementRecord,
     SettlementStore, SpendStore, UsageInbox,
@@ -1021,7 +1022,11 @@ async fn sc_13_sc_14_sc_41_sc_61_h_3_h_4_killed_servers_never_send_or_charge_twi
     let config = dir.0.join("tollgate.toml");
     std::fs::write(
         &config,
-        config_text(&mock.base_url(), &hash_key(&caller), &hash_key(&operator)),
+        config_text(
+            &mock.base_url(),
+            &KeyDigest::of_key(&caller).to_hex(),
+            &KeyDigest::of_key(&operator).to_hex(),
+        ),
     )
     .unwrap();
     let http = reqwest::Client::builder()

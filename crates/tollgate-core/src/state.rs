@@ -95,6 +95,24 @@ wire_enum!(
 );
 
 wire_enum!(
+    /// Why an execution waits for an operator (`reconciliation_required`): what could not be
+    /// proven about its cost.
+    ReconciliationReason {
+        /// The stream reported usage, but the profile's price table cannot price it.
+        UnpricedUsage => "unpriced_usage",
+        /// The stream ended without exact final usage (cut, malformed or inexact counts).
+        NoExactUsage => "no_exact_usage",
+        /// The request may have reached the provider, but no answer came (timeout, lost
+        /// connection after sending).
+        NoResponse => "no_response",
+        /// Recovery found the lease expired after dispatch and no exact usage evidence.
+        RecoveryNoExactUsage => "recovery_no_exact_usage",
+        /// Recovery found exact usage evidence that the price table cannot price.
+        RecoveryUnpricedUsage => "recovery_unpriced_usage",
+    }
+);
+
+wire_enum!(
     /// The kind of call an execution is.
     CallKind {
         /// Text output.

@@ -4,7 +4,7 @@ use crate::caps::CapWarning;
 use crate::ids::{ExecutionId, OperationKey};
 use crate::invalid::InvalidReason;
 use crate::money::{Currency, Money};
-use crate::state::{NotDispatchedCause, Outcome};
+use crate::state::{NotDispatchedCause, Outcome, ReconciliationReason};
 use crate::step::Step;
 use crate::usage::Usage;
 use serde::{Deserialize, Serialize};
@@ -68,6 +68,10 @@ pub struct View {
     /// Why it was not dispatched (not_dispatched only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_dispatched_cause: Option<NotDispatchedCause>,
+    /// Why it waits (or waited) for an operator (`reconciliation_required`, and completed by an
+    /// operator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconciliation_reason: Option<ReconciliationReason>,
     /// Output; null when unavailable, erased or blocked.
     pub output: Option<Output>,
     /// The step (structured and step calls).

@@ -8,7 +8,7 @@ use crate::PgStores;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tollgate_core::ids::{ExecutionId, OperationKey, Scope};
-use tollgate_core::state::{ExecutionState, NotDispatchedCause};
+use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
 use tollgate_store::rows::*;
 use tollgate_store::traits::ExecutionStore;
 use tollgate_store::StoreResult;
@@ -52,7 +52,7 @@ impl ExecutionStore for PgStores {
         self.fenced_tx(
             fence,
             &[ExecutionState::Prepared],
-            ExecutionState::Dispatched,
+            (ExecutionState::Dispatched, None),
             None,
             "dispatched",
             now,
@@ -72,13 +72,14 @@ impl ExecutionStore for PgStores {
     async fn mark_reconciliation_required(
         &self,
         fence: Fence,
+        reason: ReconciliationReason,
         provider_ref: Option<String>,
         now: DateTime<Utc>,
     ) -> StoreResult<ExecutionRecord> {
         self.fenced_tx(
             fence,
             &[ExecutionState::Dispatched],
-            ExecutionState::ReconciliationRequired,
+            (ExecutionState::ReconciliationRequired, Some(reason)),
             provider_ref,
             "reconciliation_required",
             now,

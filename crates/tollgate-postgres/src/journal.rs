@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::PgConnection;
 use tollgate_core::ids::{ExecutionId, OperationKey, Scope};
-use tollgate_core::state::{ExecutionState, NotDispatchedCause};
+use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
 use tollgate_store::rows::*;
 use tollgate_store::rules;
 use tollgate_store::{StoreError, StoreResult};
@@ -18,7 +18,7 @@ use tollgate_store::{StoreError, StoreResult};
 const INSERT: &str = concat!(
     "INSERT INTO executions (",
     execution_columns!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
      ON CONFLICT (scope, operation_key) DO NOTHING RETURNING ",
     execution_columns!()
 );
@@ -26,7 +26,7 @@ const INSERT: &str = concat!(
 /// A fenced state change: only the current fence, only from an allowed state.
 const FENCED: &str = concat!(
     "UPDATE executions SET state = $4, provider_ref = COALESCE($5, provider_ref), \
-     updated_at = $6 WHERE id = $1 AND fence = $2 AND state = ANY($3) RETURNING ",
+     updated_at = $6, reconciliation_reason = COALESCE($7, reconciliation_reason) WHERE id = $1 AND fence = $2 AND state = ANY($3) RETURNING ",
     execution_columns!()
 );
 
@@ -80,6 +80,7 @@ async fn insert(conn: &mut PgConnection, r: &ExecutionRecord) -> StoreResult<Opt
         .bind(r.provider_ref.as_deref())
         .bind(r.created_at)
         .bind(r.updated_at)
+        .bind(r.reconciliation_reason.map(|c| c.as_str()))
         .fetch_optional(&mut *conn)
         .await
         .store_err()
@@ -149,7 +150,7 @@ impl PgStores {
         &self,
         fence: Fence,
         allowed: &[ExecutionState],
-        to: ExecutionState,
+        (to, reason): (ExecutionState, Option<ReconciliationReason>),
         provider_ref: Option<String>,
         kind: &str,
         now: DateTime<Utc>,
@@ -162,6 +163,7 @@ impl PgStores {
             .bind(to.as_str())
             .bind(provider_ref)
             .bind(now)
+            .bind(reason.map(|r| r.as_str()))
             .fetch_optional(&mut *tx)
             .await
             .store_err()?;

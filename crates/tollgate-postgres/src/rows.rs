@@ -22,7 +22,7 @@ macro_rules! execution_columns {
     () => {
         "id, scope, operation_key, kind, root_key, binding, binding_digest, accounting_day, \
          state, not_dispatched_cause, outcome, fence, lease_expires_at, hold, provider_ref, \
-         created_at, updated_at"
+         created_at, updated_at, reconciliation_reason"
     };
 }
 pub(crate) use execution_columns;
@@ -169,6 +169,7 @@ pub(crate) struct ExecutionRow {
     provider_ref: Option<String>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
+    reconciliation_reason: Option<String>,
 }
 
 impl ExecutionRow {
@@ -191,6 +192,10 @@ impl ExecutionRow {
             not_dispatched_cause: self
                 .not_dispatched_cause
                 .map(|c| parse(&c, "not_dispatched_cause"))
+                .transpose()?,
+            reconciliation_reason: self
+                .reconciliation_reason
+                .map(|r| parse(&r, "reconciliation_reason"))
                 .transpose()?,
             outcome: self.outcome.map(|o| parse(&o, "outcome")).transpose()?,
             fence: FenceToken(self.fence),

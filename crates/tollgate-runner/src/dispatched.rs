@@ -12,7 +12,7 @@ use tollgate_core::collector::{Collected, Collector};
 use tollgate_core::event::{error_kind, ProviderEvent};
 use tollgate_core::invalid::InvalidReason;
 use tollgate_core::money::Money;
-use tollgate_core::state::{Outcome, SettlementSource};
+use tollgate_core::state::{Outcome, ReconciliationReason, SettlementSource};
 use tollgate_core::usage::Usage;
 use tollgate_provider::{ProviderClient, ProviderRequest, SendError};
 use tollgate_store::{EvidenceSource, ExecutionRecord, NewEvidence, SettleRequest, Stores};
@@ -90,7 +90,8 @@ async fn finish_collected(
             invalid_reason,
         } => {
             let Ok(amount) = record.binding.config.prices.cost(&usage) else {
-                reconcile(ctx, record, provider_ref, Some(usage)).await?;
+                let reason = ReconciliationReason::UnpricedUsage;
+                reconcile(ctx, record, reason, provider_ref, Some(usage)).await?;
                 return Ok(invalid_reason);
             };
             let evidence = record_evidence(ctx, record, provider_ref.clone(), usage, true).await?;
@@ -122,7 +123,8 @@ async fn finish_collected(
             Ok(None)
         }
         Decision::Reconcile { invalid_reason } => {
-            reconcile(ctx, record, provider_ref, collected.usage).await?;
+            let reason = ReconciliationReason::NoExactUsage;
+            reconcile(ctx, record, reason, provider_ref, collected.usage).await?;
             Ok(invalid_reason)
         }
     }
@@ -185,6 +187,7 @@ async fn settle_zero(
 async fn reconcile(
     ctx: &Ctx,
     record: &ExecutionRecord,
+    reason: ReconciliationReason,
     provider_ref: Option<String>,
     partial: Option<Usage>,
 ) -> Result<(), RunError> {
@@ -192,7 +195,7 @@ async fn reconcile(
         record_evidence(ctx, record, provider_ref.clone(), usage, false).await?;
     }
     ctx.stores
-        .mark_reconciliation_required(record.fence(), provider_ref, ctx.clock.now())
+        .mark_reconciliation_required(record.fence(), reason, provider_ref, ctx.clock.now())
         .await
         .map(|_| ())
         .map_err(|e| RunError::store(&record.operation_key, e))
@@ -215,7 +218,9 @@ async fn finish_send_error(
             settle_zero(ctx, record, Outcome::Unavailable, None, None).await?;
         }
         // The request may have been taken: cost unknown.
-        SendError::NoResponse(_) => reconcile(ctx, record, None, None).await?,
+        SendError::NoResponse(_) => {
+            reconcile(ctx, record, ReconciliationReason::NoResponse, None, None).await?
+        }
     }
     Ok(None)
 }

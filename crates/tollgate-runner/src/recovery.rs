@@ -6,7 +6,9 @@ use crate::views;
 use serde::Serialize;
 use std::sync::Arc;
 use tollgate_core::ids::{ExecutionId, OperationKey, Scope};
-use tollgate_core::state::{ExecutionState, NotDispatchedCause, Outcome, SettlementSource};
+use tollgate_core::state::{
+    ExecutionState, NotDispatchedCause, Outcome, ReconciliationReason, SettlementSource,
+};
 use tollgate_core::usage::Usage;
 use tollgate_core::view::View;
 use tollgate_store::{
@@ -111,7 +113,8 @@ impl Reconciler {
             return Ok(());
         }
         let evidence = self.stores.evidence_for(record.id).await?;
-        let priced = exact_usage(&evidence).and_then(|e| {
+        let exact = exact_usage(&evidence);
+        let priced = exact.and_then(|e| {
             record
                 .binding
                 .config
@@ -120,6 +123,11 @@ impl Reconciler {
                 .ok()
                 .map(|a| (e, a))
         });
+        let reason = if exact.is_some() {
+            ReconciliationReason::RecoveryUnpricedUsage
+        } else {
+            ReconciliationReason::RecoveryNoExactUsage
+        };
         match priced {
             Some((evidence, amount)) => {
                 let request = SettleRequest {
@@ -140,7 +148,7 @@ impl Reconciler {
             None => {
                 let provider_ref = evidence.iter().find_map(|e| e.provider_ref.clone());
                 self.stores
-                    .mark_reconciliation_required(record.fence(), provider_ref, now)
+                    .mark_reconciliation_required(record.fence(), reason, provider_ref, now)
                     .await?;
             }
         }

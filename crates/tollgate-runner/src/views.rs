@@ -34,6 +34,7 @@ pub fn bare(operation_key: OperationKey, state: ViewState) -> View {
         outcome: None,
         invalid_reason: None,
         not_dispatched_cause: None,
+        reconciliation_reason: None,
         output: None,
         step: None,
         receipt: None,
@@ -58,6 +59,7 @@ pub async fn view_of(
         ExecutionState::ReconciliationRequired => base(record, ViewState::ReconciliationRequired),
         ExecutionState::NotDispatched => View {
             not_dispatched_cause: record.not_dispatched_cause,
+            reconciliation_reason: record.reconciliation_reason,
             ..base(record, ViewState::NotDispatched)
         },
         ExecutionState::Completed => completed_view(stores, record, now).await?,

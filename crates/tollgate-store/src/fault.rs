@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use tollgate_core::caps::SpendTotals;
 use tollgate_core::ids::*;
-use tollgate_core::state::{ExecutionState, NotDispatchedCause};
+use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
 
 /// Where a fault can be injected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -158,12 +158,13 @@ impl ExecutionStore for FaultyStores {
     async fn mark_reconciliation_required(
         &self,
         fence: Fence,
+        reason: ReconciliationReason,
         provider_ref: Option<String>,
         now: DateTime<Utc>,
     ) -> StoreResult<ExecutionRecord> {
         self.check(FaultPoint::MarkReconciliation)?;
         self.inner
-            .mark_reconciliation_required(fence, provider_ref, now)
+            .mark_reconciliation_required(fence, reason, provider_ref, now)
             .await
     }
     async fn settle(&self, request: SettleRequest) -> StoreResult<SettleOutcome> {

@@ -15,7 +15,7 @@ use tollgate_core::caps::SpendTotals;
 use tollgate_core::ids::{
     ConsumerId, EvidenceId, ExecutionId, OperationKey, RootKey, Scope, SessionId,
 };
-use tollgate_core::state::{ExecutionState, NotDispatchedCause};
+use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
 
 /// The journal.
 #[async_trait]
@@ -59,6 +59,7 @@ pub trait ExecutionStore: Send + Sync {
     async fn mark_reconciliation_required(
         &self,
         fence: Fence,
+        reason: ReconciliationReason,
         provider_ref: Option<String>,
         now: DateTime<Utc>,
     ) -> StoreResult<ExecutionRecord>;

@@ -9,7 +9,9 @@ use crate::error::ApiError;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tollgate_core::ids::{ExecutionId, OperationKey, RootKey};
-use tollgate_core::state::{CallKind, ExecutionState, NotDispatchedCause, Outcome};
+use tollgate_core::state::{
+    CallKind, ExecutionState, NotDispatchedCause, Outcome, ReconciliationReason,
+};
 use tollgate_core::usage::Usage;
 use tollgate_core::view::View;
 use tollgate_runner::recovery::{ExpiredCounts, UsageCounts, RECONCILE_PAGE_MAX};
@@ -96,6 +98,9 @@ pub struct ExecutionSummary {
     pub state: ExecutionState,
     /// Why not dispatched.
     pub not_dispatched_cause: Option<NotDispatchedCause>,
+    /// Why it waits for an operator (`reconciliation_required` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reconciliation_reason: Option<ReconciliationReason>,
     /// Outcome, once completed.
     pub outcome: Option<Outcome>,
     /// Provider name from the execution's snapshot.
@@ -265,6 +270,7 @@ pub async fn executions(
             root_key: r.root_key,
             state: r.state,
             not_dispatched_cause: r.not_dispatched_cause,
+            reconciliation_reason: r.reconciliation_reason,
             outcome: r.outcome,
             provider: r.binding.config.provider,
             model: r.binding.config.model,

@@ -17,7 +17,7 @@ use tollgate_core::digest::Binding;
 use tollgate_core::ids::*;
 use tollgate_core::money::Money;
 use tollgate_core::state::{
-    CallKind, ExecutionState, NotDispatchedCause, Outcome, SettlementSource,
+    CallKind, ExecutionState, NotDispatchedCause, Outcome, ReconciliationReason, SettlementSource,
 };
 use tollgate_core::usage::Usage;
 use tollgate_core::view::Output;
@@ -37,7 +37,7 @@ macro_rules! store_conformance {
             settlement_is_exactly_once,
             sc_15_warning_keeps_output,
             sc_16_post_call_block_settles_then_suppresses_output,
-            reconciliation_required_keeps_hold_until_operator_settles,
+            sc_94_reconciliation_required_keeps_its_reason_and_hold,
             sc_40_take_fence_only_after_lease_expiry,
             sc_41_expired_lists_only_expired_unfinished,
             sc_71_sc_73_retention_and_erasure_are_final,
@@ -317,13 +317,31 @@ pub async fn sc_16_post_call_block_settles_then_suppresses_output<S: Stores>(s: 
     assert!(stored.output.is_none());
 }
 
-pub async fn reconciliation_required_keeps_hold_until_operator_settles<S: Stores>(s: Arc<S>) {
+pub async fn sc_94_reconciliation_required_keeps_its_reason_and_hold<S: Stores>(s: Arc<S>) {
     let r = dispatched(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
     let rr = s
-        .mark_reconciliation_required(r.fence(), Some("req-9".into()), t0())
+        .mark_reconciliation_required(
+            r.fence(),
+            ReconciliationReason::NoExactUsage,
+            Some("req-9".into()),
+            t0(),
+        )
         .await
         .unwrap();
     assert_eq!(rr.state, ExecutionState::ReconciliationRequired);
+    assert_eq!(
+        rr.reconciliation_reason,
+        Some(ReconciliationReason::NoExactUsage)
+    );
+    let trail = s.audit_rows(&scope("a"), 0, 100).await.unwrap();
+    let marked = trail
+        .iter()
+        .find(|row| row.event.kind == "reconciliation_required")
+        .unwrap();
+    assert_eq!(
+        marked.event.detail["reconciliation_reason"],
+        "no_exact_usage"
+    );
     assert_eq!(daily(&*s, &r).await.held, money("0.5"));
     let listed = s
         .by_state(&scope("a"), ExecutionState::ReconciliationRequired, 10)
@@ -349,6 +367,13 @@ pub async fn reconciliation_required_keeps_hold_until_operator_settles<S: Stores
     s.settle(req).await.unwrap();
     let d = daily(&*s, &r).await;
     assert_eq!((d.settled, d.held), (money("0.3"), Money::ZERO));
+    // The reason stays on the completed row: why an operator had to settle it.
+    let done = s.execution(&scope("a"), &key("k1")).await.unwrap().unwrap();
+    assert_eq!(done.state, ExecutionState::Completed);
+    assert_eq!(
+        done.reconciliation_reason,
+        Some(ReconciliationReason::NoExactUsage)
+    );
 }
 
 pub async fn sc_40_take_fence_only_after_lease_expiry<S: Stores>(s: Arc<S>) {

@@ -99,7 +99,7 @@ pub async fn work_scan_finds_unfinished_executions<S: ServiceStores>(s: Arc<S>) 
     claimed(&*s, claim_req("p", "k", text_config(), "0.1")).await;
     dispatched(&*s, claim_req("d", "k", text_config(), "0.1")).await;
     let r = dispatched(&*s, claim_req("r", "k", text_config(), "0.1")).await;
-    s.mark_reconciliation_required(r.fence(), None, t0())
+    s.mark_reconciliation_required(r.fence(), ReconciliationReason::NoResponse, None, t0())
         .await
         .unwrap();
     assert_eq!(work(&*s).await, ["d", "p", "r"]);

@@ -13,7 +13,7 @@ use std::sync::{Mutex, MutexGuard};
 use tollgate_core::caps::SpendTotals;
 use tollgate_core::digest::Digest256;
 use tollgate_core::ids::*;
-use tollgate_core::state::{ExecutionState, NotDispatchedCause};
+use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
 
 #[derive(Default)]
 struct Tables {
@@ -228,6 +228,7 @@ impl ExecutionStore for MemoryStores {
     async fn mark_reconciliation_required(
         &self,
         fence: Fence,
+        reason: ReconciliationReason,
         provider_ref: Option<String>,
         now: DateTime<Utc>,
     ) -> StoreResult<ExecutionRecord> {
@@ -238,6 +239,7 @@ impl ExecutionStore for MemoryStores {
             "reconciliation_required",
             |r| {
                 r.state = ExecutionState::ReconciliationRequired;
+                r.reconciliation_reason = Some(reason);
                 if provider_ref.is_some() {
                     r.provider_ref = provider_ref;
                 }

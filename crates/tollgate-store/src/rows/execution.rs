@@ -8,7 +8,9 @@ use tollgate_core::ids::{
     ConsumerId, ExecutionId, FenceToken, OperationKey, RootKey, Scope, SessionId,
 };
 use tollgate_core::money::Money;
-use tollgate_core::state::{CallKind, ExecutionState, NotDispatchedCause, Outcome};
+use tollgate_core::state::{
+    CallKind, ExecutionState, NotDispatchedCause, Outcome, ReconciliationReason,
+};
 
 /// One journal row.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -33,6 +35,9 @@ pub struct ExecutionRecord {
     pub state: ExecutionState,
     /// Why not dispatched.
     pub not_dispatched_cause: Option<NotDispatchedCause>,
+    /// Why it waits (or waited) for an operator; set on `reconciliation_required`, kept once
+    /// an operator settles it.
+    pub reconciliation_reason: Option<ReconciliationReason>,
     /// Outcome, once completed.
     pub outcome: Option<Outcome>,
     /// Current fence token.
