@@ -27,6 +27,7 @@ mod error;
 mod executions;
 mod inbox;
 mod journal;
+mod ledger;
 mod locks;
 mod results;
 mod roots;

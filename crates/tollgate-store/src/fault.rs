@@ -355,3 +355,15 @@ impl RootStore for FaultyStores {
         self.roots()?.reconcile_roots(scope, now, limit).await
     }
 }
+
+#[async_trait]
+impl LedgerAudit for FaultyStores {
+    /// Delegates: the audit only reads, so no fault point applies.
+    async fn audit_ledger(
+        &self,
+        scope: Option<&Scope>,
+        limit: u32,
+    ) -> StoreResult<crate::ledger::LedgerReport> {
+        self.roots()?.audit_ledger(scope, limit).await
+    }
+}

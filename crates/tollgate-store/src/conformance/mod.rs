@@ -48,6 +48,7 @@ macro_rules! store_conformance {
             no_overspend_under_concurrent_claims,
             concurrent_claims_of_one_key_insert_once,
         );
+        $crate::ledger_conformance!($factory);
     };
     (@tests $factory:expr; $($name:ident),+ $(,)?) => {
         $(
@@ -656,3 +657,6 @@ pub async fn concurrent_claims_of_one_key_insert_once<S: Stores + 'static>(s: Ar
 
 mod roots;
 pub use roots::*;
+
+mod ledger_audit;
+pub use ledger_audit::*;

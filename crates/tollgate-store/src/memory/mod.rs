@@ -602,4 +602,5 @@ impl AuditLog for MemoryStores {
     }
 }
 
+mod ledger;
 mod roots;
