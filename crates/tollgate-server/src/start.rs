@@ -129,7 +129,8 @@ async fn serve_app(
         settings.scheduler,
         settings.lease_ms,
         metrics,
-    );
+    )
+    .with_ledger_audit_interval(settings.ledger_audit_interval_ms);
     let stop_scheduler = shutdown.child_token();
     let scheduler = tokio::spawn(scheduler.run(stop_scheduler.clone()));
     let served = crate::run(listener, app, shutdown.cancelled_owned()).await;
@@ -160,7 +161,8 @@ pub async fn scheduler(options: Options, shutdown: CancellationToken) -> Result<
         settings.scheduler,
         settings.lease_ms,
         Arc::new(Metrics::default()),
-    );
+    )
+    .with_ledger_audit_interval(settings.ledger_audit_interval_ms);
     scheduler.run(shutdown).await;
     Ok(())
 }
