@@ -194,14 +194,14 @@ fn print_ledger(report: &LedgerReport) {
         None => "every scope".to_string(),
     };
     let c = &report.checked;
-    let status = if report.ok {
-        "ok".to_string()
-    } else {
-        format!("{} violations", report.violations_total)
+    let status = match report.violations_total {
+        0 => "ok".to_string(),
+        1 => "1 violation".to_string(),
+        n => format!("{n} violations"),
     };
     out::line(&format!(
-        "ledger audit of {of}: {status} ({} scopes, {} executions, {} settlements, {} spend rows, \
-         {} roots, {} root receipts, {} acknowledged evidence rows checked)",
+        "ledger audit of {of}: {status} (checked: scopes {}, executions {}, settlements {}, \
+         spend rows {}, roots {}, root receipts {}, acknowledged evidence {})",
         c.scopes, c.executions, c.settlements, c.spend_rows, c.roots, c.root_receipts, c.evidence
     ));
     for violation in &report.violations {
