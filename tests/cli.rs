@@ -646,3 +646,149 @@ async fn demo_runs_on_postgres_when_database_url_is_set() {
     }
     conn.close().await.unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Postgres: audit ledger
+// ---------------------------------------------------------------------------------------------
+
+/// `tollgate audit ledger` on `url`, with extra arguments.
+fn audit_ledger(url: &str, extra: &[&str]) -> Output {
+    run(tollgate()
+        .args(["audit", "ledger"])
+        .args(extra)
+        .env("DATABASE_URL", url))
+}
+
+#[tokio::test]
+async fn sc_92_audit_ledger_is_clean_after_the_demo_and_names_damaged_rows() {
+    let db = fresh_database().await;
+    json_ok(&run(tollgate()
+        .args(["demo", "--json"])
+        .env("DATABASE_URL", db.url())));
+    // Acknowledged evidence is audited too.
+    let usage = json_ok(&run(tollgate()
+        .args(["reconcile", "usage", "--scope", "demo"])
+        .env("DATABASE_URL", db.url())));
+    assert!(usage["acknowledged"].as_u64().unwrap() > 0, "{usage}");
+
+    let report = json_ok(&audit_ledger(db.url(), &["--scope", "demo", "--json"]));
+    assert_eq!(
+        keys(&report),
+        BTreeSet::from([
+            "ok",
+            "scope",
+            "checked",
+            "violations",
+            "violations_total",
+            "truncated"
+        ])
+    );
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["scope"], "demo");
+    assert_eq!(report["violations"], serde_json::json!([]));
+    let checked = &report["checked"];
+    for counted in ["executions", "settlements", "spend_rows", "evidence"] {
+        assert!(
+            checked[counted].as_u64().unwrap() > 0,
+            "{counted}: {report}"
+        );
+    }
+    // Every scope, human form.
+    let output = audit_ledger(db.url(), &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        stdout(&output).starts_with("ledger audit of every scope: ok"),
+        "{}",
+        stdout(&output)
+    );
+
+    // One session spend row a cent off its settlements.
+    let mut conn = connect(db.url()).await;
+    sqlx::query("UPDATE spend_sessions SET settled = settled + 0.01 WHERE consumer = 'team-a'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let output = audit_ledger(db.url(), &["--scope", "demo"]);
+    assert_eq!(output.status.code(), Some(1), "{}", stdout(&output));
+    let err = stderr(&output);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("tollgate: ledger invariant violated: spend_settled (mismatch): scope=demo spend=session consumer=team-a"),
+        "{err}"
+    );
+    assert!(
+        stdout(&output).contains("\n  spend_settled (mismatch): scope=demo"),
+        "{}",
+        stdout(&output)
+    );
+    let output = audit_ledger(db.url(), &["--scope", "demo", "--json"]);
+    assert_eq!(output.status.code(), Some(1));
+    let report: Value = serde_json::from_str(stdout(&output).trim()).unwrap();
+    assert_eq!(report["ok"], false);
+    assert_eq!(report["violations_total"], 1, "{report}");
+    let v = &report["violations"][0];
+    assert_eq!(v["invariant"], "spend_settled");
+    assert_eq!(v["spend"]["window"], "session");
+    assert_eq!(v["spend"]["consumer"], "team-a");
+    // Exact decimals: what the settlements add up to, and what the row says.
+    let (settled, stored): (String, String) = sqlx::query_as(
+        "SELECT (SELECT sum(amount) FROM finance.settlements WHERE consumer = 'team-a')::text, \
+         (SELECT settled FROM spend_sessions WHERE consumer = 'team-a')::text",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        normalized(v["expected"].as_str().unwrap()),
+        normalized(&settled)
+    );
+    assert_eq!(
+        normalized(v["found"].as_str().unwrap()),
+        normalized(&stored)
+    );
+    // Repaired, then one settlement's amount changed instead.
+    sqlx::query("UPDATE spend_sessions SET settled = settled - 0.01 WHERE consumer = 'team-a'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    json_ok(&audit_ledger(db.url(), &["--json"]));
+    let (execution,): (String,) = sqlx::query_as(
+        "UPDATE cost_settlements SET amount = amount + 1 \
+         WHERE seq = (SELECT min(seq) FROM cost_settlements) RETURNING execution_id::text",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    let output = audit_ledger(db.url(), &["--json"]);
+    assert_eq!(output.status.code(), Some(1));
+    let report: Value = serde_json::from_str(stdout(&output).trim()).unwrap();
+    let named: BTreeSet<&str> = report["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["invariant"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        named,
+        BTreeSet::from(["settlement_priced", "spend_settled"]),
+        "{report}"
+    );
+    let priced = report["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["invariant"] == "settlement_priced")
+        .unwrap();
+    assert_eq!(priced["execution_id"], execution.as_str());
+    assert!(stderr(&output).contains("ledger invariant violated"));
+    conn.close().await.unwrap();
+}
+
+#[test]
+fn audit_ledger_without_a_database_url_fails_with_one_line() {
+    let output = run(tollgate().args(["audit", "ledger"]));
+    assert_eq!(output.status.code(), Some(1));
+    let err = stderr(&output);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("DATABASE_URL"), "{err}");
+}

@@ -28,6 +28,7 @@ mod error;
 mod executions;
 mod inbox;
 mod journal;
+mod ledger;
 mod locks;
 mod results;
 mod roots;

@@ -415,3 +415,124 @@ async fn st_31_missing_root_receipt_is_repaired_once() {
         "added once"
     );
 }
+
+/// SC-91 on Postgres: rows damaged with raw SQL are named by the ledger audit, by invariant and
+/// row id — a spend row's settled total, a settlement's amount, a deleted root receipt.
+mod ledger_damage {
+    use super::*;
+    use tollgate_store::conformance::money;
+    use tollgate_store::{LedgerAudit, LedgerInvariant, LedgerReport, SpendRowKey};
+
+    /// A call settled at its usage's price (10 input + 5 output = 0.00002), under root `r1` when
+    /// `root` is set.
+    async fn priced(s: &PgStores, key_: &str, root: bool) -> ExecutionRecord {
+        let mut config = text_config();
+        if root {
+            config.kind = CallKind::Step;
+            open_root(s, "r1", config.clone()).await;
+        }
+        let mut req = claim_req("a", key_, config, "0.5");
+        if root {
+            req.root_key = Some(root_key("r1"));
+        }
+        let ClaimOutcome::Claimed(r) = s.claim(req).await.unwrap() else {
+            panic!("expected a claim");
+        };
+        let d = s.mark_dispatched(r.fence(), t0()).await.unwrap();
+        s.settle(settle_req(&d, "0.00002", "x")).await.unwrap();
+        d
+    }
+
+    async fn audit(s: &PgStores) -> LedgerReport {
+        s.audit_ledger(Some(&scope("a")), 100).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn sc_91_spend_row_settled_plus_a_cent_is_named() {
+        let s = fresh().await;
+        let r = priced(&s, "k1", false).await;
+        assert!(audit(&s).await.ok);
+        sqlx::query("UPDATE spend_sessions SET settled = settled + 0.01")
+            .execute(s.pool())
+            .await
+            .unwrap();
+        let report = audit(&s).await;
+        assert!(!report.ok);
+        assert_eq!(report.violations_total, 1, "{:?}", report.violations);
+        let v = report.first().unwrap();
+        assert_eq!(v.invariant, LedgerInvariant::SpendSettled);
+        assert_eq!(
+            v.spend,
+            Some(SpendRowKey::Session {
+                consumer: r.consumer().clone(),
+                session_id: r.session_id().clone(),
+            })
+        );
+        assert_eq!(v.expected, Some(money("0.00002")));
+        assert_eq!(v.found, Some(money("0.01002")));
+    }
+
+    #[tokio::test]
+    async fn sc_91_a_settlement_amount_changed_is_named() {
+        let s = fresh().await;
+        let r = priced(&s, "k1", false).await;
+        sqlx::query("UPDATE cost_settlements SET amount = amount + 0.01 WHERE execution_id = $1")
+            .bind(r.id.0)
+            .execute(s.pool())
+            .await
+            .unwrap();
+        let report = audit(&s).await;
+        let priced = report
+            .violations
+            .iter()
+            .find(|v| v.invariant == LedgerInvariant::SettlementPriced)
+            .unwrap_or_else(|| panic!("{:?}", report.violations));
+        assert_eq!(priced.execution_id, Some(r.id));
+        assert!(priced.settlement_id.is_some());
+        assert_eq!(priced.expected, Some(money("0.00002")));
+        assert_eq!(priced.found, Some(money("0.01002")));
+        // The spend rows no longer add up to their settlements either.
+        assert!(report
+            .violations
+            .iter()
+            .any(|v| v.invariant == LedgerInvariant::SpendSettled));
+    }
+
+    #[tokio::test]
+    async fn sc_91_st_31_a_deleted_root_receipt_is_named() {
+        let s = fresh().await;
+        let r = priced(&s, "c1", true).await;
+        assert!(audit(&s).await.ok);
+        sqlx::query("DELETE FROM root_receipts WHERE execution_id = $1")
+            .bind(r.id.0)
+            .execute(s.pool())
+            .await
+            .unwrap();
+        let report = audit(&s).await;
+        let named: Vec<_> = report
+            .violations
+            .iter()
+            .map(|v| (v.invariant, v.execution_id, v.root_key.clone()))
+            .collect();
+        assert_eq!(
+            named,
+            [
+                (
+                    LedgerInvariant::RootReceipt,
+                    Some(r.id),
+                    Some(root_key("r1"))
+                ),
+                (LedgerInvariant::RootCharged, None, Some(root_key("r1"))),
+            ]
+        );
+        let charged = &report.violations[1];
+        assert_eq!(
+            (charged.expected, charged.found),
+            (Some(money("0")), Some(money("0.00002")))
+        );
+        // Every scope at once says the same.
+        let all = s.audit_ledger(None, 100).await.unwrap();
+        assert_eq!(all.violations_total, 2);
+        assert_eq!(all.checked.scopes, 1);
+    }
+}

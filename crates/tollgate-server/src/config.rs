@@ -40,6 +40,12 @@ pub const INTERVAL_MS_MAX: u64 = 3_600_000;
 pub const BATCH_DEFAULT: u32 = 100;
 /// Largest scheduler batch (the reconciler's page limit).
 pub const BATCH_MAX: u32 = tollgate_runner::recovery::RECONCILE_PAGE_MAX;
+/// Default period of the scheduler's ledger audit (five minutes).
+pub const LEDGER_AUDIT_INTERVAL_MS_DEFAULT: u64 = 300_000;
+/// Shortest period of the scheduler's ledger audit (0 turns it off).
+pub const LEDGER_AUDIT_INTERVAL_MS_MIN: u64 = 1_000;
+/// Longest period of the scheduler's ledger audit (a day).
+pub const LEDGER_AUDIT_INTERVAL_MS_MAX: u64 = 86_400_000;
 /// Shortest and longest fence lease.
 pub const LEASE_MS_MIN: u64 = 100;
 /// Longest fence lease.
@@ -140,6 +146,8 @@ pub struct Settings {
     pub max_connections: u32,
     /// Pass period and batch from `[scheduler]`, within their bounds.
     pub scheduler: SchedulerSettings,
+    /// Period of the scheduler's ledger audit; 0 = off.
+    pub ledger_audit_interval_ms: u64,
     /// Fence lease.
     pub lease_ms: u64,
     /// Providers by name.
@@ -214,6 +222,18 @@ impl FileConfig {
         )?;
         let batch = self.scheduler.batch.unwrap_or(BATCH_DEFAULT);
         range("scheduler.batch", batch.into(), 1, BATCH_MAX.into())?;
+        let ledger_audit_interval_ms = self
+            .scheduler
+            .ledger_audit_interval_ms
+            .unwrap_or(LEDGER_AUDIT_INTERVAL_MS_DEFAULT);
+        if ledger_audit_interval_ms != 0 {
+            range(
+                "scheduler.ledger_audit_interval_ms",
+                ledger_audit_interval_ms,
+                LEDGER_AUDIT_INTERVAL_MS_MIN,
+                LEDGER_AUDIT_INTERVAL_MS_MAX,
+            )?;
+        }
         let lease_ms = self
             .runner
             .lease_ms
@@ -233,6 +253,7 @@ impl FileConfig {
             database_url: self.database.url,
             max_connections,
             scheduler: SchedulerSettings { interval_ms, batch },
+            ledger_audit_interval_ms,
             lease_ms,
             providers,
             profiles,
@@ -368,6 +389,29 @@ mod tests {
         let bad =
             FileConfig::from_toml("", &env(&[("TOLLGATE_PROFILES__0__NAME", "x")])).unwrap_err();
         assert!(bad.0.contains("TOLLGATE_PROFILES__0__NAME"), "{bad}");
+    }
+
+    #[test]
+    fn sc_93_ledger_audit_interval_defaults_turns_off_and_is_bounded() {
+        let e = Env::new();
+        let settings = |text: &str| FileConfig::from_toml(text, &e).unwrap().validate(&e);
+        assert_eq!(
+            settings("").unwrap().ledger_audit_interval_ms,
+            LEDGER_AUDIT_INTERVAL_MS_DEFAULT
+        );
+        let off = settings("[scheduler]\nledger_audit_interval_ms = 0\n").unwrap();
+        assert_eq!(off.ledger_audit_interval_ms, 0);
+        let bad = settings("[scheduler]\nledger_audit_interval_ms = 10\n").unwrap_err();
+        assert!(
+            bad.0.contains("scheduler.ledger_audit_interval_ms"),
+            "{bad}"
+        );
+        let over = env(&[("TOLLGATE_SCHEDULER__LEDGER_AUDIT_INTERVAL_MS", "60000")]);
+        let from_env = FileConfig::from_toml("", &over)
+            .unwrap()
+            .validate(&over)
+            .unwrap();
+        assert_eq!(from_env.ledger_audit_interval_ms, 60_000);
     }
 
     #[test]

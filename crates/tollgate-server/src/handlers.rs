@@ -4,7 +4,7 @@
 use crate::app::App;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::service::admin::{self, ExecutionList, ExecutionsQuery};
+use crate::service::admin::{self, ExecutionList, ExecutionsQuery, LedgerQuery};
 use crate::service::calls::{self, ProfileList};
 use crate::service::roots::{self, RootView};
 use axum::body::Bytes;
@@ -17,7 +17,7 @@ use axum::Json;
 use serde_json::{json, Value};
 use tollgate_core::view::View;
 use tollgate_runner::recovery::{ExpiredCounts, UsageCounts};
-use tollgate_store::Evidence;
+use tollgate_store::{Evidence, LedgerReport};
 
 type Body = Result<Bytes, BytesRejection>;
 type One = Result<Path<String>, PathRejection>;
@@ -125,6 +125,15 @@ pub async fn executions(
 /// `POST /v1/admin/executions/{execution_id}/resolve`.
 pub async fn resolve(State(app): State<App>, who: Principal, id: One, body: Body) -> Answer<View> {
     admin::resolve(&app, &who, id?.0, &body?).await.map(Json)
+}
+
+/// `GET /v1/admin/audit/ledger`.
+pub async fn audit_ledger(
+    State(app): State<App>,
+    who: Principal,
+    query: Result<Query<LedgerQuery>, QueryRejection>,
+) -> Answer<LedgerReport> {
+    admin::audit_ledger(&app, &who, query?.0).await.map(Json)
 }
 
 /// `GET /healthz`: the process is up.

@@ -114,6 +114,10 @@ pub struct PassCounts {
     pub erased: u64,
     /// Failed tasks (logged).
     pub errors: u64,
+    /// Scopes whose ledger was audited (zero when no audit was due).
+    pub ledger_audited: u64,
+    /// Ledger violations found in those scopes.
+    pub ledger_violations: u64,
 }
 
 /// The service's metrics.
@@ -134,6 +138,8 @@ pub struct Metrics {
     reconciled_roots: AtomicU64,
     acknowledged: AtomicU64,
     erased: AtomicU64,
+    ledger_audit_runs: AtomicU64,
+    ledger_violations: AtomicU64,
 }
 
 /// Counts a call in flight (it holds its worst case against the caps) until dropped.
@@ -208,6 +214,11 @@ impl Metrics {
             .store(counts.awaiting_operator, Ordering::Relaxed);
         self.backlog_evidence
             .store(counts.evidence_pending, Ordering::Relaxed);
+        if counts.ledger_audited > 0 {
+            self.ledger_audit_runs.fetch_add(1, Ordering::Relaxed);
+            self.ledger_violations
+                .store(counts.ledger_violations, Ordering::Relaxed);
+        }
     }
 
     /// Values of [`SINGLES`], in its order.
@@ -275,7 +286,29 @@ impl Metrics {
             header(&mut out, name, kind, help);
             let _ = writeln!(out, "{name} {value}");
         }
+        self.render_ledger(&mut out);
         out
+    }
+
+    /// The scheduler's ledger audit: rounds run, and violations found by the last one.
+    fn render_ledger(&self, out: &mut String) {
+        for (name, kind, help, value) in [
+            (
+                "tollgate_ledger_audit_runs_total",
+                "counter",
+                "Scheduled ledger audits (each over the scopes of one pass).",
+                &self.ledger_audit_runs,
+            ),
+            (
+                "tollgate_ledger_violations",
+                "gauge",
+                "Ledger invariant violations found by the last scheduled ledger audit.",
+                &self.ledger_violations,
+            ),
+        ] {
+            header(out, name, kind, help);
+            let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
+        }
     }
 }
 

@@ -33,6 +33,7 @@ pub fn router(app: App) -> Router {
             "/v1/admin/executions/{execution_id}/resolve",
             post(h::resolve),
         )
+        .route("/v1/admin/audit/ledger", get(h::audit_ledger))
         .route("/healthz", get(h::healthz))
         .route("/readyz", get(h::readyz))
         .route("/metrics", get(h::metrics))

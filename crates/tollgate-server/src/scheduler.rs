@@ -1,6 +1,8 @@
 //! The scheduler (spec/service.md — Scheduler): every `interval_ms` (± 20 % jitter) it visits
 //! the scopes that have work and runs, in bounded batches, `reconcile_expired` (executions, then
-//! roots: expiry and reconciliation), `reconcile_usage`, and retention erasure.
+//! roots: expiry and reconciliation), `reconcile_usage`, and retention erasure. Every
+//! `ledger_audit_interval_ms` it also audits the ledger of the pass's scopes (read-only) and
+//! reports drift as metrics and warnings naming invariants and ids only.
 //!
 //! Many instances may run at once (inside each `serve` and as `tollgate scheduler`): every
 //! finishing write goes through a fence, so two instances can never finish one execution twice —
@@ -17,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tollgate_core::ids::{OperationKey, Scope};
 use tollgate_core::state::ExecutionState;
 use tollgate_runner::recovery::Reconciler;
-use tollgate_store::{ServiceStores, StoreError};
+use tollgate_store::{LedgerViolation, ServiceStores, StoreError};
 
 /// Scopes visited per pass at most (the rest get their turn in the next passes).
 pub const SCOPES_PER_PASS_MAX: u32 = 1_000;
@@ -25,6 +27,8 @@ pub const SCOPES_PER_PASS_MAX: u32 = 1_000;
 pub const ERASE_BATCHES_PER_PASS_MAX: u32 = 10;
 /// Executions awaiting an operator counted per scope for the backlog gauge.
 pub const BACKLOG_COUNT_PER_SCOPE_MAX: u32 = 100;
+/// Violations listed (and logged) per scope by a scheduled ledger audit; all are counted.
+pub const LEDGER_AUDIT_LIMIT: u32 = 20;
 /// Jitter of the period, in percent either way.
 const JITTER_PERCENT: u64 = 20;
 
@@ -39,6 +43,10 @@ pub struct Scheduler {
     usage_cursors: HashMap<Scope, i64>,
     /// The last scope visited when a pass stopped at [`SCOPES_PER_PASS_MAX`].
     scope_cursor: Option<Scope>,
+    /// Period of the ledger audit; `None` = off.
+    ledger_audit_every: Option<Duration>,
+    /// When the last ledger audit ran.
+    last_ledger_audit: Option<Instant>,
 }
 
 impl Scheduler {
@@ -57,7 +65,18 @@ impl Scheduler {
             metrics,
             usage_cursors: HashMap::new(),
             scope_cursor: None,
+            ledger_audit_every: Some(Duration::from_millis(
+                crate::config::LEDGER_AUDIT_INTERVAL_MS_DEFAULT,
+            )),
+            last_ledger_audit: None,
         }
+    }
+
+    /// Audits the ledger of the scopes with work every `interval_ms` (0 = never); the first pass
+    /// audits at once.
+    pub fn with_ledger_audit_interval(mut self, interval_ms: u64) -> Self {
+        self.ledger_audit_every = (interval_ms > 0).then(|| Duration::from_millis(interval_ms));
+        self
     }
 
     /// Runs passes until `shutdown` fires; a pass in progress stops at its next task.
@@ -110,8 +129,45 @@ impl Scheduler {
             counts.scopes += 1;
             self.scope_pass(scope, &mut counts).await;
         }
+        if self.ledger_audit_due() {
+            self.last_ledger_audit = Some(Instant::now());
+            self.ledger_audit(&scopes, &mut counts, shutdown).await;
+        }
         self.erase(&mut counts, shutdown).await;
         counts
+    }
+
+    fn ledger_audit_due(&self) -> bool {
+        match (self.ledger_audit_every, self.last_ledger_audit) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(every), Some(last)) => last.elapsed() >= every,
+        }
+    }
+
+    /// The ledger audit of each scope (spec/storage.md — Ledger audit): read-only, one scope at a
+    /// time, at most [`LEDGER_AUDIT_LIMIT`] violations listed per scope. Drift becomes a
+    /// warning per listed violation (invariant and ids only) and the pass's counts.
+    async fn ledger_audit(
+        &self,
+        scopes: &[Scope],
+        counts: &mut PassCounts,
+        shutdown: &CancellationToken,
+    ) {
+        let stores = &self.stores;
+        for scope in scopes {
+            if shutdown.is_cancelled() {
+                return;
+            }
+            match stores.audit_ledger(Some(scope), LEDGER_AUDIT_LIMIT).await {
+                Ok(report) => {
+                    counts.ledger_audited += 1;
+                    counts.ledger_violations += report.violations_total;
+                    report.violations.iter().for_each(drift);
+                }
+                Err(e) => failed(counts, "ledger_audit", &e),
+            }
+        }
     }
 
     async fn scope_pass(&mut self, scope: &Scope, counts: &mut PassCounts) {
@@ -183,6 +239,23 @@ impl Scheduler {
             }
         }
     }
+}
+
+/// One violation as a warning: the invariant and the ids of the rows, no amounts, no content.
+fn drift(v: &LedgerViolation) {
+    tracing::warn!(
+        invariant = v.invariant.as_str(),
+        reason = %v.reason,
+        scope = %v.scope,
+        spend = ?v.spend,
+        execution_id = ?v.execution_id,
+        operation_key = ?v.operation_key,
+        settlement_id = ?v.settlement_id,
+        evidence_id = ?v.evidence_id,
+        root_id = ?v.root_id,
+        root_key = ?v.root_key,
+        "ledger drift"
+    );
 }
 
 fn failed(counts: &mut PassCounts, task: &'static str, error: &StoreError) {

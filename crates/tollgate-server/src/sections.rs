@@ -38,6 +38,8 @@ pub struct SchedulerSection {
     pub interval_ms: Option<u64>,
     /// Rows per scope and task per pass.
     pub batch: Option<u32>,
+    /// Period of the ledger audit of the scopes with work; 0 turns it off.
+    pub ledger_audit_interval_ms: Option<u64>,
 }
 
 /// `[runner]`.

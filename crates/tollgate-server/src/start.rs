@@ -124,7 +124,8 @@ async fn serve_app(
         "tollgate: listening on http://{addr} (stores: {})",
         backend.name()
     ));
-    let scheduler = Scheduler::new(backend, settings.scheduler, settings.lease_ms, metrics);
+    let scheduler = Scheduler::new(backend, settings.scheduler, settings.lease_ms, metrics)
+        .with_ledger_audit_interval(settings.ledger_audit_interval_ms);
     let stop_scheduler = shutdown.child_token();
     let scheduler = tokio::spawn(scheduler.run(stop_scheduler.clone()));
     let served = crate::run(listener, app, shutdown.cancelled_owned()).await;
@@ -153,7 +154,8 @@ pub async fn scheduler(options: Options, shutdown: CancellationToken) -> Result<
         settings.scheduler,
         settings.lease_ms,
         Arc::new(Metrics::default()),
-    );
+    )
+    .with_ledger_audit_interval(settings.ledger_audit_interval_ms);
     scheduler.run(shutdown).await;
     Ok(())
 }

@@ -515,3 +515,150 @@ async fn postgres_a_call_and_its_replay_through_the_api() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     s.stop().await;
 }
+
+/// SC-93: the operator's ledger audit route on the key's scope, and the scheduler's ledger
+/// audit reporting drift as metrics.
+#[tokio::test]
+async fn sc_93_ledger_audit_route_and_scheduled_drift() {
+    use tollgate_core::config::fixtures::text_config;
+    use tollgate_core::digest::Binding;
+    use tollgate_core::ids::{InputRevision, Intent, OperationKey, SessionId};
+    use tollgate_core::money::Money;
+    use tollgate_core::state::{Outcome, SettlementSource};
+    use tollgate_core::usage::Usage;
+    use tollgate_store::{ClaimOutcome, ClaimRequest, SettleRequest};
+
+    let s = Server::memory().await;
+    // A call, a root with a step, and a cut stream awaiting an operator.
+    let (status, _, _) = s
+        .post("/v1/calls", &s.caller, &call("summarize", "l-1", "r", "hi"))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let open = json!({"root_key": "turn-l", "profile": "agent-step", "session_id": "s",
+                      "intent": "plan", "input_revision": "r", "deadline_ms": 60000});
+    assert_eq!(
+        s.post("/v1/roots", &s.caller, &open).await.0,
+        StatusCode::OK
+    );
+    let step = json!({"operation_key": "l-step", "input": {"messages": [
+        {"role": "user", "content": "Paris, please"}]}});
+    let (status, view, _) = s.post("/v1/roots/turn-l/steps", &s.caller, &step).await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    let (_, cut, _) = s
+        .post("/v1/calls", &s.caller, &call("cut", "l-cut", "r", "hi"))
+        .await;
+    assert_eq!(cut["state"], "reconciliation_required");
+
+    let (status, report, _) = s.get("/v1/admin/audit/ledger", &s.operator).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["scope"], "acme");
+    assert_eq!(report["checked"]["executions"], 3);
+    assert_eq!(report["checked"]["roots"], 1);
+    assert_eq!(report["checked"]["root_receipts"], 1);
+    let (status, _, _) = s
+        .get("/v1/admin/audit/ledger?scope=acme&limit=5", &s.operator)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    // Scoped like every admin route: another scope is not found, other roles are refused.
+    let (status, body, _) = s
+        .get("/v1/admin/audit/ledger?scope=globex", &s.operator)
+        .await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (StatusCode::NOT_FOUND, &json!("not_found"))
+    );
+    let (status, _, _) = s.get("/v1/admin/audit/ledger", &s.caller).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _, _) = s
+        .send(reqwest::Method::GET, "/v1/admin/audit/ledger", None, None)
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _, _) = s.get("/v1/admin/audit/ledger?bogus=1", &s.operator).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    // A writer that breaks the settle contract: the store takes an amount that is not the
+    // usage's price.
+    let stores = s.backend.stores();
+    let binding = Binding {
+        session_id: SessionId::parse("s-x").unwrap(),
+        intent: Intent::parse("summarize").unwrap(),
+        input_revision: InputRevision::parse("r").unwrap(),
+        config: text_config(),
+    };
+    let claim = ClaimRequest {
+        scope: Scope::parse("acme").unwrap(),
+        operation_key: OperationKey::parse("l-bad").unwrap(),
+        root_key: None,
+        binding,
+        hold: Money::parse("0.5", "hold").unwrap(),
+        now: chrono::Utc::now(),
+        lease_ms: 30_000,
+    };
+    let ClaimOutcome::Claimed(r) = stores.claim(claim).await.unwrap() else {
+        panic!("expected a claim");
+    };
+    let d = stores
+        .mark_dispatched(r.fence(), chrono::Utc::now())
+        .await
+        .unwrap();
+    stores
+        .settle(SettleRequest {
+            fence: d.fence(),
+            usage: Usage {
+                input: 10,
+                output: 5,
+                ..Usage::ZERO
+            },
+            amount: Money::parse("1", "amount").unwrap(),
+            source: SettlementSource::Stream,
+            outcome: Outcome::Success,
+            stop: None,
+            output: None,
+            step: None,
+            provider_ref: None,
+            evidence_id: None,
+            now: chrono::Utc::now(),
+        })
+        .await
+        .unwrap();
+    let (status, report, _) = s.get("/v1/admin/audit/ledger", &s.operator).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "an audit that finds drift still answers 200"
+    );
+    assert_eq!(report["ok"], false);
+    assert_eq!(report["violations_total"], 1, "{report}");
+    let v = &report["violations"][0];
+    assert_eq!(v["invariant"], "settlement_priced");
+    assert_eq!(v["reason"], "amount");
+    assert_eq!(v["execution_id"], json!(r.id));
+    assert_eq!(
+        (&v["expected"], &v["found"]),
+        (&json!("0.00002"), &json!("1"))
+    );
+
+    // The scheduler audits the scopes with work and reports the drift.
+    let settings = tollgate_server::config::SchedulerSettings {
+        interval_ms: 1000,
+        batch: 10,
+    };
+    let metrics = Arc::new(Metrics::default());
+    let mut scheduler = Scheduler::new(s.backend.clone(), settings, 1000, metrics.clone())
+        .with_ledger_audit_interval(3_600_000);
+    let counts = scheduler.pass(&CancellationToken::new()).await;
+    assert_eq!(counts.errors, 0);
+    assert_eq!((counts.ledger_audited, counts.ledger_violations), (1, 1));
+    metrics.observe_pass(&counts, 1);
+    let text = metrics.render();
+    assert!(
+        text.contains("\ntollgate_ledger_audit_runs_total 1\n"),
+        "{text}"
+    );
+    assert!(text.contains("\ntollgate_ledger_violations 1\n"), "{text}");
+    // Not due again within the interval.
+    let again = scheduler.pass(&CancellationToken::new()).await;
+    assert_eq!(again.ledger_audited, 0);
+    s.stop().await;
+}

@@ -400,3 +400,15 @@ impl WorkScan for FaultyStores {
         self.service()?.scopes_with_work(after, limit).await
     }
 }
+
+#[async_trait]
+impl LedgerAudit for FaultyStores {
+    /// Delegates: the audit only reads, so no fault point applies.
+    async fn audit_ledger(
+        &self,
+        scope: Option<&Scope>,
+        limit: u32,
+    ) -> StoreResult<crate::ledger::LedgerReport> {
+        self.roots()?.audit_ledger(scope, limit).await
+    }
+}

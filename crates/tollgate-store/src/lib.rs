@@ -16,12 +16,14 @@ pub mod conformance;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
+pub mod ledger;
 pub mod memory;
 pub mod rows;
 pub mod rules;
 pub mod traits;
 
 pub use error::{StoreError, StoreResult};
+pub use ledger::{LedgerCounts, LedgerInvariant, LedgerReport, LedgerViolation, SpendRowKey};
 pub use memory::MemoryStores;
 pub use rows::*;
 pub use traits::*;

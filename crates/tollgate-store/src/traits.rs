@@ -388,10 +388,23 @@ pub trait RootStore: Send + Sync {
     ) -> StoreResult<Vec<RootRecord>>;
 }
 
-/// Everything the root-fenced runners need.
-pub trait AllStores: Stores + RootStore {}
-
-impl<T> AllStores for T where T: Stores + RootStore {}
+/// The ledger audit (spec/storage.md — Ledger audit): from the stored rows alone, checks that
+/// spend totals, holds, settlements, acknowledged evidence and root totals agree. Read-only.
+#[async_trait]
+pub trait LedgerAudit: Send + Sync {
+    /// Audits `scope`, or every scope when `None`, each scope from one consistent read of its
+    /// rows, and lists at most `limit` violations (clamped to
+    /// 1..=[`LEDGER_LIMIT_MAX`](crate::ledger::LEDGER_LIMIT_MAX); more are counted). Its work
+    /// grows with the audited scope's rows; it writes nothing.
+    ///
+    /// # Errors
+    /// Store failure; a stored row that cannot be read.
+    async fn audit_ledger(
+        &self,
+        scope: Option<&Scope>,
+        limit: u32,
+    ) -> StoreResult<crate::ledger::LedgerReport>;
+}
 
 /// API keys of the HTTP service, by the SHA-256 of the key: the key itself is never stored, so
 /// it cannot be read back. Keys belong to no execution and write no audit row.
@@ -440,3 +453,8 @@ pub trait WorkScan: Send + Sync {
 pub trait ServiceStores: AllStores + ApiKeyStore + WorkScan {}
 
 impl<T> ServiceStores for T where T: AllStores + ApiKeyStore + WorkScan {}
+
+/// Everything the root-fenced runners, the service and the operator commands need.
+pub trait AllStores: Stores + RootStore + LedgerAudit {}
+
+impl<T> AllStores for T where T: Stores + RootStore + LedgerAudit {}

@@ -151,6 +151,16 @@ enum Audit {
         #[arg(long)]
         scope: String,
     },
+    /// Check that spend, holds, settlements, evidence and roots agree, from the stored rows;
+    /// exit 1 naming the first violated invariant.
+    Ledger {
+        /// Scope (default: every scope).
+        #[arg(long)]
+        scope: Option<String>,
+        /// Violations listed at most (default 100, at most 1000; all are counted).
+        #[arg(long)]
+        limit: Option<u32>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -226,6 +236,9 @@ fn main() -> ExitCode {
             Command::Audit {
                 what: Audit::Verify { scope },
             } => operator::audit_verify(&scope).await,
+            Command::Audit {
+                what: Audit::Ledger { scope, limit },
+            } => operator::audit_ledger(scope.as_deref(), limit, cli.json).await,
             Command::Finance {
                 what: Finance::Export { from, to, format },
             } => operator::finance_export(from, to, &format).await,

@@ -1,5 +1,6 @@
-//! Operator commands against `DATABASE_URL`: recover, reconcile, inspect, audit verify, finance
-//! export. Each prints JSON on stdout and a one-line reason on failure.
+//! Operator commands against `DATABASE_URL`: recover, reconcile, inspect, audit verify, audit
+//! ledger, finance export. Each prints JSON on stdout (audit ledger: a human form unless
+//! `--json`) and a one-line reason on failure.
 
 use crate::database::{connect_migrated, database_url};
 use crate::error::CommandError;
@@ -12,8 +13,9 @@ use tollgate_postgres::PgStores;
 use tollgate_runner::recovery::Reconciler;
 use tollgate_runner::{views, SystemClock};
 use tollgate_store::audit::verify_chain;
+use tollgate_store::ledger::{ledger_limit, LedgerReport};
 use tollgate_store::{
-    AllStores, AuditLog, ExecutionStore, ResultStore, SettlementStore, UsageInbox,
+    AllStores, AuditLog, ExecutionStore, LedgerAudit, ResultStore, SettlementStore, UsageInbox,
 };
 
 /// Audit rows read per page when verifying or inspecting.
@@ -151,6 +153,61 @@ pub async fn audit_verify(scope_: &str) -> Result<(), CommandError> {
             );
             Err(CommandError::CheckFailed(broken.to_string()))
         }
+    }
+}
+
+/// `tollgate audit ledger [--scope S] [--limit N]`: the ledger audit (spec/storage.md — Ledger
+/// audit) of one scope or of every scope. Prints the report (`--json`: the report object); exit
+/// 1 naming the first violated invariant and its rows (ids and amounts only).
+pub async fn audit_ledger(
+    scope_: Option<&str>,
+    limit: Option<u32>,
+    json_out: bool,
+) -> Result<(), CommandError> {
+    let scope = scope_.map(scope).transpose()?;
+    let stores = stores().await?;
+    let report = stores
+        .audit_ledger(scope.as_ref(), ledger_limit(limit))
+        .await?;
+    if json_out {
+        print::json(&serde_json::to_value(&report)?);
+    } else {
+        print_ledger(&report);
+    }
+    match report.first() {
+        None if report.ok => Ok(()),
+        Some(first) => Err(CommandError::CheckFailed(format!(
+            "ledger invariant violated: {first}"
+        ))),
+        None => Err(CommandError::CheckFailed(format!(
+            "{} ledger violations found",
+            report.violations_total
+        ))),
+    }
+}
+
+fn print_ledger(report: &LedgerReport) {
+    let of = match &report.scope {
+        Some(scope) => format!("scope {scope}"),
+        None => "every scope".to_string(),
+    };
+    let c = &report.checked;
+    let status = match report.violations_total {
+        0 => "ok".to_string(),
+        1 => "1 violation".to_string(),
+        n => format!("{n} violations"),
+    };
+    print::line(&format!(
+        "ledger audit of {of}: {status} (checked: scopes {}, executions {}, settlements {}, \
+         spend rows {}, roots {}, root receipts {}, acknowledged evidence {})",
+        c.scopes, c.executions, c.settlements, c.spend_rows, c.roots, c.root_receipts, c.evidence
+    ));
+    for violation in &report.violations {
+        print::line(&format!("  {violation}"));
+    }
+    if report.truncated {
+        let more = report.violations_total - report.violations.len() as u64;
+        print::line(&format!("  ... and {more} more"));
     }
 }
 

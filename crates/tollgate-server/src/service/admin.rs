@@ -15,7 +15,8 @@ use tollgate_core::state::{
 use tollgate_core::usage::Usage;
 use tollgate_core::view::View;
 use tollgate_runner::recovery::{ExpiredCounts, UsageCounts, RECONCILE_PAGE_MAX};
-use tollgate_store::{Evidence, KeyRole};
+use tollgate_store::ledger::ledger_limit;
+use tollgate_store::{Evidence, KeyRole, LedgerReport};
 
 /// Default page of `reconcile/expired` and of the executions listing.
 pub const PAGE_DEFAULT: u32 = 50;
@@ -302,5 +303,41 @@ pub async fn resolve(
     Ok(app
         .reconciler
         .resolve(&who.scope, execution_id, body.usage.into())
+        .await?)
+}
+
+/// Query of `GET /v1/admin/audit/ledger`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LedgerQuery {
+    /// The key's own scope, optional: the audit is always of the key's scope, and naming another
+    /// scope finds nothing (404).
+    pub scope: Option<String>,
+    /// Violations listed at most (default 100, clamped to 1..=1000; all are counted).
+    pub limit: Option<u32>,
+}
+
+/// `GET /v1/admin/audit/ledger?scope=…&limit=…` (SC-93): the ledger audit of the key's scope
+/// (spec/storage.md — Ledger audit). Answers 200 with the report whether or not it is clean.
+///
+/// # Errors
+/// `not_found` (another scope), `unavailable`, `forbidden`.
+pub async fn audit_ledger(
+    app: &App,
+    who: &Principal,
+    query: LedgerQuery,
+) -> Result<LedgerReport, ApiError> {
+    operator(who)?;
+    if query
+        .scope
+        .as_deref()
+        .is_some_and(|s| s != who.scope.as_str())
+    {
+        return Err(ApiError::NotFound("scope".into()));
+    }
+    Ok(app
+        .backend
+        .stores()
+        .audit_ledger(Some(&who.scope), ledger_limit(query.limit))
         .await?)
 }

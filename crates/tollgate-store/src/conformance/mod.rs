@@ -48,6 +48,7 @@ macro_rules! store_conformance {
             no_overspend_under_concurrent_claims,
             concurrent_claims_of_one_key_insert_once,
         );
+        $crate::ledger_conformance!($factory);
     };
     (@tests $factory:expr; $($name:ident),+ $(,)?) => {
         $(
@@ -683,3 +684,6 @@ mod roots;
 mod service;
 pub use roots::*;
 pub use service::*;
+
+mod ledger_audit;
+pub use ledger_audit::*;

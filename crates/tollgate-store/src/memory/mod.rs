@@ -606,5 +606,6 @@ impl AuditLog for MemoryStores {
 }
 
 mod api_keys;
+mod ledger;
 mod roots;
 mod work;
