@@ -641,9 +641,8 @@ async fn audit_trail(stores: &PgStores, scope: &Scope) -> Vec<AuditRow> {
     }
 }
 
-/// Why an execution waits for an operator, from what the stores hold. The journal row and the
-/// view carry no reason field; the reason follows from the usage inbox (spec/journal.md —
-/// Recovery, SC-41): no evidence, only inexact evidence, conflicting exact evidence, or exact
+/// Why an execution waits for an operator, as the usage inbox explains it (spec/journal.md —
+/// Recovery, SC-41), a cross-check of the reason stored on the row: no evidence, only inexact evidence, conflicting exact evidence, or exact
 /// evidence the snapshot cannot price. `None` when there is one consistent, priceable piece of
 /// exact evidence — then recovery should have settled it.
 fn reconciliation_reason(record: &ExecutionRecord, evidence: &[Evidence]) -> Option<String> {
@@ -672,22 +671,33 @@ fn add(total: &mut Money, amount: Money) {
 
 /// The ledger audit of one scope: `Ok` when the ledger is clean, else every problem found.
 ///
-/// **This is the place the ledger audit command plugs in.** `tollgate audit ledger --scope S`
-/// is being built separately; once it exists, this helper runs it (on `db_url`, like
-/// `audit verify` below) and maps its exit status and report to this result, keeping the
-/// store-trait checks here as a cross-check or moving them into that command's own tests.
-/// Until then it checks, through the store traits only (no SQL in tests):
+/// It runs `tollgate audit ledger --scope S --json` on `db_url` (exit 0 and `"ok": true`
+/// required), and cross-checks independently, through the store traits only (no SQL in tests):
 ///
 /// - each completed execution has exactly one settlement, and no other execution has any;
 /// - finished executions (`completed`, `not_dispatched`) hold nothing;
 /// - each consumer's daily and session spend equals the sum of its settlements (`settled`) and
 ///   of the holds still kept (`held`).
 async fn ledger_audit_clean(db_url: &str, scope: &str) -> Result<(), Vec<String>> {
+    let mut problems = Vec::new();
+    let audited = tollgate()
+        .args(["audit", "ledger", "--scope", scope, "--json"])
+        .env("DATABASE_URL", db_url)
+        .output()
+        .unwrap();
+    let report: serde_json::Value =
+        serde_json::from_slice(&audited.stdout).unwrap_or(serde_json::Value::Null);
+    if !audited.status.success() || report["ok"] != true {
+        problems.push(format!(
+            "tollgate audit ledger: {} {}",
+            String::from_utf8_lossy(&audited.stdout),
+            String::from_utf8_lossy(&audited.stderr)
+        ));
+    }
     let stores = PgStores::connect(db_url, 2).await.unwrap();
     let scope = Scope::parse(scope).unwrap();
     let executions = executions(&stores, &scope).await;
     let settlements = settlements(&stores, &scope).await;
-    let mut problems = Vec::new();
 
     let mut settled_per_execution: HashMap<ExecutionId, Vec<&SettlementRecord>> = HashMap::new();
     for s in &settlements {
@@ -926,8 +936,19 @@ async fn check_journal(
             }
             ExecutionState::ReconciliationRequired => {
                 let evidence = stores.evidence_for(e.id).await.unwrap();
+                if e.reconciliation_reason.is_none() {
+                    findings.failures.push(format!(
+                        "{at}: reconciliation_required without a stored reason"
+                    ));
+                }
                 match reconciliation_reason(e, &evidence) {
-                    Some(reason) => *findings.reasons.entry(reason).or_default() += 1,
+                    Some(reason) => {
+                        let stored = e.reconciliation_reason.map_or("none", |r| r.as_str());
+                        *findings
+                            .reasons
+                            .entry(format!("{stored}: {reason}"))
+                            .or_default() += 1;
+                    }
                     None => findings.failures.push(format!(
                         "{at}: reconciliation_required without a reason: exact, priceable \
                          evidence {evidence:?}"
