@@ -1,5 +1,6 @@
 //! The cases. Each names the requirement it shows.
 
+pub use super::races::*;
 use super::*;
 use tollgate_core::event::ProviderEvent as E;
 use tollgate_core::message::Temperature;

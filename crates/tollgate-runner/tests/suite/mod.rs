@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod cases;
+pub mod races;
 
 use chrono::{DateTime, Utc};
 use futures::FutureExt;

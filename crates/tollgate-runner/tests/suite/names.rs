@@ -37,4 +37,6 @@ runner_suite!(fresh;
     sc_3_cache_choice_is_snapshotted_and_sent,
     sc_31_an_unusable_key_is_final_retry_needs_a_new_key,
     sc_52_only_governed_settlement_writes_finance_rows,
+    sc_41_h_3_two_schedulers_race_on_expired_executions,
+    sc_42_two_usage_reconcilers_race_on_unacknowledged_evidence,
 );

@@ -1,0 +1,337 @@
+//! The cases of the fault matrix: what process 1 runs (under the fault), after which unfaulted
+//! setup, and which keys and roots the checks look at.
+//!
+//! No runner calls `ResultStore::erase` or `AuditLog::append_audit`: the host does (an erasure
+//! request, an event outside a state change), so the `erasure` case calls them as a host would.
+
+use super::*;
+use tollgate_store::fault::FaultKind;
+use tollgate_store::{
+    ApiKeyRecord, ApiKeyStore, AuditEvent, AuditLog, KeyDigest, KeyRole, ResultStore, WorkScan,
+};
+
+/// The root of the step and recovery cases.
+pub const STEP_ROOT: &str = "turn";
+/// Its admission window.
+pub const STEP_ROOT_DEADLINE_MS: u64 = 60_000;
+
+/// How a key is run, recovered and replayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// `SingleCallRunner`, text.
+    Text,
+    /// `SingleCallRunner`, json.
+    Json,
+    /// `StructuredCallRunner` (its root and call keys are derived from the host key).
+    Structured,
+    /// `GovernedStepRunner` under this root.
+    Step(&'static str),
+}
+
+/// A key a case checks.
+#[derive(Debug, Clone, Copy)]
+pub struct Key {
+    pub name: &'static str,
+    pub flavor: Flavor,
+}
+
+const fn text(name: &'static str) -> Key {
+    Key {
+        name,
+        flavor: Flavor::Text,
+    }
+}
+
+const fn step(name: &'static str) -> Key {
+    Key {
+        name,
+        flavor: Flavor::Step(STEP_ROOT),
+    }
+}
+
+/// A case of the matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Case {
+    /// A text call.
+    Text,
+    /// A JSON call.
+    Json,
+    /// A structured call (its own root, one step, the root closed).
+    Structured,
+    /// Governed steps under a root: open, one step that settles, one the root cap blocks (its
+    /// slot is given back), close.
+    Step,
+    /// `recover` of a prepared claim, a dispatched call with exact evidence, one without, and a
+    /// completed step (its receipt set checked and repaired if needed).
+    Recover,
+    /// `reconcile_expired` over the same work, and the expired root.
+    ReconcileExpired,
+    /// `reconcile_usage` over two settled calls' evidence.
+    ReconcileUsage,
+    /// An operator resolving a call that awaits reconciliation.
+    Operator,
+    /// Erasure: a host's audit event and erasure request, then the scheduler's erasure.
+    Erasure,
+    /// The service's tables: an API key created and looked up, the scheduler's work scan.
+    Keys,
+}
+
+impl Case {
+    pub const ALL: [Case; 10] = [
+        Case::Text,
+        Case::Json,
+        Case::Structured,
+        Case::Step,
+        Case::Recover,
+        Case::ReconcileExpired,
+        Case::ReconcileUsage,
+        Case::Operator,
+        Case::Erasure,
+        Case::Keys,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Case::Text => "text",
+            Case::Json => "json",
+            Case::Structured => "structured",
+            Case::Step => "step",
+            Case::Recover => "recover",
+            Case::ReconcileExpired => "reconcile_expired",
+            Case::ReconcileUsage => "reconcile_usage",
+            Case::Operator => "operator",
+            Case::Erasure => "erasure",
+            Case::Keys => "keys",
+        }
+    }
+
+    /// The keys whose sends, settlements and end state are checked.
+    pub fn keys(self) -> Vec<Key> {
+        match self {
+            Case::Text => vec![text("k")],
+            Case::Json => vec![Key {
+                name: "k",
+                flavor: Flavor::Json,
+            }],
+            Case::Structured => vec![Key {
+                name: "x",
+                flavor: Flavor::Structured,
+            }],
+            Case::Step => vec![step("s1"), step("s2")],
+            Case::Recover | Case::ReconcileExpired => {
+                vec![text("prep"), text("disp"), text("lost"), step("done")]
+            }
+            Case::ReconcileUsage => vec![text("a"), text("b")],
+            Case::Operator => vec![text("cut")],
+            Case::Erasure => vec![text("e")],
+            Case::Keys => vec![],
+        }
+    }
+
+    /// The roots that must end reconciled, with sums that agree with their receipts.
+    pub fn roots(self, world: &World) -> Vec<RootKey> {
+        match self {
+            Case::Structured => {
+                let key = OperationKey::parse("x").unwrap();
+                vec![RootKey::parse(derived_id("root", &world.scope, &key)).unwrap()]
+            }
+            Case::Step | Case::Recover | Case::ReconcileExpired => {
+                vec![RootKey::parse(STEP_ROOT).unwrap()]
+            }
+            _ => vec![],
+        }
+    }
+
+    /// Unfaulted work before process 1.
+    pub async fn setup(self, world: &Arc<World>) {
+        match self {
+            Case::Text | Case::Json | Case::Structured | Case::Step => {}
+            Case::Recover | Case::ReconcileExpired => {
+                // Left prepared: the process died right after its claim.
+                text_call(world, "prep", text_reply(), Some((StoreOp::Claim, 1))).await;
+                // Sent, exact evidence in the inbox, died before settling.
+                text_call(world, "disp", text_reply(), Some((StoreOp::Settle, 1))).await;
+                // Sent, died before its evidence.
+                text_call(
+                    world,
+                    "lost",
+                    text_reply(),
+                    Some((StoreOp::RecordEvidence, 1)),
+                )
+                .await;
+                // A completed step under a root that stays open past its deadline.
+                let stores = world.process();
+                let runner = world.step_runner(&stores, world.client("done", vec![tool_reply()]));
+                open_root(world, &runner).await.unwrap();
+                runner
+                    .run_step(world.step_request(STEP_ROOT, "done"))
+                    .await
+                    .unwrap();
+                world.clock.advance_ms(120_000);
+            }
+            Case::ReconcileUsage => {
+                text_call(world, "a", text_reply(), None).await;
+                text_call(world, "b", text_reply(), None).await;
+            }
+            Case::Operator => text_call(world, "cut", cut_reply(), None).await,
+            Case::Erasure => {
+                text_call(world, "e", text_reply(), None).await;
+                // Past the result's retention.
+                world.clock.advance_ms(3_600_001);
+            }
+            Case::Keys => {}
+        }
+    }
+
+    /// Process 1 (under the fault). Errors are the runner's answers to the fault: ignored here,
+    /// the checks look at what was stored.
+    pub async fn process(self, world: Arc<World>, stores: Arc<FaultyStores>) {
+        let scope = world.scope.clone();
+        match self {
+            Case::Text | Case::Json => {
+                let (config, reply) = if self == Case::Text {
+                    (text_config(), text_reply())
+                } else {
+                    (json_config(), json_reply())
+                };
+                let runner = world.text_runner(&stores, config, world.client("k", vec![reply]));
+                let _ = runner.run(world.request("k")).await;
+            }
+            Case::Structured => {
+                let runner =
+                    world.structured_runner(&stores, world.client("x", vec![tool_reply()]));
+                let _ = runner.run(world.request("x")).await;
+            }
+            Case::Step => {
+                let first = world.step_runner(&stores, world.client("s1", vec![tool_reply()]));
+                let second = world.step_runner(&stores, world.client("s2", vec![tool_reply()]));
+                let _ = open_root(&world, &first).await;
+                let _ = first.run_step(world.step_request(STEP_ROOT, "s1")).await;
+                let _ = second.run_step(world.step_request(STEP_ROOT, "s2")).await;
+                let _ = first
+                    .close_root(&scope, &RootKey::parse(STEP_ROOT).unwrap())
+                    .await;
+            }
+            Case::Recover => {
+                let reconciler = world.reconciler(&stores);
+                for key in ["prep", "disp", "lost"] {
+                    let key = OperationKey::parse(key).unwrap();
+                    let _ = reconciler.recover(&scope, &key, RECOVERY_LEASE_MS).await;
+                }
+                let runner = world.step_runner(&stores, world.client("done", vec![]));
+                let _ = runner
+                    .recover(
+                        &reconciler,
+                        &scope,
+                        &RootKey::parse(STEP_ROOT).unwrap(),
+                        &OperationKey::parse("done").unwrap(),
+                        RECOVERY_LEASE_MS,
+                    )
+                    .await;
+            }
+            Case::ReconcileExpired => {
+                let _ = world
+                    .reconciler(&stores)
+                    .reconcile_expired(&scope, 100, RECOVERY_LEASE_MS)
+                    .await;
+            }
+            Case::ReconcileUsage => {
+                let none = |_: &OperationKey| false;
+                let _ = world
+                    .reconciler(&stores)
+                    .reconcile_usage(&scope, None, None, &none)
+                    .await;
+            }
+            Case::Operator => {
+                let id = world.id("cut").unwrap();
+                let _ = world
+                    .reconciler(&stores)
+                    .resolve(&scope, id, usage(10, 5))
+                    .await;
+            }
+            Case::Erasure => {
+                let id = world.id("e").unwrap();
+                let now = tollgate_runner::Clock::now(world.clock.as_ref());
+                let event = AuditEvent {
+                    scope: scope.clone(),
+                    execution_id: Some(id),
+                    kind: "erasure_requested".into(),
+                    detail: serde_json::json!({}),
+                    at: now,
+                };
+                let _ = stores.append_audit(event).await;
+                let _ = stores.erase(&scope, id, now).await;
+                let _ = world.reconciler(&stores).erase_expired(100).await;
+            }
+            Case::Keys => {
+                // One key per combination's scope: the database is shared by the combinations.
+                let digest = KeyDigest::of_key(&format!("faults-key-{scope}"));
+                let now = tollgate_runner::Clock::now(world.clock.as_ref());
+                let record = ApiKeyRecord {
+                    digest,
+                    scope: scope.clone(),
+                    role: KeyRole::Caller,
+                    created_at: now,
+                };
+                let _ = stores.insert_key(record).await;
+                let _ = stores.key_by_digest(&digest).await;
+                let _ = stores.scopes_with_work(None, 10).await;
+            }
+        }
+    }
+}
+
+/// A text call of `key` in a process of its own. With `dies_at`, the process dies at that call:
+/// after it for `claim` (the claim is left prepared), before it otherwise. Remembers the
+/// execution id.
+async fn text_call(
+    world: &Arc<World>,
+    key: &'static str,
+    reply: ScriptedReply,
+    dies_at: Option<(StoreOp, u64)>,
+) {
+    let stores = world.process();
+    if let Some((op, nth)) = dies_at {
+        let kind = if op == StoreOp::Claim {
+            FaultKind::DieAfter
+        } else {
+            FaultKind::DieBefore
+        };
+        stores.inject(Fault { op, nth, kind });
+    }
+    let runner = world.text_runner(&stores, text_config(), world.client(key, vec![reply]));
+    let request = world.request(key);
+    let life = live(&stores, async move {
+        let _ = runner.run(request).await;
+    })
+    .await;
+    let expected = if dies_at.is_some() {
+        Life::Died
+    } else {
+        Life::Finished
+    };
+    assert_eq!(life, expected, "setup of {key}");
+    let row = world
+        .inner
+        .execution(&world.scope, &OperationKey::parse(key).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    world.remember(key, row.id);
+}
+
+async fn open_root(
+    world: &World,
+    runner: &GovernedStepRunner,
+) -> Result<tollgate_store::RootRecord, tollgate_runner::RunError> {
+    runner
+        .open_root(tollgate_runner::step::OpenRoot {
+            scope: world.scope.clone(),
+            root_key: RootKey::parse(STEP_ROOT).unwrap(),
+            session_id: SessionId::parse("s-1").unwrap(),
+            intent: Intent::parse("plan").unwrap(),
+            input_revision: InputRevision::parse("r-1").unwrap(),
+            deadline_ms: STEP_ROOT_DEADLINE_MS,
+        })
+        .await
+}
