@@ -13,6 +13,7 @@
 //! - SC-12, SC-13 (final): a key was sent at most once, and only if its execution was dispatched.
 //! - SC-42 (final): after the last usage pass, exactly the evidence that matches a durable
 //!   settlement (or zero evidence of an unsent call) is acknowledged.
+//! - SC-40 (final): every settlement with a cost is backed by exact evidence of that usage.
 
 use super::oracle::check_rows;
 use super::provider::SimProvider;
@@ -261,6 +262,15 @@ async fn acknowledgements(
     what: &str,
 ) {
     let settlement = shared.truth.settlement(record.id).await.ok().flatten();
+    if let Some(s) = &settlement {
+        let backed = s.usage.is_zero() || evidence.iter().any(|e| e.exact && e.usage == s.usage);
+        if !backed {
+            shared.violation(format!(
+                "SC-40: {what} settled ({}) with usage no exact evidence shows",
+                s.source.as_str()
+            ));
+        }
+    }
     for e in evidence {
         let matches = e.exact
             && match record.state {

@@ -241,14 +241,15 @@ impl Driver {
     /// Scripts the provider for `spec`'s token.
     fn script(&mut self, spec: &CallSpec) {
         let behaviour = self.behaviour();
-        let output_max = if behaviour == Behaviour::Overrun {
-            4_000
-        } else {
-            100
+        // An overrun ignores max_tokens (100) by up to 30,000 tokens: up to 0.06, enough to pass
+        // a block cap after settlement (the post-call block, SC-16).
+        let output = match behaviour {
+            Behaviour::Overrun => self.rng.range(101, 30_000),
+            _ => self.rng.range(1, 100),
         };
         let usage = Usage {
             input: self.rng.range(1, 2_000),
-            output: self.rng.range(1, output_max),
+            output,
             reasoning: if behaviour == Behaviour::Reasoning {
                 5
             } else {
