@@ -6,6 +6,8 @@
 //! `TOLLGATE_SIM_STEPS=n` (steps per seed), `TOLLGATE_SIM_TRACE=1` (print the trace of a failing
 //! or single seed). A failure names the first failing seed and the command that reproduces it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+// Built against the store mutation, only the tests that expect it to be caught run.
+#![cfg_attr(feature = "mutation-skip-settle-fence", allow(dead_code))]
 
 #[path = "simulation/mod.rs"]
 mod sim;
