@@ -4,7 +4,7 @@
 use super::process::Runners;
 use super::provider::Token;
 use super::shared::Shared;
-use super::universe::{intent, scope, session, Kind, INTENTS, SCOPES};
+use super::universe::{id, intent, scope, Kind, INTENTS, SCOPES};
 use futures::FutureExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,8 +38,8 @@ pub struct CallSpec {
     pub scope: usize,
     /// Index into the consumers.
     pub consumer: usize,
-    /// Index into the sessions.
-    pub session: usize,
+    /// Session (sessions rotate as the run goes on).
+    pub session: String,
     /// Index into the intents.
     pub intent: usize,
     /// Host key (the step's own key for steps).
@@ -120,7 +120,7 @@ impl CallSpec {
         };
         let same = record.kind == call_kind(self.kind)
             && record.binding.intent.as_str() == INTENTS[self.intent]
-            && record.binding.session_id.as_str() == session(self.session).as_str()
+            && record.binding.session_id.as_str() == self.session
             && record.root_key.as_ref().map(|r| r.to_string()) == self.journal_root();
         if same {
             Expect::Replay
@@ -132,7 +132,7 @@ impl CallSpec {
     fn request(&self, load_input: InputLoader, cancel: CancellationToken) -> RunRequest {
         RunRequest {
             scope: scope(self.scope),
-            session_id: session(self.session),
+            session_id: id(&self.session),
             operation_key: self.host_key(),
             input_revision: InputRevision::parse("r-1").unwrap(),
             intent: intent(self.intent),

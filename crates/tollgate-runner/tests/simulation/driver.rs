@@ -34,7 +34,7 @@ use tollgate_store::ExecutionStore;
 pub struct RootSpec {
     scope: usize,
     consumer: usize,
-    session: usize,
+    session: String,
     intent: usize,
     key: String,
 }
@@ -274,6 +274,12 @@ impl Driver {
         self.provider.script(&spec.token(), script);
     }
 
+    /// One of two sessions of the current epoch: sessions rotate every 100 steps, so session
+    /// caps are hit and long runs still get fresh sessions.
+    fn session(&mut self) -> String {
+        format!("s-{}-{}", self.stats.steps / 100, self.rng.index(2))
+    }
+
     fn load(&mut self) -> Load {
         match self.rng.below(100) {
             0..=3 => Load::Fails,
@@ -308,9 +314,10 @@ impl Driver {
             consumer: root
                 .as_ref()
                 .map_or_else(|| self.rng.index(CONSUMERS.len()), |r| r.consumer),
-            session: root
-                .as_ref()
-                .map_or_else(|| self.rng.index(SESSIONS.len()), |r| r.session),
+            session: match &root {
+                Some(r) => r.session.clone(),
+                None => self.session(),
+            },
             intent: root.as_ref().map_or(0, |r| r.intent),
             key: format!("{}-{n}", kind.name()),
             root: root.map(|r| r.key),
@@ -341,7 +348,7 @@ impl Driver {
                     spec.intent = other.intent;
                     spec.scope = other.scope;
                     spec.consumer = other.consumer;
-                    spec.session = other.session;
+                    spec.session = other.session.clone();
                 }
                 _ => spec.intent = 1 - spec.intent,
             }
@@ -370,7 +377,7 @@ impl Driver {
         let spec = RootSpec {
             scope: self.rng.index(SCOPES.len()),
             consumer: self.rng.index(CONSUMERS.len()),
-            session: self.rng.index(SESSIONS.len()),
+            session: self.session(),
             intent: self.rng.index(INTENTS.len()),
             key: format!("root-{}", self.roots.len()),
         };
@@ -380,7 +387,7 @@ impl Driver {
         let open = OpenRoot {
             scope: scope(spec.scope),
             root_key: RootKey::parse(spec.key.as_str()).unwrap(),
-            session_id: session(spec.session),
+            session_id: id(&spec.session),
             intent: intent(spec.intent),
             input_revision: tollgate_core::ids::InputRevision::parse("r-1").unwrap(),
             deadline_ms,

@@ -144,6 +144,7 @@ impl Driver {
             proc.kill(&self.shared);
         }
         self.procs.clear();
+        self.shared.calm_down();
         self.shared.clock.jump(3_600_000);
         let p = self.start(true);
         let runners = self.procs[p].runners.clone();

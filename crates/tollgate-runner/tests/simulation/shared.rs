@@ -6,6 +6,7 @@ use super::clock::SimClock;
 use super::rng::{fnv1a, Rng};
 use chrono::NaiveDate;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tollgate_core::ids::{EvidenceId, ExecutionId, RootKey, Scope};
 use tollgate_core::money::Money;
@@ -88,6 +89,7 @@ pub struct Shared {
     log: Mutex<Log>,
     model: Mutex<Model>,
     latency: Mutex<Rng>,
+    calm: AtomicBool,
 }
 
 impl Shared {
@@ -100,6 +102,7 @@ impl Shared {
             log: Mutex::new(Log::default()),
             model: Mutex::new(Model::default()),
             latency: Mutex::new(latency),
+            calm: AtomicBool::new(false),
         }
     }
 
@@ -110,6 +113,11 @@ impl Shared {
     /// The model, locked. Never held across an await.
     pub fn model(&self) -> MutexGuard<'_, Model> {
         self.model.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// From now on no connection drops (the final phase).
+    pub fn calm_down(&self) {
+        self.calm.store(true, Ordering::SeqCst);
     }
 
     /// Sets the driver's step number (for messages).
@@ -174,6 +182,16 @@ impl Shared {
         } else {
             rng.grid_ms(10, 30)
         }
+    }
+
+    /// Whether a live connection drops right after a round trip (1 in 300): a committed write
+    /// reports a failure, as after a COMMIT whose answer never arrived.
+    pub fn lost_ack(&self) -> bool {
+        if self.calm.load(Ordering::SeqCst) {
+            return false;
+        }
+        let mut rng = self.latency.lock().unwrap_or_else(|e| e.into_inner());
+        rng.below(300) == 0
     }
 
     /// Counts an input load of `(scope, journal key)`; returns how many there were.

@@ -5,7 +5,8 @@
 //! then passes the process's gate — a dead process reaches nothing — then runs on the in-memory
 //! store, whose methods never yield, so each write commits atomically. The oracle sees the write
 //! right after its commit. The acknowledgement then takes its own latency, and a process that died
-//! meanwhile loses it (the write committed, the caller sees a failure).
+//! meanwhile loses it (the write committed, the caller sees a failure); a live process loses one
+//! now and then too (a connection that drops after its COMMIT).
 //!
 //! Under [`Mutation::SkipSettleFence`] the wrapper hands `settle` the row's current fence token in
 //! place of the writer's, which removes the stale-fence guard from the store the runners see; the
@@ -72,6 +73,13 @@ impl SimStores {
                 "{} died before the acknowledgement",
                 self.gate.name
             ))),
+            Ok(_) if self.shared.lost_ack() => {
+                self.shared
+                    .trace(format!("{} lost an acknowledgement", self.gate.name));
+                Err(StoreError::Unavailable(
+                    "connection lost after the round trip".into(),
+                ))
+            }
             out => out,
         }
     }

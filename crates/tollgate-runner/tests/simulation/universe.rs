@@ -1,4 +1,4 @@
-//! What a simulated world holds: two scopes, two consumers with small block caps, two sessions,
+//! What a simulated world holds: two scopes, two consumers with small block caps,
 //! and the four kinds of call (text, json, structured, governed step) with their snapshots.
 
 use tollgate_core::caps::Caps;
@@ -12,8 +12,6 @@ use tollgate_core::state::CallKind;
 pub const SCOPES: [&str; 2] = ["acme", "globex"];
 /// Consumers charged.
 pub const CONSUMERS: [&str; 2] = ["team-a", "team-b"];
-/// Sessions.
-pub const SESSIONS: [&str; 2] = ["s-1", "s-2"];
 /// Intents: the first is the usual one, the second makes a conflicting binding.
 pub const INTENTS: [&str; 2] = ["summarize", "summarize-v2"];
 /// The lease a scheduler takes when it recovers an execution.
@@ -59,11 +57,11 @@ fn m(s: &str) -> Money {
 pub fn caps(consumer: usize) -> Caps {
     let mut caps = Caps::default();
     if consumer == 0 {
-        caps.daily_block = Some(m("0.05"));
-        caps.daily_warn = Some(m("0.03"));
+        caps.daily_block = Some(m("0.1"));
+        caps.daily_warn = Some(m("0.05"));
     } else {
         caps.session_block = Some(m("0.03"));
-        caps.daily_block = Some(m("0.08"));
+        caps.daily_block = Some(m("0.15"));
     }
     caps
 }
@@ -121,11 +119,6 @@ pub fn config(kind: Kind, consumer: usize) -> CallConfig {
 /// Parsed ids.
 pub fn scope(i: usize) -> Scope {
     Scope::parse(SCOPES[i]).unwrap()
-}
-
-/// Parsed ids.
-pub fn session(i: usize) -> SessionId {
-    SessionId::parse(SESSIONS[i]).unwrap()
 }
 
 /// Parsed ids.
