@@ -312,17 +312,17 @@ async fn sends(shared: &Shared, provider: &SimProvider) {
 
 async fn reconciled_roots(shared: &Shared, all: &[ExecutionRecord]) {
     let keys: Vec<Row> = shared.model().rows.iter().cloned().collect();
-    let mut structured: Vec<(Scope, tollgate_core::ids::RootKey)> = all
+    let mut roots: Vec<(Scope, tollgate_core::ids::RootKey)> = all
         .iter()
         .filter_map(|r| r.root_key.clone().map(|k| (r.scope.clone(), k)))
         .collect();
-    structured.extend(keys.iter().filter_map(|row| match row {
+    roots.extend(keys.iter().filter_map(|row| match row {
         Row::Root(s, k) => Some((id(s), id(k))),
         _ => None,
     }));
-    structured.sort();
-    structured.dedup();
-    for (scope, key) in structured {
+    roots.sort();
+    roots.dedup();
+    for (scope, key) in roots {
         let Ok(Some(root)) = shared.truth.root(&scope, &key).await else {
             continue;
         };
