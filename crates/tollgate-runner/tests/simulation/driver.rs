@@ -270,6 +270,7 @@ impl Driver {
             gap_ms,
             tools: spec.kind.uses_tools(),
             json: spec.kind == Kind::Json,
+            early_usage: self.rng.chance(40),
         };
         self.provider.script(&spec.token(), script);
     }

@@ -86,6 +86,9 @@ pub struct Script {
     pub tools: bool,
     /// Answer with the JSON the json snapshot's schema accepts.
     pub json: bool,
+    /// Announce an early, non-terminal usage first (as Anthropic's `message_start` does): a
+    /// stream cut after it leaves inexact evidence.
+    pub early_usage: bool,
 }
 
 /// The identity a call's input carries to the provider.
@@ -416,7 +419,25 @@ impl ProviderClient for SimProvider {
             }),
             Behaviour::NoResponse => Err(SendError::NoResponse("reset".into())),
             _ => {
-                let (events, hang) = events(&script);
+                let (mut events, hang) = events(&script);
+                let refusal = matches!(
+                    script.behaviour,
+                    Behaviour::RefusePrestream | Behaviour::EmptyRefusal
+                );
+                if script.early_usage && !refusal {
+                    let early = Usage {
+                        output: 1,
+                        ..script.usage
+                    };
+                    let at = events.len().min(1);
+                    events.insert(
+                        at,
+                        E::Usage {
+                            usage: early,
+                            terminal: false,
+                        },
+                    );
+                }
                 Ok(timed(events, script.gap_ms, hang, cancel))
             }
         }
