@@ -254,6 +254,13 @@ impl ExecutionStore for MemoryStores {
             .get(&request.fence.execution_id)
             .cloned()
             .ok_or_else(|| StoreError::NotFound(request.fence.execution_id.to_string()))?;
+        // The deliberate defect behind `mutation-skip-settle-fence` (off by default): the token
+        // is re-read from the row instead of taken from the writer, so a stale writer settles.
+        #[cfg(feature = "mutation-skip-settle-fence")]
+        let request = SettleRequest {
+            fence: record.fence(),
+            ..request
+        };
         rules::check_fence(&record, request.fence, &rules::SETTLEABLE)?;
         if t.settlement_by_execution.contains_key(&record.id) {
             return Err(StoreError::Duplicate(format!(

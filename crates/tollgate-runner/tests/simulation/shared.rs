@@ -1,0 +1,212 @@
+//! What every simulated process, the provider and the driver share: the one true store (the
+//! in-memory stores every process writes through its own wrappers), the clock, the trace, the
+//! violations found, and the model the oracle keeps of what the stores committed.
+
+use super::clock::SimClock;
+use super::rng::{fnv1a, Rng};
+use chrono::NaiveDate;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tollgate_core::ids::{EvidenceId, ExecutionId, RootKey, Scope};
+use tollgate_core::money::Money;
+use tollgate_store::MemoryStores;
+
+/// Which deliberate defect, if any, the run carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// None: the product as it is.
+    None,
+    /// The test's store wrapper settles with the row's current fence token instead of the
+    /// writer's, which removes the stale-fence guard of `settle` (H-3) from the composed store.
+    SkipSettleFence,
+}
+
+/// A spend row with a block cap: a consumer's session, a consumer's day, or a root.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Row {
+    /// `(scope, consumer, session)`.
+    Session(String, String, String),
+    /// `(scope, consumer, accounting day)`.
+    Daily(String, String, NaiveDate),
+    /// `(scope, root key)`.
+    Root(String, String),
+}
+
+/// What the oracle knows of an execution from the writes it saw commit.
+#[derive(Debug, Clone)]
+pub struct Known {
+    /// Scope.
+    pub scope: Scope,
+    /// Operation key (for the trace).
+    pub key: String,
+    /// The fence token last issued (claim or `take_fence`).
+    pub token: i64,
+    /// The worst case held at claim.
+    pub hold: Money,
+    /// Its spend rows.
+    pub rows: Vec<Row>,
+    /// Settlements seen committing.
+    pub settlements: u32,
+    /// Commit number of each `take_fence`, by token.
+    pub fences: BTreeMap<i64, u64>,
+    /// `(token, commit number)` of the move to `reconciliation_required`.
+    pub reconciled: Option<(i64, u64)>,
+}
+
+/// The oracle's model.
+#[derive(Debug, Default)]
+pub struct Model {
+    /// Executions by id.
+    pub executions: BTreeMap<ExecutionId, Known>,
+    /// Cost settled above the worst case held, per row (a post-call block is possible only then).
+    pub excess: BTreeMap<Row, Money>,
+    /// Commit number of each evidence row.
+    pub evidence: BTreeMap<EvidenceId, u64>,
+    /// Committed writes so far.
+    pub commits: u64,
+    /// Input loads per `(scope, journal key)`.
+    pub loads: BTreeMap<(String, String), u32>,
+    /// Rows seen.
+    pub rows: BTreeSet<Row>,
+}
+
+#[derive(Default)]
+struct Log {
+    trace: Vec<String>,
+    violations: Vec<String>,
+    step: u64,
+}
+
+/// Shared by everything in one simulated run.
+pub struct Shared {
+    /// The stores every process writes to (through its own wrappers).
+    pub truth: Arc<MemoryStores>,
+    /// The wall clock.
+    pub clock: Arc<SimClock>,
+    /// The deliberate defect of this run.
+    pub mutation: Mutation,
+    log: Mutex<Log>,
+    model: Mutex<Model>,
+    latency: Mutex<Rng>,
+    calm: AtomicBool,
+}
+
+impl Shared {
+    /// A fresh world.
+    pub fn new(clock: Arc<SimClock>, mutation: Mutation, latency: Rng) -> Self {
+        Self {
+            truth: Arc::new(MemoryStores::new()),
+            clock,
+            mutation,
+            log: Mutex::new(Log::default()),
+            model: Mutex::new(Model::default()),
+            latency: Mutex::new(latency),
+            calm: AtomicBool::new(false),
+        }
+    }
+
+    fn log(&self) -> MutexGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The model, locked. Never held across an await.
+    pub fn model(&self) -> MutexGuard<'_, Model> {
+        self.model.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// From now on no connection drops (the final phase).
+    pub fn calm_down(&self) {
+        self.calm.store(true, Ordering::SeqCst);
+    }
+
+    /// Sets the driver's step number (for messages).
+    pub fn set_step(&self, step: u64) {
+        self.log().step = step;
+    }
+
+    /// Appends a trace line stamped with simulated time.
+    pub fn trace(&self, line: impl AsRef<str>) {
+        let ms = self.clock.elapsed_ms();
+        self.log().trace.push(format!("{ms} {}", line.as_ref()));
+    }
+
+    /// Records a broken invariant.
+    pub fn violation(&self, what: impl AsRef<str>) {
+        let ms = self.clock.elapsed_ms();
+        let mut log = self.log();
+        let line = format!("step {} at {ms} ms: {}", log.step, what.as_ref());
+        log.trace.push(format!("VIOLATION {line}"));
+        log.violations.push(line);
+    }
+
+    /// Whether an invariant broke.
+    pub fn has_violation(&self) -> bool {
+        !self.log().violations.is_empty()
+    }
+
+    /// Violations so far.
+    pub fn violations(&self) -> Vec<String> {
+        self.log().violations.clone()
+    }
+
+    /// The trace so far and its digest.
+    pub fn trace_digest(&self) -> (usize, u64) {
+        let log = self.log();
+        (log.trace.len(), fnv1a(&log.trace))
+    }
+
+    /// The whole trace.
+    pub fn trace_lines(&self) -> Vec<String> {
+        self.log().trace.clone()
+    }
+
+    /// Latency of one store round trip, on the 10 ms grid: mostly none or a few ms, rarely a
+    /// stall of seconds (a slow store that can outlive a lease).
+    pub fn store_latency_ms(&self) -> u64 {
+        let mut rng = self.latency.lock().unwrap_or_else(|e| e.into_inner());
+        match rng.below(1000) {
+            0..=599 => 0,
+            600..=989 => rng.grid_ms(10, 30),
+            990..=994 => 1_500,
+            _ => 2_600,
+        }
+    }
+
+    /// Latency of a store's acknowledgement after its commit: none or a few ms (a process that
+    /// dies in it loses the acknowledgement of a committed write).
+    pub fn ack_latency_ms(&self) -> u64 {
+        let mut rng = self.latency.lock().unwrap_or_else(|e| e.into_inner());
+        if rng.chance(80) {
+            0
+        } else {
+            rng.grid_ms(10, 30)
+        }
+    }
+
+    /// Whether a live connection drops right after a round trip (1 in 300): a committed write
+    /// reports a failure, as after a COMMIT whose answer never arrived.
+    pub fn lost_ack(&self) -> bool {
+        if self.calm.load(Ordering::SeqCst) {
+            return false;
+        }
+        let mut rng = self.latency.lock().unwrap_or_else(|e| e.into_inner());
+        rng.below(300) == 0
+    }
+
+    /// Counts an input load of `(scope, journal key)`; returns how many there were.
+    pub fn count_load(&self, scope: &str, key: &str) -> u32 {
+        let mut model = self.model();
+        let n = model
+            .loads
+            .entry((scope.to_string(), key.to_string()))
+            .or_default();
+        *n += 1;
+        *n
+    }
+}
+
+/// The spend rows of a root.
+pub fn root_row(scope: &Scope, root: &RootKey) -> Row {
+    Row::Root(scope.to_string(), root.to_string())
+}
