@@ -91,6 +91,17 @@ fn spend_rows(record: &ExecutionRecord) -> [Row; 2] {
 
 /// The whole ledger, at any instant (every store write is atomic).
 pub async fn ledger(shared: &Shared) {
+    // The store's own ledger audit must agree with the sums below.
+    match tollgate_store::LedgerAudit::audit_ledger(shared.truth.as_ref(), None, 10).await {
+        Ok(report) if report.ok => {}
+        Ok(report) => shared.violation(format!(
+            "SC-90: ledger audit: {}",
+            report
+                .first()
+                .map_or_else(|| "violations".to_string(), |v| v.to_string())
+        )),
+        Err(e) => shared.violation(format!("SC-90: ledger audit failed: {e}")),
+    }
     let all = executions(shared).await;
     let settled = settlements(shared).await;
     let mut expected = BTreeMap::<Row, (Money, Money)>::new();

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tollgate_core::caps::SpendTotals;
 use tollgate_core::ids::*;
-use tollgate_core::state::{ExecutionState, NotDispatchedCause};
+use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
 use tollgate_store::*;
 
 /// One process's view of the store.
@@ -143,13 +143,14 @@ impl ExecutionStore for SimStores {
     async fn mark_reconciliation_required(
         &self,
         fence: Fence,
+        reason: ReconciliationReason,
         provider_ref: Option<String>,
         now: DateTime<Utc>,
     ) -> StoreResult<ExecutionRecord> {
         self.enter().await?;
         let out = self
             .inner()
-            .mark_reconciliation_required(fence, provider_ref, now)
+            .mark_reconciliation_required(fence, reason, provider_ref, now)
             .await;
         self.fenced("mark_reconciliation_required", fence, out)
             .await
@@ -308,6 +309,17 @@ impl AuditLog for SimStores {
         limit: u32,
     ) -> StoreResult<Vec<AuditRow>> {
         read!(self, self.inner().audit_rows(scope, after_seq, limit))
+    }
+}
+
+#[async_trait]
+impl LedgerAudit for SimStores {
+    async fn audit_ledger(
+        &self,
+        scope: Option<&Scope>,
+        limit: u32,
+    ) -> StoreResult<tollgate_store::ledger::LedgerReport> {
+        read!(self, self.inner().audit_ledger(scope, limit))
     }
 }
 
