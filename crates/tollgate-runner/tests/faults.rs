@@ -8,12 +8,11 @@
 //! `TOLLGATE_TEST_DATABASE_URL` names the server (default: the local trust-auth server).
 #![cfg(test)]
 
-#[path = "faults/mod.rs"]
-mod harness;
+mod fault_matrix;
 
-use harness::cases::Case;
-use harness::matrix::{print_case, run_case, totals, CaseReport, Known};
-use harness::Base;
+use fault_matrix::cases::Case;
+use fault_matrix::matrix::{print_case, run_case, totals, CaseReport, Known};
+use fault_matrix::Base;
 use std::sync::Arc;
 use std::time::Instant;
 use tollgate_store::ServiceStores;

@@ -9,7 +9,6 @@
 // Built against the store mutation, only the tests that expect it to be caught run.
 #![cfg_attr(feature = "mutation-skip-settle-fence", allow(dead_code))]
 
-#[path = "simulation/mod.rs"]
 mod sim;
 
 use sim::{run_seed, Mutation, SeedReport};

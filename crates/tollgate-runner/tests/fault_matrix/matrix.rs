@@ -267,7 +267,7 @@ pub fn totals(store: &str, reports: &[CaseReport], elapsed: Duration) -> Vec<Str
     for op in uncovered {
         out.push(format!(
             "store write {}::{} has no fault coverage: \
-             add a case in tests/faults/cases.rs that calls it",
+             add a case in tests/fault_matrix/cases.rs that calls it",
             op.store(),
             op.name()
         ));
