@@ -42,13 +42,61 @@ mod work;
 
 use error::{db, sqlstate, DbResultExt, UNDEFINED_TABLE};
 use sqlx::migrate::{MigrateError, Migrator};
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use std::str::FromStr;
 #[cfg(feature = "test-support")]
 pub use test_support::{fresh_test_database, test_admin_url, TestDatabase, TEST_POOL_CONNECTIONS};
 use tollgate_store::StoreError;
 
 /// The embedded migrations (`migrations/` at the workspace root).
 pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
+
+/// Bounds every connection of the pool sets on its session, so that one stalled client cannot
+/// stop a scope: a statement, a lock wait or an idle open transaction that runs past its bound is
+/// ended by the server, and the store operation fails with [`StoreError::Unavailable`] like any
+/// other store failure (nothing of it was committed). `0` leaves a bound off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionTimeouts {
+    /// `statement_timeout`: the longest one statement may run.
+    pub statement_timeout_ms: u64,
+    /// `lock_timeout`: the longest a statement may wait for a row lock (a spend row, an audit
+    /// head) held by another transaction.
+    pub lock_timeout_ms: u64,
+    /// `idle_in_transaction_session_timeout`: the longest a session may sit idle inside an open
+    /// transaction before the server ends it and releases its locks.
+    pub idle_in_transaction_timeout_ms: u64,
+}
+
+impl Default for SessionTimeouts {
+    fn default() -> Self {
+        Self {
+            statement_timeout_ms: STATEMENT_TIMEOUT_MS_DEFAULT,
+            lock_timeout_ms: LOCK_TIMEOUT_MS_DEFAULT,
+            idle_in_transaction_timeout_ms: IDLE_IN_TRANSACTION_TIMEOUT_MS_DEFAULT,
+        }
+    }
+}
+
+/// Default `statement_timeout`.
+pub const STATEMENT_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// Default `lock_timeout`.
+pub const LOCK_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Default `idle_in_transaction_session_timeout`.
+pub const IDLE_IN_TRANSACTION_TIMEOUT_MS_DEFAULT: u64 = 60_000;
+
+impl SessionTimeouts {
+    /// The options with the bounds as session parameters.
+    fn apply(self, options: PgConnectOptions) -> PgConnectOptions {
+        options.options([
+            ("statement_timeout", self.statement_timeout_ms.to_string()),
+            ("lock_timeout", self.lock_timeout_ms.to_string()),
+            (
+                "idle_in_transaction_session_timeout",
+                self.idle_in_transaction_timeout_ms.to_string(),
+            ),
+        ])
+    }
+}
 
 /// All tollgate stores on one Postgres pool. Implements every trait of
 /// [`tollgate_store::traits`].
@@ -65,9 +113,23 @@ impl PgStores {
     /// [`StoreError::Unavailable`] when the database cannot be reached; the message never holds
     /// the URL.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        Self::connect_with(url, max_connections, SessionTimeouts::default()).await
+    }
+
+    /// Like [`PgStores::connect`], with the session bounds `timeouts` on every connection.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the URL is not valid or the database cannot be reached;
+    /// the message never holds the URL.
+    pub async fn connect_with(
+        url: &str,
+        max_connections: u32,
+        timeouts: SessionTimeouts,
+    ) -> Result<Self, StoreError> {
+        let options = PgConnectOptions::from_str(url).store_err()?;
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
-            .connect(url)
+            .connect_with(timeouts.apply(options))
             .await
             .store_err()?;
         Ok(Self { pool })
@@ -78,10 +140,10 @@ impl PgStores {
     /// # Errors
     /// [`StoreError::Unavailable`] when the URL is not valid.
     pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let options = PgConnectOptions::from_str(url).store_err()?;
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
-            .connect_lazy(url)
-            .store_err()?;
+            .connect_lazy_with(SessionTimeouts::default().apply(options));
         Ok(Self { pool })
     }
 

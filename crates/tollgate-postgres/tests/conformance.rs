@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tollgate_core::state::CallKind;
 use tollgate_core::state::Outcome;
 use tollgate_core::view::Output;
-use tollgate_postgres::{test_admin_url, PgStores, TestDatabase};
+use tollgate_postgres::{test_admin_url, PgStores, SessionTimeouts, TestDatabase};
 use tollgate_store::conformance::{
     claim_req, key, open_root, root_key, scope, settle_req, t0, text_config,
 };
@@ -535,4 +535,64 @@ mod ledger_damage {
         assert_eq!(all.violations_total, 2);
         assert_eq!(all.checked.scopes, 1);
     }
+}
+
+/// A transaction that stalls while holding a scope's audit head (a client that went away inside
+/// its transaction) cannot stop the scope: writes that need the lock fail after `lock_timeout` as
+/// a store failure that changed nothing, and the server ends the idle transaction after
+/// `idle_in_transaction_session_timeout`, after which the scope writes again.
+#[tokio::test]
+async fn sc_17_a_stalled_transaction_cannot_stop_a_scope() {
+    let database = TestDatabase::create(&test_admin_url()).await.unwrap();
+    database.stores(1).await.unwrap().migrate().await.unwrap();
+    let timeouts = SessionTimeouts {
+        statement_timeout_ms: 10_000,
+        lock_timeout_ms: 300,
+        idle_in_transaction_timeout_ms: 1_500,
+    };
+    let s = PgStores::connect_with(database.url(), 4, timeouts)
+        .await
+        .unwrap();
+    let first = s
+        .claim(claim_req("acme", "k1", text_config(), "0.001"))
+        .await
+        .unwrap();
+    assert!(matches!(first, ClaimOutcome::Claimed(_)));
+
+    let mut stalled = s.pool().begin().await.unwrap();
+    sqlx::query("SELECT last_seq FROM audit_heads WHERE scope = 'acme' FOR UPDATE")
+        .fetch_one(&mut *stalled)
+        .await
+        .unwrap();
+
+    let started = std::time::Instant::now();
+    let blocked = s
+        .claim(claim_req("acme", "k2", text_config(), "0.001"))
+        .await;
+    assert!(
+        matches!(blocked, Err(StoreError::Unavailable(_))),
+        "{blocked:?}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert!(s
+        .execution(&scope("acme"), &key("k2"))
+        .await
+        .unwrap()
+        .is_none());
+
+    // The stalled session idles inside its transaction; the server ends it.
+    tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
+    let again = s
+        .claim(claim_req("acme", "k2", text_config(), "0.001"))
+        .await
+        .unwrap();
+    assert!(matches!(again, ClaimOutcome::Claimed(_)));
+    drop(stalled);
+}
+
+#[test]
+fn session_timeouts_have_bounded_defaults() {
+    let d = SessionTimeouts::default();
+    assert!(d.statement_timeout_ms > 0 && d.lock_timeout_ms > 0);
+    assert!(d.idle_in_transaction_timeout_ms > 0);
 }

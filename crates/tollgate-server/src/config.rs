@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use tollgate_core::ids::Scope;
+use tollgate_postgres::SessionTimeouts;
 use tollgate_provider::Protocol;
 use tollgate_store::{KeyDigest, KeyRole};
 
@@ -135,6 +136,34 @@ pub struct SchedulerSettings {
     pub batch: u32,
 }
 
+/// Upper bound of each database session timeout.
+const SESSION_TIMEOUT_MS_MAX: u64 = 3_600_000;
+
+/// The `[database]` session bounds, defaults where unset, each within 0..=1 h.
+fn session_timeouts(section: &DatabaseSection) -> Result<SessionTimeouts, ConfigError> {
+    let defaults = SessionTimeouts::default();
+    let bounds = SessionTimeouts {
+        statement_timeout_ms: section
+            .statement_timeout_ms
+            .unwrap_or(defaults.statement_timeout_ms),
+        lock_timeout_ms: section.lock_timeout_ms.unwrap_or(defaults.lock_timeout_ms),
+        idle_in_transaction_timeout_ms: section
+            .idle_in_transaction_timeout_ms
+            .unwrap_or(defaults.idle_in_transaction_timeout_ms),
+    };
+    for (name, value) in [
+        ("database.statement_timeout_ms", bounds.statement_timeout_ms),
+        ("database.lock_timeout_ms", bounds.lock_timeout_ms),
+        (
+            "database.idle_in_transaction_timeout_ms",
+            bounds.idle_in_transaction_timeout_ms,
+        ),
+    ] {
+        range(name, value, 0, SESSION_TIMEOUT_MS_MAX)?;
+    }
+    Ok(bounds)
+}
+
 /// The validated configuration. Profiles are immutable once loaded.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -144,6 +173,8 @@ pub struct Settings {
     pub database_url: Option<Secret>,
     /// Pool size.
     pub max_connections: u32,
+    /// Session bounds of every database connection.
+    pub session_timeouts: SessionTimeouts,
     /// Pass period and batch from `[scheduler]`, within their bounds.
     pub scheduler: SchedulerSettings,
     /// Period of the scheduler's ledger audit; 0 = off.
@@ -244,6 +275,7 @@ impl FileConfig {
             .max_connections
             .unwrap_or(POOL_CONNECTIONS_DEFAULT);
         range("database.max_connections", max_connections.into(), 1, 1_000)?;
+        let session_timeouts = session_timeouts(&self.database)?;
         let providers = providers(&self.providers, env)?;
         let provider_names = providers.keys().map(String::as_str).collect();
         let profiles = profiles::build(&self.profiles, &self.prices, &provider_names)?;
@@ -252,6 +284,7 @@ impl FileConfig {
             listen,
             database_url: self.database.url,
             max_connections,
+            session_timeouts,
             scheduler: SchedulerSettings { interval_ms, batch },
             ledger_audit_interval_ms,
             lease_ms,

@@ -28,6 +28,12 @@ pub struct DatabaseSection {
     pub url: Option<Secret>,
     /// Pool size.
     pub max_connections: Option<u32>,
+    /// Longest one statement may run; 0 = no bound.
+    pub statement_timeout_ms: Option<u64>,
+    /// Longest a statement may wait for a row lock; 0 = no bound.
+    pub lock_timeout_ms: Option<u64>,
+    /// Longest a session may sit idle inside an open transaction; 0 = no bound.
+    pub idle_in_transaction_timeout_ms: Option<u64>,
 }
 
 /// `[scheduler]`.

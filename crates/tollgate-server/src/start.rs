@@ -16,7 +16,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tollgate_core::ids::Scope;
 use tollgate_mock_provider::MockProvider;
-use tollgate_postgres::PgStores;
+use tollgate_postgres::{PgStores, SessionTimeouts};
 use tollgate_store::KeyRole;
 
 /// Where the configuration comes from.
@@ -52,8 +52,12 @@ fn notice(line: &str) {
 ///
 /// # Errors
 /// Unreachable database or a failed migration (the URL is never part of the message).
-pub async fn connect(url: &Secret, max_connections: u32) -> Result<Arc<PgStores>, StartError> {
-    let stores = PgStores::connect(url.expose(), max_connections)
+pub async fn connect(
+    url: &Secret,
+    max_connections: u32,
+    timeouts: SessionTimeouts,
+) -> Result<Arc<PgStores>, StartError> {
+    let stores = PgStores::connect_with(url.expose(), max_connections, timeouts)
         .await
         .map_err(|e| StartError(format!("cannot connect to the database: {e}")))?;
     stores
@@ -81,7 +85,9 @@ pub async fn serve(options: Options, shutdown: CancellationToken) -> Result<(), 
     };
     let settings = file.validate(&options.env).map_err(start_error)?;
     let backend = match &settings.database_url {
-        Some(url) => Backend::Postgres(connect(url, settings.max_connections).await?),
+        Some(url) => Backend::Postgres(
+            connect(url, settings.max_connections, settings.session_timeouts).await?,
+        ),
         None => Backend::memory(),
     };
     let keys = Arc::new(KeyStore::new(&settings.keys, backend.stores()));
@@ -147,7 +153,8 @@ pub async fn scheduler(options: Options, shutdown: CancellationToken) -> Result<
             "the scheduler alone needs a database: set DATABASE_URL or [database] url".into(),
         )
     })?;
-    let backend = Backend::Postgres(connect(url, settings.max_connections).await?);
+    let backend =
+        Backend::Postgres(connect(url, settings.max_connections, settings.session_timeouts).await?);
     notice("tollgate: scheduler running on postgres");
     let scheduler = Scheduler::new(
         backend,
@@ -174,7 +181,7 @@ pub async fn create_key(env: &Env, scope: &str, role: &str) -> Result<Secret, St
         .ok_or_else(|| {
             StartError("DATABASE_URL is not set (keys are stored in Postgres)".into())
         })?;
-    let stores = connect(&Secret::new(url.clone()), 2).await?;
+    let stores = connect(&Secret::new(url.clone()), 2, SessionTimeouts::default()).await?;
     auth::create_key(&*stores, &scope, role)
         .await
         .map_err(|e| StartError(format!("cannot store the key: {e}")))
