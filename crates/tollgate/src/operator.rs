@@ -223,7 +223,9 @@ pub async fn finance_export(
         )));
     }
     let stores = stores().await?;
-    let rows = stores.settlements(from, to, EXPORT_ROWS_MAX).await?;
+    // One row more than the bound tells an export that would be cut short.
+    let rows = stores.settlements(from, to, EXPORT_ROWS_MAX + 1).await?;
+    check_export_size(rows.len())?;
     if format == "json" {
         print::json(&serde_json::to_value(&rows)?);
         return Ok(());
@@ -258,10 +260,55 @@ pub async fn finance_export(
     Ok(())
 }
 
+/// An export is complete or refused: never silently cut at [`EXPORT_ROWS_MAX`].
+fn check_export_size(rows: usize) -> Result<(), CommandError> {
+    if rows > EXPORT_ROWS_MAX as usize {
+        return Err(CommandError::InvalidArgument(format!(
+            "the range holds more than {EXPORT_ROWS_MAX} settlements: export shorter ranges"
+        )));
+    }
+    Ok(())
+}
+
+/// One CSV field. A caller-controlled text that a spreadsheet would read as a formula (it starts
+/// with `=`, `+`, `-`, `@`, a tab or a carriage return) is prefixed with `'`; amounts, counts and
+/// dates never start so.
 fn csv_field(value: &str) -> String {
+    let value = if value.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        format!("'{value}")
+    } else {
+        value.to_string()
+    };
     if value.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", value.replace('"', "\"\""))
     } else {
         value.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_fields_are_quoted_and_formulas_neutralized() {
+        assert_eq!(csv_field("plain-key"), "plain-key");
+        assert_eq!(csv_field("0.000017"), "0.000017");
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+        assert_eq!(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
+        assert_eq!(csv_field("=HYPERLINK(\"x\")"), "\"'=HYPERLINK(\"\"x\"\")\"");
+        assert_eq!(csv_field("+1"), "'+1");
+        assert_eq!(csv_field("-2"), "'-2");
+        assert_eq!(csv_field("@sum"), "'@sum");
+    }
+
+    #[test]
+    fn an_export_over_the_bound_is_refused_not_cut() {
+        assert!(check_export_size(EXPORT_ROWS_MAX as usize).is_ok());
+        let refused = check_export_size(EXPORT_ROWS_MAX as usize + 1).unwrap_err();
+        assert!(
+            refused.to_string().contains("more than 100000"),
+            "{refused}"
+        );
     }
 }
