@@ -792,3 +792,47 @@ fn audit_ledger_without_a_database_url_fails_with_one_line() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("DATABASE_URL"), "{err}");
 }
+
+/// SC-97: `audit verify` walks the chain page by page and ends at the head the database keeps
+/// apart from the rows, so a chain whose last rows were removed (triggers disabled by an owner)
+/// no longer verifies.
+#[tokio::test]
+async fn sc_97_audit_verify_notices_a_lost_tail() {
+    let db = fresh_database().await;
+    json_ok(&run(tollgate()
+        .args(["demo", "--json"])
+        .env("DATABASE_URL", db.url())));
+    let verify = || {
+        run(tollgate()
+            .args(["audit", "verify", "--scope", "demo"])
+            .env("DATABASE_URL", db.url()))
+    };
+    let clean = json_ok(&verify());
+    assert_eq!(clean["ok"], true, "{clean}");
+    let rows = clean["rows"].as_i64().unwrap();
+    assert!(rows > 1, "{clean}");
+
+    let mut conn = connect(db.url()).await;
+    sqlx::raw_sql(
+        "ALTER TABLE audit_log DISABLE TRIGGER USER; \
+         DELETE FROM audit_log WHERE scope = 'demo' \
+           AND seq = (SELECT max(seq) FROM audit_log WHERE scope = 'demo'); \
+         ALTER TABLE audit_log ENABLE TRIGGER USER;",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+
+    let broken = verify();
+    assert_eq!(broken.status.code(), Some(1), "{}", stdout(&broken));
+    let report: Value = serde_json::from_str(stdout(&broken).trim()).unwrap();
+    assert_eq!(report["ok"], false, "{report}");
+    assert_eq!(report["seq"], rows, "{report}");
+    assert_eq!(report["reason"], "rows missing before the chain head");
+    assert!(
+        stderr(&broken).contains("audit chain broken"),
+        "{}",
+        stderr(&broken)
+    );
+}

@@ -10,7 +10,7 @@ use sqlx::PgConnection;
 use tollgate_core::digest::Digest256;
 use tollgate_core::ids::Scope;
 use tollgate_store::audit::{audit_time, row_hash};
-use tollgate_store::rows::{AuditEvent, AuditRow};
+use tollgate_store::rows::{AuditEvent, AuditHead, AuditRow};
 use tollgate_store::traits::AuditLog;
 use tollgate_store::StoreResult;
 
@@ -89,5 +89,19 @@ impl AuditLog for PgStores {
         .await
         .store_err()?;
         rows.into_iter().map(AuditDbRow::into_record).collect()
+    }
+
+    async fn audit_head(&self, scope: &Scope) -> StoreResult<Option<AuditHead>> {
+        let head: Option<(i64, String)> =
+            sqlx::query_as("SELECT last_seq, last_hash FROM audit_heads WHERE scope = $1")
+                .bind(scope.as_str())
+                .fetch_optional(self.pool())
+                .await
+                .store_err()?;
+        head.map(|(seq, hash)| {
+            let hash = Digest256::from_hex(&hash).map_err(|_| corrupt("audit head hash"))?;
+            Ok(AuditHead { seq, hash })
+        })
+        .transpose()
     }
 }

@@ -268,6 +268,12 @@ pub trait AuditLog: Send + Sync {
         after_seq: i64,
         limit: u32,
     ) -> StoreResult<Vec<AuditRow>>;
+
+    /// The head of a scope's chain, kept apart from the rows; `None` before the first append.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn audit_head(&self, scope: &Scope) -> StoreResult<Option<AuditHead>>;
 }
 
 /// Everything a runner needs.

@@ -12,10 +12,11 @@ use tollgate_core::ids::{OperationKey, Scope};
 use tollgate_postgres::PgStores;
 use tollgate_runner::recovery::Reconciler;
 use tollgate_runner::{views, SystemClock};
-use tollgate_store::audit::verify_chain;
+use tollgate_store::audit::{ChainBroken, ChainVerifier};
 use tollgate_store::ledger::{ledger_limit, LedgerReport};
 use tollgate_store::{
-    AllStores, AuditLog, ExecutionStore, LedgerAudit, ResultStore, SettlementStore, UsageInbox,
+    AllStores, AuditHead, AuditLog, ExecutionStore, LedgerAudit, ResultStore, SettlementStore,
+    UsageInbox,
 };
 
 /// Audit rows read per page when verifying or inspecting.
@@ -134,17 +135,12 @@ pub async fn inspect(scope_: &str, key_: &str, with_content: bool) -> Result<(),
 pub async fn audit_verify(scope_: &str) -> Result<(), CommandError> {
     let scope = scope(scope_)?;
     let stores = stores().await?;
-    let mut rows = Vec::new();
-    let mut after = 0;
-    loop {
-        let page = stores.audit_rows(&scope, after, AUDIT_PAGE_ROWS).await?;
-        let Some(last) = page.last() else { break };
-        after = last.seq;
-        rows.extend(page);
-    }
-    match verify_chain(&rows) {
-        Ok(()) => {
-            print::json(&json!({"scope": scope, "rows": rows.len(), "ok": true}));
+    // The head first: rows appended while the walk runs are past it and not read.
+    let head = stores.audit_head(&scope).await?;
+    let checked = walk_chain(stores.as_ref(), &scope, head).await?;
+    match checked {
+        Ok(rows) => {
+            print::json(&json!({"scope": scope, "rows": rows, "ok": true}));
             Ok(())
         }
         Err(broken) => {
@@ -154,6 +150,29 @@ pub async fn audit_verify(scope_: &str) -> Result<(), CommandError> {
             Err(CommandError::CheckFailed(broken.to_string()))
         }
     }
+}
+
+/// Verifies the chain up to `head` page by page (bounded memory), then against the head.
+async fn walk_chain(
+    stores: &PgStores,
+    scope: &Scope,
+    head: Option<AuditHead>,
+) -> Result<Result<i64, ChainBroken>, CommandError> {
+    let end = head.map_or(0, |h| h.seq);
+    let mut verifier = ChainVerifier::default();
+    let mut after = 0;
+    while after < end {
+        let page = stores.audit_rows(scope, after, AUDIT_PAGE_ROWS).await?;
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        for row in page.iter().filter(|r| r.seq <= end) {
+            if let Err(broken) = verifier.push(row) {
+                return Ok(Err(broken));
+            }
+        }
+    }
+    let rows = verifier.rows();
+    Ok(verifier.finish(head).map(|()| rows))
 }
 
 /// `tollgate audit ledger [--scope S] [--limit N]`: the ledger audit (spec/storage.md — Ledger

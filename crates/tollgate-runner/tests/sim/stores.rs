@@ -310,6 +310,9 @@ impl AuditLog for SimStores {
     ) -> StoreResult<Vec<AuditRow>> {
         read!(self, self.inner().audit_rows(scope, after_seq, limit))
     }
+    async fn audit_head(&self, scope: &Scope) -> StoreResult<Option<AuditHead>> {
+        read!(self, self.inner().audit_head(scope))
+    }
 }
 
 #[async_trait]

@@ -610,6 +610,18 @@ impl AuditLog for MemoryStores {
             })
             .unwrap_or_default())
     }
+
+    async fn audit_head(&self, scope: &Scope) -> StoreResult<Option<AuditHead>> {
+        Ok(self
+            .lock()?
+            .audit
+            .get(scope)
+            .and_then(|rows| rows.last())
+            .map(|last| AuditHead {
+                seq: last.seq,
+                hash: last.hash,
+            }))
+    }
 }
 
 mod api_keys;

@@ -32,3 +32,13 @@ pub struct AuditRow {
     /// This row's hash.
     pub hash: Digest256,
 }
+
+/// The head of a scope's chain as the store keeps it: the last row's seq and hash. A chain whose
+/// last row differs from its head has lost its tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditHead {
+    /// Seq of the last row appended (0: none yet).
+    pub seq: i64,
+    /// Hash of the last row appended.
+    pub hash: Digest256,
+}
