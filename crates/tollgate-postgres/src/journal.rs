@@ -91,7 +91,8 @@ impl PgStores {
     /// inserts the row (or finds the existing one), takes the root lock when the call is under a
     /// root, locks both spend rows, admits the hold against the block caps (then against the
     /// root block cap on the root's inclusive cost), adds it to the spend rows and the root, and
-    /// audits `claimed`. A refusal rolls everything back; a missing root is `NotFound`.
+    /// audits `claimed`. A refusal rolls everything back — a root that is `reconciled` or past its
+    /// deadline refuses (ST-36); a missing root is `NotFound`.
     ///
     /// Locks in the crate's order: the new execution row (the insert), the root row, the
     /// session spend row, the day spend row, the audit head.
@@ -125,6 +126,11 @@ impl PgStores {
                 tx.rollback().await.store_err()?;
                 return Err(StoreError::NotFound(format!("root {root_key}")));
             };
+            // Decided under the root lock, in the unit that inserts the row (ST-36).
+            if !rules::root_takes_claim(&root, request.now) {
+                tx.rollback().await.store_err()?;
+                return Ok(ClaimOutcome::RootRefused(root));
+            }
             if let Err(blocked) = caps.admit_root(root.totals(), request.hold) {
                 tx.rollback().await.store_err()?;
                 return Ok(ClaimOutcome::Blocked(blocked));

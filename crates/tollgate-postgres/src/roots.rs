@@ -73,7 +73,8 @@ const RECEIPTS: &str = "SELECT r.root_id, r.execution_id, r.amount, r.currency, 
      ORDER BY r.created_at, r.execution_id LIMIT $3";
 
 /// Roots of a scope that may change state (index `roots_scope_state_deadline_idx`): active past
-/// their deadline, or closed/expired with at least `reserved_calls` calls, none unfinished.
+/// their deadline, or closed/expired with no unfinished call and at least `reserved_calls` calls
+/// — or past their deadline, when no claim can land any more (ST-36).
 /// Locked rows are skipped, so concurrent reconcilers share the work; the decision is taken
 /// again under the lock.
 const CANDIDATES: &str = concat!(
@@ -82,8 +83,8 @@ const CANDIDATES: &str = concat!(
     " FROM roots r WHERE r.scope = $1 AND (\
          (r.state = $2 AND r.deadline <= $3) \
          OR (r.state = ANY($4) \
-             AND (SELECT count(*) FROM executions e \
-                  WHERE e.scope = r.scope AND e.root_key = r.root_key) >= r.reserved_calls \
+             AND (r.deadline <= $3 OR (SELECT count(*) FROM executions e \
+                  WHERE e.scope = r.scope AND e.root_key = r.root_key) >= r.reserved_calls) \
              AND NOT EXISTS (SELECT 1 FROM executions e \
                   WHERE e.scope = r.scope AND e.root_key = r.root_key \
                   AND NOT (e.state = ANY($5))))) \
@@ -169,9 +170,14 @@ async fn set_state(
     row.into_record()
 }
 
-/// Whether every call reserved under a (locked) root is finished: at least `reserved_calls`
-/// calls exist and all of them are final (the in-memory store's rule).
-async fn calls_final(conn: &mut PgConnection, root: &RootRecord) -> StoreResult<bool> {
+/// Whether the calls of a (locked) root are all accounted for at `now`: every call is final and
+/// at least `reserved_calls` exist, or the deadline has passed ([`rules::root_calls_settled`],
+/// the in-memory store's rule).
+async fn calls_final(
+    conn: &mut PgConnection,
+    root: &RootRecord,
+    now: DateTime<Utc>,
+) -> StoreResult<bool> {
     let counts: Vec<(String, i64)> = sqlx::query_as(CALL_STATES)
         .bind(root.scope.as_str())
         .bind(root.root_key.as_str())
@@ -186,7 +192,7 @@ async fn calls_final(conn: &mut PgConnection, root: &RootRecord) -> StoreResult<
         }
         calls = calls.saturating_add(count);
     }
-    Ok(calls >= root.reserved_calls)
+    Ok(rules::root_calls_settled(root, now, calls, true))
 }
 
 #[async_trait]
@@ -402,7 +408,7 @@ impl RootStore for PgStores {
         for row in rows {
             // Decided again under the root lock, with the current calls.
             let root = row.into_record()?;
-            let all_final = calls_final(&mut tx, &root).await?;
+            let all_final = calls_final(&mut tx, &root, now).await?;
             if let Some(next) = rules::root_next_state(&root, now, all_final) {
                 changed.push(set_state(&mut tx, root.id, next, now).await?);
             }

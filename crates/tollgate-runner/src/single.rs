@@ -131,6 +131,10 @@ impl SingleCallRunner {
             ClaimOutcome::Existing(existing) => {
                 return self.engine.replay(&existing, &binding).await
             }
+            // Only a claim under a root is refused by its root; this one has none.
+            ClaimOutcome::RootRefused(root) => {
+                return Err(RunError::RootClosed(root.root_key.to_string()))
+            }
         };
         let read_ms = self.engine.config.run_timeout_ms;
         self.engine

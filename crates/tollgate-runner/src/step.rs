@@ -158,7 +158,9 @@ impl GovernedStepRunner {
     }
 
     /// Runs one step: the root slot is reserved before the child claim, and the claim (with its
-    /// audit row) precedes loading the content (ST-5). One send → one governed charge and one
+    /// audit row) precedes loading the content (ST-5). The claim re-checks the root under its
+    /// lock: a reconciled root or one past its deadline takes no claim (ST-36), so a slot left
+    /// behind by a failed claim or a crash between the two writes never blocks reconciliation. One send → one governed charge and one
     /// root receipt (ST-6), block caps on the inclusive root cost (ST-7). The run is bounded by
     /// `run_timeout_ms`, the caller's signal and the root's deadline (ST-34).
     ///
@@ -219,6 +221,15 @@ impl GovernedStepRunner {
                 self.release(&request.scope, &request.root_key, &key)
                     .await?;
                 return self.replay(&existing, &request.root_key, &binding).await;
+            }
+            // The root was reconciled or its deadline passed between the reservation and the
+            // claim: nothing was written, and the slot is moot — past its deadline a root takes no
+            // claim and is reconciled on the calls it has (ST-36).
+            ClaimOutcome::RootRefused(r) if r.state == RootState::Closed && now < r.deadline => {
+                return Err(RunError::RootClosed(r.root_key.to_string()))
+            }
+            ClaimOutcome::RootRefused(r) => {
+                return Err(RunError::RootExpired(r.root_key.to_string()))
             }
         };
         let until_deadline = (root.deadline - now).num_milliseconds().max(1);

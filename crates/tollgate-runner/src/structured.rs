@@ -171,8 +171,9 @@ impl StructuredCallRunner {
 
     /// `read(scope, key)` (SR-7..SR-9): the step view when the call has a journal record;
     /// otherwise the root decides, read under its lock: none → nothing; active → `in_progress`
-    /// whatever the clock says; inactive with reserved calls → `reconciliation_required`;
-    /// inactive with zero reserved calls → `not_dispatched` with no record and no cause (SC-32).
+    /// whatever the clock says; reconciled → `not_dispatched` (no call can land under it any more,
+    /// ST-36); closed or expired with reserved calls → `reconciliation_required`; with zero
+    /// reserved calls → `not_dispatched` with no record and no cause (SC-32).
     ///
     /// # Errors
     /// Store failure.
@@ -187,6 +188,16 @@ impl StructuredCallRunner {
         };
         let state = match root.state {
             RootState::Active => ViewState::InProgress,
+            // Reconciled: no call can be claimed under it any more (ST-36). Its call, if any,
+            // was claimed before it was reconciled; without one, a slot it still counts stood for
+            // a claim that never landed.
+            RootState::Reconciled => {
+                if let Some(mut view) = self.steps.read(scope, &root_key, &call_key).await? {
+                    view.operation_key = key.clone();
+                    return Ok(Some(view));
+                }
+                ViewState::NotDispatched
+            }
             _ if root.reserved_calls > 0 => ViewState::ReconciliationRequired,
             _ => ViewState::NotDispatched,
         };

@@ -20,34 +20,10 @@ use tollgate_store::ServiceStores;
 /// Combinations that reveal a product defect, listed so the rest of the matrix stays green; the
 /// suite fails when one of them starts passing (take it off the list then).
 ///
-/// Orphan root slot: `reserve_slot` and the child `claim` are two units. When the claim fails
-/// (`run_step` returns the claim's error without giving the slot back), when the process dies
-/// between the two, or when giving back the slot of a claim the root cap blocked fails or dies,
-/// the root keeps a reserved slot that no journal row stands for. `reconcile_roots` waits for
-/// that call forever, so the root never becomes `reconciled`, and a structured call's read
-/// answers `reconciliation_required` (SR-9) for a call that was never claimed, held or sent.
-/// Nothing is sent twice and no money is lost.
-const KNOWN_FAILURES: &[Known] = {
-    use tollgate_store::fault::FaultKind::{DieAfter, DieBefore, Fail};
-    use tollgate_store::fault::StoreOp::{Claim, ReleaseSlot, ReserveSlot};
-    use Case::{Step, Structured};
-    &[
-        (Structured, Claim, Fail, 1),
-        (Structured, Claim, DieBefore, 1),
-        (Structured, ReserveSlot, DieAfter, 1),
-        (Step, Claim, Fail, 1),
-        (Step, Claim, Fail, 2),
-        (Step, Claim, DieBefore, 1),
-        (Step, Claim, DieBefore, 2),
-        // The second claim is the one the root cap blocks: it wrote nothing, and the process dies
-        // before giving its slot back.
-        (Step, Claim, DieAfter, 2),
-        (Step, ReserveSlot, DieAfter, 1),
-        (Step, ReserveSlot, DieAfter, 2),
-        (Step, ReleaseSlot, Fail, 1),
-        (Step, ReleaseSlot, DieBefore, 1),
-    ]
-};
+/// None today. The orphan root slot (a slot reserved for a claim that failed, or whose process
+/// died between `reserve_slot` and the claim, or whose give-back failed) no longer holds its root:
+/// past its deadline a root takes no claim and is reconciled on the calls it has (ST-36).
+const KNOWN_FAILURES: &[Known] = &[];
 
 fn report(store: &str, reports: &[CaseReport], started: Instant) {
     for r in reports {

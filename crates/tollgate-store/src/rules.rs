@@ -278,6 +278,27 @@ pub fn root_admits(root: &RootRecord, now: DateTime<Utc>) -> bool {
     root.state == RootState::Active && now < root.deadline
 }
 
+/// Whether a root takes a child claim at `now` (ST-36): never once it is `reconciled` or its
+/// deadline has passed. A closed root before its deadline still takes the claims of the calls it
+/// admitted (ST-33). Decided under the root lock, in the claim's own unit.
+pub fn root_takes_claim(root: &RootRecord, now: DateTime<Utc>) -> bool {
+    root.state != RootState::Reconciled && now < root.deadline
+}
+
+/// Whether the calls of a closed or expired root are all accounted for (ST-36): every call under
+/// it is final, and either at least `reserved_calls` calls exist or the deadline has passed. Past
+/// its deadline a root takes no claim ([`root_takes_claim`]), so a reserved slot without a call
+/// (its claim failed, or the process died between the two writes) can never be filled and is not
+/// waited for.
+pub fn root_calls_settled(
+    root: &RootRecord,
+    now: DateTime<Utc>,
+    calls: i64,
+    all_final: bool,
+) -> bool {
+    all_final && (calls >= root.reserved_calls || now >= root.deadline)
+}
+
 /// The root receipt of a settlement.
 pub fn root_receipt(root: &RootRecord, settlement: &SettlementRecord) -> RootReceipt {
     RootReceipt {

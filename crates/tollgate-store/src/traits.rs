@@ -24,7 +24,9 @@ pub trait ExecutionStore: Send + Sync {
     /// is the caller's decision); otherwise, in one unit, checks every block cap of the binding's
     /// caps against the consumer's session and daily spend (`settled + held + hold`), and either
     /// refuses with nothing written, or inserts the `prepared` row with a new fence, adds `hold`
-    /// to both spend rows' held totals, and audits `claimed`.
+    /// to both spend rows' held totals, and audits `claimed`. A claim under a root takes the root
+    /// lock in the same unit and is refused (`RootRefused`, nothing written) when the root is
+    /// `reconciled` or past its deadline (ST-36); a missing root is `NotFound`.
     ///
     /// # Errors
     /// Store failure (nothing written).
@@ -381,7 +383,9 @@ pub trait RootStore: Send + Sync {
     ) -> StoreResult<Option<RootReceipt>>;
 
     /// Up to `limit` roots of `scope` that are active past their deadline (→ `expired`), or
-    /// closed/expired with every reserved call finished (→ `reconciled`). Returns the changed
+    /// closed/expired with every call finished and at least `reserved_calls` calls — or, once the
+    /// deadline has passed, whatever calls exist, since no claim lands after it (→ `reconciled`,
+    /// ST-36). Returns the changed
     /// roots. Audits each change.
     ///
     /// # Errors

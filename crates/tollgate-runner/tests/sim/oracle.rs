@@ -77,6 +77,12 @@ pub async fn on_claim(
                 b.window.as_str()
             ));
         }
+        Ok(ClaimOutcome::RootRefused(r)) => {
+            return shared.trace(format!(
+                "{proc} claim {what} -> root refused {}",
+                r.state.as_str()
+            ));
+        }
         Err(e) => return shared.trace(format!("{proc} claim {what} -> {}", err_kind(e))),
     };
     let rows = rows_of(record);

@@ -618,6 +618,7 @@ pub async fn no_overspend_under_concurrent_claims<S: Stores + 'static>(s: Arc<S>
                 }
                 ClaimOutcome::Blocked(_) => 0,
                 ClaimOutcome::Existing(_) => panic!("fresh keys"),
+                ClaimOutcome::RootRefused(_) => panic!("no root"),
             }
         }));
     }
@@ -668,6 +669,7 @@ pub async fn concurrent_claims_of_one_key_insert_once<S: Stores + 'static>(s: Ar
                 ids.insert(r.id);
             }
             ClaimOutcome::Blocked(_) => panic!("no caps"),
+            ClaimOutcome::RootRefused(_) => panic!("no root"),
         }
     }
     assert_eq!(claimed_n, 1);

@@ -16,6 +16,8 @@ macro_rules! root_conformance {
             roots_expire_at_their_deadline_and_reconcile_when_final,
             sr_5_existing_root_is_returned_untouched,
             root_cap_never_overrun_by_concurrent_steps,
+            st_36_st_33_no_claim_lands_under_a_reconciled_root,
+            st_36_orphan_slot_never_holds_reconciliation_past_the_deadline,
         );
     };
 }
@@ -291,4 +293,119 @@ pub async fn root_cap_never_overrun_by_concurrent_steps<S: AllStores + 'static>(
         .fold(Money::ZERO, |acc, r| acc.checked_add(r.amount).unwrap());
     assert_eq!(sum, root.charged);
     assert!(admitted >= 10, "at least 10 fit: {admitted}");
+}
+
+fn refused(outcome: ClaimOutcome) -> RootRecord {
+    match outcome {
+        ClaimOutcome::RootRefused(r) => r,
+        o => panic!("expected the root to refuse, got {o:?}"),
+    }
+}
+
+/// ST-36 with ST-33: a closed root still takes the claim of a call it admitted; once it is
+/// reconciled it takes none, whatever clock the claimer has, and the refused claim writes
+/// nothing (no row, no hold on the root).
+pub async fn st_36_st_33_no_claim_lands_under_a_reconciled_root<S: AllStores>(s: Arc<S>) {
+    open_root(&*s, "r1", step_config()).await;
+    s.reserve_slot(&scope("a"), &root_key("r1"), t0())
+        .await
+        .unwrap();
+    s.close_root(&scope("a"), &root_key("r1"), t0())
+        .await
+        .unwrap();
+    // Closed before its deadline, with a reserved slot and no call yet: the call may still come.
+    assert!(s
+        .reconcile_roots(&scope("a"), t0(), 10)
+        .await
+        .unwrap()
+        .is_empty());
+    let r = claimed(&*s, child("r1", "c1", step_config(), "0.5")).await;
+    s.mark_not_dispatched(r.fence(), NotDispatchedCause::Input, t0())
+        .await
+        .unwrap();
+    let changed = s.reconcile_roots(&scope("a"), t0(), 10).await.unwrap();
+    assert_eq!(changed.len(), 1);
+    assert_eq!(changed[0].state, RootState::Reconciled);
+    let root = refused(
+        s.claim(child("r1", "c2", step_config(), "0.5"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(root.state, RootState::Reconciled);
+    assert!(s
+        .execution(&scope("a"), &key("c2"))
+        .await
+        .unwrap()
+        .is_none());
+    let after = root_of(&*s, "r1").await;
+    assert_eq!(
+        (after.state, after.held),
+        (RootState::Reconciled, Money::ZERO)
+    );
+    // A known key is still its own replay.
+    assert!(matches!(
+        s.claim(child("r1", "c1", step_config(), "0.5"))
+            .await
+            .unwrap(),
+        ClaimOutcome::Existing(_)
+    ));
+}
+
+/// ST-36: a slot reserved for a claim that never landed (the claim failed, or the process died
+/// between the two writes) holds a closed root only until its deadline; past it, the root takes
+/// no claim and is reconciled on the calls it has, and a late claim never lands on it.
+pub async fn st_36_orphan_slot_never_holds_reconciliation_past_the_deadline<S: AllStores>(
+    s: Arc<S>,
+) {
+    open_root(&*s, "r1", step_config()).await;
+    s.reserve_slot(&scope("a"), &root_key("r1"), t0())
+        .await
+        .unwrap();
+    let r = claimed(&*s, child("r1", "c1", step_config(), "0.5")).await;
+    let d = s.mark_dispatched(r.fence(), t0()).await.unwrap();
+    s.settle(settle_req(&d, "0.1", "x")).await.unwrap();
+    // The orphan: reserved, never claimed.
+    s.reserve_slot(&scope("a"), &root_key("r1"), t0())
+        .await
+        .unwrap();
+    s.close_root(&scope("a"), &root_key("r1"), t0())
+        .await
+        .unwrap();
+    assert!(s
+        .reconcile_roots(&scope("a"), t0(), 10)
+        .await
+        .unwrap()
+        .is_empty());
+    let late = t0() + Duration::seconds(61);
+    // Past the deadline the slot can never be filled.
+    let mut too_late = child("r1", "c2", step_config(), "0.5");
+    too_late.now = late;
+    assert_eq!(
+        refused(s.claim(too_late).await.unwrap()).state,
+        RootState::Closed
+    );
+    let changed = s.reconcile_roots(&scope("a"), late, 10).await.unwrap();
+    assert_eq!(changed.len(), 1);
+    assert_eq!(changed[0].state, RootState::Reconciled);
+    assert_eq!(changed[0].reserved_calls, 2);
+    // A claimer whose clock lags still finds the root reconciled.
+    refused(
+        s.claim(child("r1", "c2", step_config(), "0.5"))
+            .await
+            .unwrap(),
+    );
+    assert!(s
+        .execution(&scope("a"), &key("c2"))
+        .await
+        .unwrap()
+        .is_none());
+    // An active root past its deadline takes no claim either, before it is even expired.
+    open_root(&*s, "r2", step_config()).await;
+    let mut late_claim = child("r2", "c3", step_config(), "0.5");
+    late_claim.now = late;
+    assert_eq!(
+        refused(s.claim(late_claim).await.unwrap()).state,
+        RootState::Active
+    );
+    assert_eq!(root_of(&*s, "r2").await.held, Money::ZERO);
 }

@@ -171,6 +171,9 @@ impl ExecutionStore for MemoryStores {
             let root = t
                 .root_mut(&request.scope, root_key)
                 .ok_or_else(|| StoreError::NotFound(format!("root {root_key}")))?;
+            if !rules::root_takes_claim(root, request.now) {
+                return Ok(ClaimOutcome::RootRefused(root.clone()));
+            }
             let caps = &request.binding.config.caps;
             if let Err(blocked) = caps.admit_root(root.totals(), request.hold) {
                 return Ok(ClaimOutcome::Blocked(blocked));

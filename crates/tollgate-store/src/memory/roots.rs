@@ -20,13 +20,15 @@ impl Tables {
         self.roots.get_mut(&(scope.clone(), root_key.clone()))
     }
 
-    pub(super) fn root_calls_final(&self, root: &RootRecord) -> bool {
+    /// Whether the calls of a root are all accounted for at `now` ([`rules::root_calls_settled`]).
+    pub(super) fn root_calls_final(&self, root: &RootRecord, now: DateTime<Utc>) -> bool {
         let calls: Vec<&ExecutionRecord> = self
             .executions
             .values()
             .filter(|r| r.scope == root.scope && r.root_key.as_ref() == Some(&root.root_key))
             .collect();
-        calls.len() as i64 >= root.reserved_calls && calls.iter().all(|r| r.state.is_final())
+        let all_final = calls.iter().all(|r| r.state.is_final());
+        rules::root_calls_settled(root, now, calls.len() as i64, all_final)
     }
 }
 
@@ -192,7 +194,7 @@ impl RootStore for MemoryStores {
             let Some(root) = t.roots.get(&(scope.clone(), key.clone())).cloned() else {
                 continue;
             };
-            let all_final = t.root_calls_final(&root);
+            let all_final = t.root_calls_final(&root, now);
             let Some(next) = rules::root_next_state(&root, now, all_final) else {
                 continue;
             };

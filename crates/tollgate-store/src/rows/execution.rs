@@ -111,4 +111,7 @@ pub enum ClaimOutcome {
     Existing(ExecutionRecord),
     /// A block cap refused; nothing was written.
     Blocked(CapBlocked),
+    /// The call's root takes no more claims: it is `reconciled` or past its deadline (ST-36).
+    /// Nothing was written.
+    RootRefused(super::RootRecord),
 }
