@@ -59,12 +59,15 @@ pub async fn view_of(
         ExecutionState::ReconciliationRequired => base(record, ViewState::ReconciliationRequired),
         ExecutionState::NotDispatched => View {
             not_dispatched_cause: record.not_dispatched_cause,
-            reconciliation_reason: record.reconciliation_reason,
             ..base(record, ViewState::NotDispatched)
         },
         ExecutionState::Completed => completed_view(stores, record, now).await?,
     };
-    Ok(view)
+    // Why it waits (or waited) for an operator; none for calls that never needed one.
+    Ok(View {
+        reconciliation_reason: record.reconciliation_reason,
+        ..view
+    })
 }
 
 async fn completed_view(

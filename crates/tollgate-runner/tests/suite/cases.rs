@@ -5,7 +5,7 @@ use super::*;
 use tollgate_core::event::ProviderEvent as E;
 use tollgate_core::message::Temperature;
 use tollgate_core::state::ExecutionState;
-use tollgate_core::state::{NotDispatchedCause, Outcome};
+use tollgate_core::state::{NotDispatchedCause, Outcome, ReconciliationReason};
 use tollgate_core::view::ViewState;
 use tollgate_provider::client::{ClientDescriptor, SendError};
 use tollgate_provider::Protocol;
@@ -449,6 +449,10 @@ pub async fn st_23_cut_before_usage_needs_reconciliation(h: Harness) {
         .await
         .unwrap();
     assert_eq!(v.state, ViewState::ReconciliationRequired);
+    assert_eq!(
+        v.reconciliation_reason,
+        Some(ReconciliationReason::NoExactUsage)
+    );
     assert!(v.receipt.is_none());
     let id = v.execution_id.unwrap();
     assert!(h.stores.settlement(id).await.unwrap().is_none());
@@ -519,7 +523,7 @@ pub async fn http_status_rejection_settles_zero(h: Harness) {
     assert_eq!(c.sends(), 1);
 }
 
-pub async fn no_response_goes_to_operators(h: Harness) {
+pub async fn sc_94_no_response_goes_to_operators_with_its_reason(h: Harness) {
     let c = client(vec![ScriptedReply::Fail(SendError::NoResponse(
         "reset".into(),
     ))]);
@@ -529,6 +533,19 @@ pub async fn no_response_goes_to_operators(h: Harness) {
         .await
         .unwrap();
     assert_eq!(v.state, ViewState::ReconciliationRequired);
+    assert_eq!(
+        v.reconciliation_reason,
+        Some(ReconciliationReason::NoResponse)
+    );
+    let stored = h
+        .stores
+        .execution(&scope("acme"), &key("k1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        stored.unwrap().reconciliation_reason,
+        Some(ReconciliationReason::NoResponse)
+    );
 }
 
 pub async fn sc_40_h_4_recover_finishes_expired_claims_without_sending(h: Harness) {
