@@ -99,7 +99,8 @@ pub struct Collected {
     pub step: Step,
     /// The last usage seen, if any.
     pub usage: Option<Usage>,
-    /// Whether `usage` is the terminal (final) count.
+    /// Whether `usage` is the terminal (final and exact) count; otherwise `usage` is inexact
+    /// evidence only (SC-95).
     pub usage_terminal: bool,
     /// Provider reference, if any.
     pub provider_ref: Option<String>,

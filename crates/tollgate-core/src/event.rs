@@ -72,9 +72,11 @@ pub enum ProviderEvent {
         /// The reason exactly as sent; a second `Stop` in one stream is `stop_conflict`.
         reason: String,
     },
-    /// Token usage. `terminal` is true only for the final, complete count (OpenAI's last chunk,
-    /// `response.completed`, Anthropic's `message_delta`); an early partial count is not terminal.
-    /// A later usage event replaces an earlier one.
+    /// Token usage. `terminal` is true only for the final, complete and exact count (OpenAI's last
+    /// chunk, `response.completed`, Anthropic's `message_delta`); an early partial count is not
+    /// terminal, and neither is a final count that is inexact — a required count missing, a count
+    /// that is not a non-negative integer, a detail larger than its total (SC-95). Only terminal
+    /// usage is settled. A later usage event replaces an earlier one.
     Usage {
         /// The counts.
         usage: Usage,

@@ -7,9 +7,10 @@
 
 use crate::client::ProviderRequest;
 use crate::sse::decode::{at, error, index_u32, non_empty, provider_error, str_at};
-use crate::sse::decode::{guarded, u64_at, with_json, Lifecycle};
+use crate::sse::decode::{guarded, with_json, Lifecycle};
 use crate::sse::SseEvent;
 use crate::support::temperature_json;
+use crate::usage::{split, Count};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use tollgate_core::event::ProviderEvent;
@@ -129,19 +130,22 @@ enum Block {
     },
 }
 
-/// Usage fields as the provider reports them; `message_delta` values replace these.
+/// Usage fields as the provider reports them; `message_delta` values replace these field by
+/// field (a field it does not send keeps its `message_start` value).
 #[derive(Debug, Default, Clone, Copy)]
 struct RawUsage {
-    input: u64,
-    cache_read: u64,
-    cache_write: u64,
-    output: u64,
-    thinking: u64,
+    input: Count,
+    cache_read: Count,
+    cache_write: Count,
+    output: Count,
+    thinking: Count,
+    /// Whether `message_delta` stated `output_tokens`: the final output count comes only from it.
+    final_output: bool,
 }
 
 impl RawUsage {
-    fn update(&mut self, u: &Value) {
-        let fields: [(&[&str], &mut u64); 5] = [
+    fn update(&mut self, u: &Value, from_delta: bool) {
+        let fields: [(&[&str], &mut Count); 5] = [
             (&["input_tokens"], &mut self.input),
             (&["cache_read_input_tokens"], &mut self.cache_read),
             (&["cache_creation_input_tokens"], &mut self.cache_write),
@@ -152,24 +156,38 @@ impl RawUsage {
             ),
         ];
         for (path, slot) in fields {
-            if let Some(v) = u64_at(u, path) {
-                *slot = v;
+            let count = Count::read(u, path);
+            if count != Count::Absent {
+                *slot = count;
             }
+        }
+        if from_delta && Count::read(u, &["output_tokens"]) != Count::Absent {
+            self.final_output = true;
         }
     }
 
     /// Disjoint classes: Anthropic's `input_tokens` already excludes cache reads and writes;
     /// `output_tokens` includes thinking, split out when the provider reports it.
+    ///
+    /// Exact (SC-95) only with a valid `input_tokens` (from `message_start`, or restated by
+    /// `message_delta`), a valid `output_tokens` stated by `message_delta`, readable cache counts
+    /// and thinking at most the output; only exact usage is sent as terminal.
     fn event(&self, terminal: bool) -> ProviderEvent {
+        let (output, reasoning, output_exact) = split(self.output, self.thinking);
+        let exact = output_exact
+            && self.final_output
+            && self.input.required().is_some()
+            && self.cache_read.optional().is_some()
+            && self.cache_write.optional().is_some();
         ProviderEvent::Usage {
             usage: Usage {
-                input: self.input,
-                output: self.output.saturating_sub(self.thinking),
-                cache_read: self.cache_read,
-                cache_write: self.cache_write,
-                reasoning: self.thinking,
+                input: self.input.or_zero(),
+                output,
+                cache_read: self.cache_read.or_zero(),
+                cache_write: self.cache_write.or_zero(),
+                reasoning,
             },
-            terminal,
+            terminal: terminal && exact,
         }
     }
 }
@@ -215,7 +233,7 @@ impl Decoder {
                     out.push(ProviderEvent::ProviderRef { id });
                 }
                 if let Some(u) = at(data, &["message", "usage"]) {
-                    self.usage.update(u);
+                    self.usage.update(u, false);
                     out.push(self.usage.event(false));
                 }
             }
@@ -235,7 +253,7 @@ impl Decoder {
                     out.push(ProviderEvent::Stop { reason });
                 }
                 if let Some(u) = at(data, &["usage"]) {
-                    self.usage.update(u);
+                    self.usage.update(u, true);
                     out.push(self.usage.event(true));
                 }
             }

@@ -16,6 +16,7 @@ pub mod protocol;
 pub mod scripted;
 pub mod sse;
 pub mod support;
+mod usage;
 
 pub use client::{ClientDescriptor, EventStream, ProviderClient, ProviderRequest, SendError};
 pub use protocol::Protocol;

@@ -6,9 +6,7 @@
 //! Only choice 0 is read (requests never ask for `n > 1`).
 
 use crate::client::ProviderRequest;
-use crate::sse::decode::{
-    at, guarded, index_u32, json_data, non_empty, provider_error, u64_at, Lifecycle,
-};
+use crate::sse::decode::{at, guarded, index_u32, json_data, non_empty, provider_error, Lifecycle};
 use crate::sse::SseEvent;
 use crate::support::{is_openai_reasoning_model, temperature_json};
 use serde_json::{json, Map, Value};
@@ -198,10 +196,12 @@ impl Decoder {
         if let Some(u) = at(&chunk, &["usage"]) {
             // The final usage chunk has no choices; a server that puts usage on the finishing
             // chunk also reports its final count. Usage on any other chunk is a running count.
-            let terminal = finished || choices.is_none_or(|c| c.is_empty());
+            // An inexact count is never final (SC-95).
+            let last = finished || choices.is_none_or(|c| c.is_empty());
+            let (usage, exact) = usage(u);
             out.push(ProviderEvent::Usage {
-                usage: usage(u),
-                terminal,
+                usage,
+                terminal: last && exact,
             });
         }
         out
@@ -247,16 +247,8 @@ impl Decoder {
 }
 
 /// Chat usage in disjoint classes: cached prompt tokens and reasoning tokens are split out.
-fn usage(u: &Value) -> Usage {
-    let prompt = u64_at(u, &["prompt_tokens"]).unwrap_or(0);
-    let cached = u64_at(u, &["prompt_tokens_details", "cached_tokens"]).unwrap_or(0);
-    let completion = u64_at(u, &["completion_tokens"]).unwrap_or(0);
-    let reasoning = u64_at(u, &["completion_tokens_details", "reasoning_tokens"]).unwrap_or(0);
-    Usage {
-        input: prompt.saturating_sub(cached),
-        output: completion.saturating_sub(reasoning),
-        cache_read: cached,
-        cache_write: 0,
-        reasoning,
-    }
+/// `prompt_tokens` and `completion_tokens` are required; the details are optional and at most
+/// their totals. Returns the classes and whether they are exact (SC-95).
+fn usage(u: &Value) -> (Usage, bool) {
+    crate::usage::openai(u, "prompt", "completion")
 }

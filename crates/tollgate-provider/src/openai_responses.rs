@@ -7,7 +7,7 @@
 
 use crate::client::ProviderRequest;
 use crate::sse::decode::{
-    at, error, guarded, index_u32, non_empty, provider_error, str_at, u64_at, with_json, Lifecycle,
+    at, error, guarded, index_u32, non_empty, provider_error, str_at, with_json, Lifecycle,
 };
 use crate::sse::SseEvent;
 use crate::support::{matrix, temperature_json};
@@ -16,7 +16,6 @@ use serde_json::{json, Map, Value};
 use std::collections::BTreeSet;
 use tollgate_core::event::ProviderEvent;
 use tollgate_core::message::{Part, Role, ToolChoice};
-use tollgate_core::Usage;
 
 /// The streaming request body for `req`.
 ///
@@ -265,19 +264,12 @@ impl Decoder {
 }
 
 /// Responses usage in disjoint classes: cached input and reasoning tokens are split out.
+/// `input_tokens` and `output_tokens` are required; the details are optional and at most their
+/// totals. Only exact usage is terminal (SC-95).
 fn usage_event(u: &Value) -> ProviderEvent {
-    let input = u64_at(u, &["input_tokens"]).unwrap_or(0);
-    let cached = u64_at(u, &["input_tokens_details", "cached_tokens"]).unwrap_or(0);
-    let output = u64_at(u, &["output_tokens"]).unwrap_or(0);
-    let reasoning = u64_at(u, &["output_tokens_details", "reasoning_tokens"]).unwrap_or(0);
+    let (usage, exact) = crate::usage::openai(u, "input", "output");
     ProviderEvent::Usage {
-        usage: Usage {
-            input: input.saturating_sub(cached),
-            output: output.saturating_sub(reasoning),
-            cache_read: cached,
-            cache_write: 0,
-            reasoning,
-        },
-        terminal: true,
+        usage,
+        terminal: exact,
     }
 }

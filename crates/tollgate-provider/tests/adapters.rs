@@ -371,6 +371,185 @@ fn nothing_is_decoded_after_the_end_marker() {
     assert_eq!(events, own("openai-chat-length.sse"));
 }
 
+// ---------------------------------------------------------------- usage exactness (SC-95)
+
+/// A Chat stream whose final `choices: []` chunk carries `usage`.
+fn chat_with_usage(usage: &str) -> Vec<ProviderEvent> {
+    let stream = format!(
+        concat!(
+            "data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"hi\"}}}}]}}\n\n",
+            "data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\"}}]}}\n\n",
+            "data: {{\"id\":\"c1\",\"choices\":[],\"usage\":{}}}\n\n",
+            "data: [DONE]\n\n",
+        ),
+        usage
+    );
+    decode_all(Protocol::OpenAiChat, stream.as_bytes())
+}
+
+/// A Responses stream ending with `response.completed` carrying `usage`.
+fn responses_with_usage(usage: &str) -> Vec<ProviderEvent> {
+    let stream = format!(
+        concat!(
+            "event: response.created\n",
+            "data: {{\"type\":\"response.created\",\"response\":{{\"id\":\"resp_1\"}}}}\n\n",
+            "event: response.output_text.delta\n",
+            "data: {{\"type\":\"response.output_text.delta\",\"output_index\":0,\"delta\":\"hi\"}}\n\n",
+            "event: response.completed\n",
+            "data: {{\"type\":\"response.completed\",\"response\":{{\"id\":\"resp_1\",\"status\":\"completed\",\"usage\":{}}}}}\n\n",
+        ),
+        usage
+    );
+    decode_all(Protocol::OpenAiResponses, stream.as_bytes())
+}
+
+/// An Anthropic stream with `start` as the `message_start` usage and `end` as the
+/// `message_delta` usage.
+fn anthropic_with_usage(start: &str, end: &str) -> Vec<ProviderEvent> {
+    let stream = format!(
+        concat!(
+            "event: message_start\n",
+            "data: {{\"type\":\"message_start\",\"message\":{{\"id\":\"msg_1\",\"usage\":{}}}}}\n\n",
+            "event: content_block_start\n",
+            "data: {{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{{\"type\":\"text\",\"text\":\"\"}}}}\n\n",
+            "event: content_block_delta\n",
+            "data: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"hi\"}}}}\n\n",
+            "event: content_block_stop\n",
+            "data: {{\"type\":\"content_block_stop\",\"index\":0}}\n\n",
+            "event: message_delta\n",
+            "data: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"end_turn\"}},\"usage\":{}}}\n\n",
+            "event: message_stop\n",
+            "data: {{\"type\":\"message_stop\"}}\n\n",
+        ),
+        start, end
+    );
+    decode_all(Protocol::Anthropic, stream.as_bytes())
+}
+
+/// The stream's last usage is not terminal (inexact) and the stream otherwise ended cleanly.
+fn assert_inexact(name: &str, events: &[ProviderEvent], partial: Usage) {
+    assert_eq!(last_usage(events), Some((partial, false)), "{name}");
+    assert_eq!(text_of(events), "hi", "{name}");
+    assert_eq!(events.last(), Some(&ProviderEvent::Done), "{name}");
+}
+
+#[test]
+fn sc_95_exact_usage_in_every_protocol_stays_terminal() {
+    let chat = chat_with_usage(
+        r#"{"prompt_tokens":10,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":10},"completion_tokens_details":{"reasoning_tokens":5}}"#,
+    );
+    assert_eq!(last_usage(&chat), Some((usage(0, 0, 10, 0, 5), true)));
+    // Details are optional, and `null` details are not sent.
+    let chat = chat_with_usage(
+        r#"{"prompt_tokens":10,"completion_tokens":5,"prompt_tokens_details":null}"#,
+    );
+    assert_eq!(last_usage(&chat), Some((usage(10, 5, 0, 0, 0), true)));
+    let responses = responses_with_usage(r#"{"input_tokens":10,"output_tokens":5}"#);
+    assert_eq!(last_usage(&responses), Some((usage(10, 5, 0, 0, 0), true)));
+    // The older Anthropic format: message_delta states only the output.
+    let anthropic = anthropic_with_usage(
+        r#"{"input_tokens":10,"cache_read_input_tokens":null,"output_tokens":1}"#,
+        r#"{"output_tokens":5}"#,
+    );
+    assert_eq!(last_usage(&anthropic), Some((usage(10, 5, 0, 0, 0), true)));
+    // message_delta may restate the input.
+    let anthropic = anthropic_with_usage(
+        r#"{"output_tokens":1}"#,
+        r#"{"input_tokens":12,"output_tokens":5}"#,
+    );
+    assert_eq!(last_usage(&anthropic), Some((usage(12, 5, 0, 0, 0), true)));
+}
+
+#[test]
+fn sc_95_chat_usage_missing_a_required_field_is_inexact() {
+    let events = chat_with_usage(r#"{"prompt_tokens":10}"#);
+    assert_inexact("no completion_tokens", &events, usage(10, 0, 0, 0, 0));
+    let events = chat_with_usage(r#"{"completion_tokens":5,"total_tokens":15}"#);
+    assert_inexact("no prompt_tokens", &events, usage(0, 5, 0, 0, 0));
+    let events = chat_with_usage(r#"{"prompt_tokens":null,"completion_tokens":5}"#);
+    assert_inexact("null prompt_tokens", &events, usage(0, 5, 0, 0, 0));
+    let events = chat_with_usage(r#"{"prompt_tokens":-3,"completion_tokens":5}"#);
+    assert_inexact("negative prompt_tokens", &events, usage(0, 5, 0, 0, 0));
+    let events = chat_with_usage(r#"{"prompt_tokens":10,"completion_tokens":"5"}"#);
+    assert_inexact("string completion_tokens", &events, usage(10, 0, 0, 0, 0));
+    let events = chat_with_usage(r#"{"prompt_tokens":10.5,"completion_tokens":5}"#);
+    assert_inexact("fractional prompt_tokens", &events, usage(0, 5, 0, 0, 0));
+}
+
+#[test]
+fn sc_95_chat_usage_with_inconsistent_counts_is_inexact() {
+    let events = chat_with_usage(
+        r#"{"prompt_tokens":10,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":11}}"#,
+    );
+    assert_inexact("cached > prompt", &events, usage(10, 5, 11, 0, 0));
+    let events = chat_with_usage(
+        r#"{"prompt_tokens":10,"completion_tokens":5,"completion_tokens_details":{"reasoning_tokens":6}}"#,
+    );
+    assert_inexact("reasoning > completion", &events, usage(10, 5, 0, 0, 6));
+    let events = chat_with_usage(
+        r#"{"prompt_tokens":10,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":-1}}"#,
+    );
+    assert_inexact("negative cached", &events, usage(10, 5, 0, 0, 0));
+}
+
+#[test]
+fn sc_95_responses_usage_missing_a_required_field_is_inexact() {
+    let events = responses_with_usage(r#"{"input_tokens":10}"#);
+    assert_inexact("no output_tokens", &events, usage(10, 0, 0, 0, 0));
+    let events = responses_with_usage(
+        r#"{"output_tokens":5,"output_tokens_details":{"reasoning_tokens":2}}"#,
+    );
+    assert_inexact("no input_tokens", &events, usage(0, 3, 0, 0, 2));
+    let events = responses_with_usage(r#"{"input_tokens":10,"output_tokens":-5}"#);
+    assert_inexact("negative output_tokens", &events, usage(10, 0, 0, 0, 0));
+}
+
+#[test]
+fn sc_95_responses_usage_with_inconsistent_counts_is_inexact() {
+    let events = responses_with_usage(
+        r#"{"input_tokens":10,"input_tokens_details":{"cached_tokens":12},"output_tokens":5}"#,
+    );
+    assert_inexact("cached > input", &events, usage(10, 5, 12, 0, 0));
+    let events = responses_with_usage(
+        r#"{"input_tokens":10,"output_tokens":5,"output_tokens_details":{"reasoning_tokens":9}}"#,
+    );
+    assert_inexact("reasoning > output", &events, usage(10, 5, 0, 0, 9));
+}
+
+#[test]
+fn sc_95_anthropic_usage_missing_a_required_field_is_inexact() {
+    // No output_tokens in message_delta: message_start's early count is not the final one.
+    let events = anthropic_with_usage(r#"{"input_tokens":10,"output_tokens":1}"#, r#"{}"#);
+    assert_inexact("no final output_tokens", &events, usage(10, 1, 0, 0, 0));
+    // No input_tokens anywhere.
+    let events = anthropic_with_usage(r#"{"output_tokens":1}"#, r#"{"output_tokens":5}"#);
+    assert_inexact("no input_tokens", &events, usage(0, 5, 0, 0, 0));
+    let events = anthropic_with_usage(
+        r#"{"input_tokens":10,"output_tokens":1}"#,
+        r#"{"output_tokens":null}"#,
+    );
+    assert_inexact("null final output_tokens", &events, usage(10, 1, 0, 0, 0));
+    let events = anthropic_with_usage(
+        r#"{"input_tokens":10,"cache_read_input_tokens":-2,"output_tokens":1}"#,
+        r#"{"output_tokens":5}"#,
+    );
+    assert_inexact("negative cache read", &events, usage(10, 5, 0, 0, 0));
+    let events = anthropic_with_usage(
+        r#"{"input_tokens":10,"output_tokens":1}"#,
+        r#"{"input_tokens":"ten","output_tokens":5}"#,
+    );
+    assert_inexact("restated input unreadable", &events, usage(0, 5, 0, 0, 0));
+}
+
+#[test]
+fn sc_95_anthropic_usage_with_inconsistent_counts_is_inexact() {
+    let events = anthropic_with_usage(
+        r#"{"input_tokens":10,"output_tokens":1}"#,
+        r#"{"output_tokens":5,"output_tokens_details":{"thinking_tokens":8}}"#,
+    );
+    assert_inexact("thinking > output", &events, usage(10, 5, 0, 0, 8));
+}
+
 // ---------------------------------------------------------------- shared fixtures
 
 /// Tool calls by index: `(id, name, joined arguments)`.

@@ -38,11 +38,6 @@ pub(crate) fn str_at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
     at(v, path).and_then(Value::as_str)
 }
 
-/// The unsigned integer at `path`, if present.
-pub(crate) fn u64_at(v: &Value, path: &[&str]) -> Option<u64> {
-    at(v, path).and_then(Value::as_u64)
-}
-
 /// The value at `path`, if present and not null.
 pub(crate) fn at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
     let mut cur = v;

@@ -463,6 +463,51 @@ pub async fn st_23_cut_before_usage_needs_reconciliation(h: Harness) {
     );
 }
 
+/// SC-95: an OpenAI Chat stream whose final usage lacks `completion_tokens` ends cleanly, but its
+/// usage is not exact: operator reconciliation (`no_exact_usage`), no settlement, the hold kept,
+/// the partial count kept as inexact evidence only.
+pub async fn sc_95_inexact_provider_usage_needs_reconciliation(h: Harness) {
+    let stream = concat!(
+        "data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
+        "data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+        "data: {\"id\":\"chatcmpl-1\",\"choices\":[],\"usage\":{\"prompt_tokens\":10}}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let events = tollgate_provider::parse::decode_all(Protocol::OpenAiChat, stream.as_bytes());
+    let c = client(vec![ScriptedReply::Events(events)]);
+    let v = h
+        .runner(text_config(), &c)
+        .run(h.request("k1", "x"))
+        .await
+        .unwrap();
+    assert_eq!(v.state, ViewState::ReconciliationRequired);
+    assert!(v.receipt.is_none());
+    let id = v.execution_id.unwrap();
+    let row = h
+        .stores
+        .execution(&scope("acme"), &key("k1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        row.unwrap().reconciliation_reason,
+        Some(tollgate_core::state::ReconciliationReason::NoExactUsage)
+    );
+    assert!(
+        h.stores.settlement(id).await.unwrap().is_none(),
+        "no settlement"
+    );
+    assert_eq!(
+        h.daily().await.held,
+        text_config().worst_case_hold().unwrap(),
+        "hold kept"
+    );
+    let evidence = h.stores.evidence_for(id).await.unwrap();
+    assert_eq!(evidence.len(), 1);
+    assert!(!evidence[0].exact, "partial counts are inexact evidence");
+    assert_eq!(evidence[0].usage, usage(10, 0));
+    assert_eq!(c.sends(), 1);
+}
+
 pub async fn st_23_cut_after_usage_is_invalid_with_its_cost(h: Harness) {
     let c = client(vec![ScriptedReply::Events(vec![
         E::ProviderRef { id: "r".into() },

@@ -21,6 +21,7 @@ runner_suite!(fresh;
     sc_8_tc_5_tool_choice_is_rejected,
     st_23_cut_before_usage_needs_reconciliation,
     st_23_cut_after_usage_is_invalid_with_its_cost,
+    sc_95_inexact_provider_usage_needs_reconciliation,
     rf_2_prestream_refusal_settles_zero,
     http_status_rejection_settles_zero,
     sc_94_no_response_goes_to_operators_with_its_reason,
