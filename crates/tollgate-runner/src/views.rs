@@ -20,6 +20,7 @@ pub fn receipt(settlement: &SettlementRecord) -> Receipt {
 fn base(record: &ExecutionRecord, state: ViewState) -> View {
     View {
         execution_id: Some(record.id),
+        reconciliation_reason: record.reconciliation_reason,
         ..bare(record.operation_key.clone(), state)
     }
 }
@@ -59,7 +60,6 @@ pub async fn view_of(
         ExecutionState::ReconciliationRequired => base(record, ViewState::ReconciliationRequired),
         ExecutionState::NotDispatched => View {
             not_dispatched_cause: record.not_dispatched_cause,
-            reconciliation_reason: record.reconciliation_reason,
             ..base(record, ViewState::NotDispatched)
         },
         ExecutionState::Completed => completed_view(stores, record, now).await?,
