@@ -15,7 +15,9 @@ pub mod parse;
 pub mod protocol;
 pub mod scripted;
 pub mod sse;
+pub mod status;
 pub mod support;
 
 pub use client::{ClientDescriptor, EventStream, ProviderClient, ProviderRequest, SendError};
 pub use protocol::Protocol;
+pub use status::StatusClass;

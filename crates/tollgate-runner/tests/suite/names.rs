@@ -23,6 +23,7 @@ runner_suite!(fresh;
     st_23_cut_after_usage_is_invalid_with_its_cost,
     rf_2_prestream_refusal_settles_zero,
     http_status_rejection_settles_zero,
+    sc_96_ambiguous_status_goes_to_operators_with_its_reason,
     no_response_goes_to_operators,
     sc_40_h_4_recover_finishes_expired_claims_without_sending,
     sc_41_sc_61_reconcile_expired_counts_and_routes,
