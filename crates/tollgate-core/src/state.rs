@@ -105,6 +105,9 @@ wire_enum!(
         /// The request may have reached the provider, but no answer came (timeout, lost
         /// connection after sending).
         NoResponse => "no_response",
+        /// The provider's endpoint answered an HTTP error status that does not prove the request
+        /// went unprocessed (a gateway's answer, a server error): it may have been billed.
+        AmbiguousStatus => "ambiguous_status",
         /// Recovery found the lease expired after dispatch and no exact usage evidence.
         RecoveryNoExactUsage => "recovery_no_exact_usage",
         /// Recovery found exact usage evidence that the price table cannot price.

@@ -21,6 +21,7 @@
 //! | `mock-refuse-prestream` | response id, no content, no stop, zero usage, clean end marker (RF-2) |
 //! | `mock-empty-refusal` | no content, a refusal stop, clean end (RF-1 on Anthropic) |
 //! | `mock-429`, `mock-500` | that HTTP status with a small JSON error body in the protocol's error shape, no stream (429 adds `retry-after: 1`) |
+//! | `mock-502-gateway` | HTTP 502 with a small HTML page, as a gateway answers: not the provider's error format, no stream |
 //! | `mock-big[@N]` | N characters (default 10,000) of a repeated sentence, in 16-character deltas |
 //!
 //! Any other model → HTTP 404 JSON error; a body that is not JSON or has no model → HTTP 400.
@@ -358,6 +359,7 @@ async fn answer(shared: Shared, protocol: Protocol, body: Body) -> Response {
             kind,
             message,
         } => error_response(protocol, status, kind, &message),
+        Behaviour::Gateway { status } => gateway_response(status),
         Behaviour::Stream(plan) => {
             if plan.delay_ms > 0 {
                 let delay = tokio::time::sleep(Duration::from_millis(plan.delay_ms));
@@ -419,6 +421,20 @@ fn stream_response(shared: Shared, protocol: Protocol, plan: Plan) -> Response {
 }
 
 /// An HTTP error in the protocol's error shape.
+/// A gateway's error page: HTML, not the provider's error format.
+fn gateway_response(status: u16) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let body = format!(
+        "<html>\r\n<head><title>{code}</title></head>\r\n<body>\r\n<center><h1>{code}</h1></center>\r\n</body>\r\n</html>\r\n"
+    );
+    let mut response = (code, body).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    response
+}
+
 fn error_response(protocol: Protocol, status: u16, kind: &str, message: &str) -> Response {
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let body = match protocol {

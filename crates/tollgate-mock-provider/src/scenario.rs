@@ -106,6 +106,12 @@ pub(crate) enum Behaviour {
         /// Human-readable text for the error body's `message` field.
         message: String,
     },
+    /// An HTTP error status with an HTML body, as a gateway or load balancer in front of the
+    /// provider answers: not the provider's error format.
+    Gateway {
+        /// HTTP status.
+        status: u16,
+    },
 }
 
 /// The scenario a model name names.
@@ -124,6 +130,7 @@ enum Scenario {
     RefusePrestream,
     EmptyRefusal,
     Status(u16),
+    Gateway(u16),
     Big,
 }
 
@@ -153,6 +160,7 @@ fn parse_model(model: &str) -> Option<(Scenario, Option<usize>)> {
         "mock-empty-refusal" => Scenario::EmptyRefusal,
         "mock-429" => Scenario::Status(429),
         "mock-500" => Scenario::Status(500),
+        "mock-502-gateway" => Scenario::Gateway(502),
         "mock-big" => Scenario::Big,
         other => {
             let ms: u64 = other.strip_prefix("mock-slow-")?.parse().ok()?;
@@ -219,6 +227,7 @@ pub(crate) fn decide(protocol: Protocol, body: &[u8]) -> Behaviour {
     let (status, kind, message) = match scenario {
         Scenario::Status(429) => (429, "rate_limit", "mock rate limit"),
         Scenario::Status(status) => (status, "server_error", "mock server error"),
+        Scenario::Gateway(status) => return Behaviour::Gateway { status },
         _ => {
             let shape = match shape_for(scenario, size, &request) {
                 Ok(shape) => shape,
@@ -305,7 +314,9 @@ fn shape_for(
         Scenario::Hang => Shape::Hang,
         Scenario::RefusePrestream => Shape::PreStream,
         Scenario::EmptyRefusal => Shape::EmptyRefusal,
-        Scenario::Status(_) => return Err("status scenarios have no stream"),
+        Scenario::Status(_) | Scenario::Gateway(_) => {
+            return Err("status scenarios have no stream")
+        }
     };
     Ok(shape)
 }
@@ -600,7 +611,7 @@ mod tests {
     #[test]
     fn mock_unknown_models_and_bad_bodies_are_errors() {
         let status = |body: &[u8]| match decide(Protocol::Anthropic, body) {
-            Behaviour::Status { status, .. } => status,
+            Behaviour::Status { status, .. } | Behaviour::Gateway { status } => status,
             Behaviour::Stream(_) => 200,
         };
         assert_eq!(status(br#"{"model": "claude"}"#), 404);
@@ -609,6 +620,10 @@ mod tests {
         assert_eq!(status(br#"{"model": "mock-tool"}"#), 400);
         assert_eq!(status(br#"{"model": "mock-429"}"#), 429);
         assert_eq!(status(br#"{"model": "mock-500"}"#), 500);
+        assert!(matches!(
+            decide(Protocol::OpenAiChat, br#"{"model": "mock-502-gateway"}"#),
+            Behaviour::Gateway { status: 502 }
+        ));
         assert_eq!(status(br#"{"model": "mock-echo"}"#), 200);
     }
 }

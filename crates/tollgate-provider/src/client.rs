@@ -1,6 +1,7 @@
 //! The provider client trait the runners call.
 
 use crate::protocol::Protocol;
+use crate::status::StatusClass;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use tokio_util::sync::CancellationToken;
@@ -62,14 +63,18 @@ pub enum SendError {
     /// The connection could not be established; nothing reached the provider.
     #[error("connect failed: {0}")]
     Connect(String),
-    /// The provider answered with an HTTP error status before any stream. Providers do not bill
-    /// rejected requests; `provider_ref` is the request id header when present.
+    /// An HTTP error status answered before any stream. `class` says whether it proves the
+    /// request was not processed (a provider's rejection, settled at zero) or is ambiguous (a
+    /// gateway's answer or a server error: the provider may have billed it) — see
+    /// [`crate::status::classify`]. `provider_ref` is the request id header when present.
     #[error("provider returned HTTP {status}")]
     Status {
         /// HTTP status.
         status: u16,
         /// Provider request id, if any.
         provider_ref: Option<String>,
+        /// What the status proves about the request.
+        class: StatusClass,
     },
     /// The request may have been sent but no response arrived (timeout, reset, abort).
     #[error("no response: {0}")]

@@ -4,6 +4,7 @@
 use crate::client::{ClientDescriptor, EventStream, ProviderClient, ProviderRequest, SendError};
 use crate::parse::StreamDecoder;
 use crate::sse::decode::error;
+use crate::status::{classify, is_provider_error_body};
 use crate::{anthropic, openai_chat, openai_responses, support, Protocol};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -15,7 +16,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tollgate_core::event::{error_kind, ProviderEvent};
 
-/// Most bytes of an error response body read (and discarded) before giving up on it.
+/// Most bytes of an error response body read (to classify it) before giving up on it; a longer
+/// body is not taken for the provider's error format.
 pub const ERROR_BODY_BYTES_MAX: usize = 64 * 1024;
 
 /// How to reach one provider endpoint.
@@ -224,10 +226,15 @@ impl ProviderClient for HttpClient {
         let provider_ref = header_ref(response.headers());
         let status = response.status();
         if !status.is_success() {
-            discard_body(response, self.read_timeout()).await;
+            let status = status.as_u16();
+            let provider_body = match read_error_body(response, self.read_timeout()).await {
+                Some(body) => is_provider_error_body(self.config.protocol, &body),
+                None => false,
+            };
             return Err(SendError::Status {
-                status: status.as_u16(),
+                status,
                 provider_ref,
+                class: classify(self.config.protocol, status, provider_body),
             });
         }
         let reader = Reader {
@@ -243,14 +250,23 @@ impl ProviderClient for HttpClient {
     }
 }
 
-/// Reads at most [`ERROR_BODY_BYTES_MAX`] of an error body, so the connection ends cleanly;
-/// the content is dropped unread (it may echo the request).
-async fn discard_body(mut response: reqwest::Response, read_timeout: Duration) {
-    let mut read = 0usize;
-    while read < ERROR_BODY_BYTES_MAX {
+/// Reads an error body of at most [`ERROR_BODY_BYTES_MAX`] bytes, only to classify it (it is
+/// never logged or stored: it may echo the request). `None` when it is longer, fails or stalls.
+async fn read_error_body(
+    mut response: reqwest::Response,
+    read_timeout: Duration,
+) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
         match tokio::time::timeout(read_timeout, response.chunk()).await {
-            Ok(Ok(Some(chunk))) => read += chunk.len(),
-            _ => return,
+            Ok(Ok(Some(chunk))) => {
+                if body.len() + chunk.len() > ERROR_BODY_BYTES_MAX {
+                    return None;
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(Ok(None)) => return Some(body),
+            _ => return None,
         }
     }
 }

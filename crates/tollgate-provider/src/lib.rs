@@ -15,8 +15,10 @@ pub mod parse;
 pub mod protocol;
 pub mod scripted;
 pub mod sse;
+pub mod status;
 pub mod support;
 mod usage;
 
 pub use client::{ClientDescriptor, EventStream, ProviderClient, ProviderRequest, SendError};
 pub use protocol::Protocol;
+pub use status::StatusClass;

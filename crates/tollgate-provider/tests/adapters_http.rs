@@ -13,7 +13,7 @@ use tollgate_core::message::{Message, Role, Temperature, ToolChoice, ToolSpec};
 use tollgate_provider::http::{HttpClient, HttpClientConfig, HttpClientError};
 use tollgate_provider::parse::decode_all;
 use tollgate_provider::support::check;
-use tollgate_provider::{Protocol, ProviderClient, ProviderRequest, SendError};
+use tollgate_provider::{Protocol, ProviderClient, ProviderRequest, SendError, StatusClass};
 
 const SECRET: &str = "SECRET-MESSAGE-CONTENT";
 
@@ -320,7 +320,7 @@ async fn http_header_request_id_leads_when_the_body_has_none() {
 
 #[tokio::test]
 async fn http_error_status_carries_the_request_id() {
-    let head = "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nx-request-id: req_429\r\ncontent-length: 52\r\nconnection: close\r\n\r\n{\"error\":{\"message\":\"slow down\",\"type\":\"requests\"}}".to_string();
+    let head = "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nx-request-id: req_429\r\ncontent-length: 51\r\nconnection: close\r\n\r\n{\"error\":{\"message\":\"slow down\",\"type\":\"requests\"}}".to_string();
     let (base, _server) = serve_once(head, vec![], 0, After::Close).await;
     let client = HttpClient::new(config(Protocol::OpenAiResponses, &base)).unwrap();
     let err = client
@@ -331,7 +331,28 @@ async fn http_error_status_carries_the_request_id() {
         err,
         Some(SendError::Status {
             status: 429,
-            provider_ref: Some("req_429".into())
+            provider_ref: Some("req_429".into()),
+            class: StatusClass::NotProcessed,
+        })
+    );
+}
+
+#[tokio::test]
+async fn sc_96_gateway_status_without_a_provider_body_is_ambiguous() {
+    let body = "<html><body><h1>502 Bad Gateway</h1></body></html>";
+    let head = format!("HTTP/1.1 502 Bad Gateway\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+    let (base, _server) = serve_once(head, vec![], 0, After::Close).await;
+    let client = HttpClient::new(config(Protocol::Anthropic, &base)).unwrap();
+    let err = client
+        .send(request("claude-sonnet-4-5"), CancellationToken::new())
+        .await
+        .err();
+    assert_eq!(
+        err,
+        Some(SendError::Status {
+            status: 502,
+            provider_ref: None,
+            class: StatusClass::Ambiguous,
         })
     );
 }

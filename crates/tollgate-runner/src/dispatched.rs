@@ -14,7 +14,7 @@ use tollgate_core::invalid::InvalidReason;
 use tollgate_core::money::Money;
 use tollgate_core::state::{Outcome, ReconciliationReason, SettlementSource};
 use tollgate_core::usage::Usage;
-use tollgate_provider::{ProviderClient, ProviderRequest, SendError};
+use tollgate_provider::{ProviderClient, ProviderRequest, SendError, StatusClass};
 use tollgate_store::{EvidenceSource, ExecutionRecord, NewEvidence, SettleRequest, Stores};
 
 /// What a drive needs.
@@ -209,9 +209,25 @@ async fn finish_send_error(
     match error {
         // The provider rejected the request with an HTTP status before any stream: providers do
         // not bill rejected requests. The status and request id are the evidence.
-        SendError::Status { provider_ref, .. } => {
+        SendError::Status {
+            provider_ref,
+            class: StatusClass::NotProcessed,
+            ..
+        } => {
             record_evidence(ctx, record, provider_ref.clone(), Usage::ZERO, true).await?;
             settle_zero(ctx, record, Outcome::Unavailable, None, provider_ref).await?;
+        }
+        // A status that does not prove the request went unprocessed (a gateway's answer, a server
+        // error): the provider may have billed it. The request id, when there is one, is kept as
+        // inexact evidence for the operator.
+        SendError::Status {
+            provider_ref,
+            class: StatusClass::Ambiguous,
+            ..
+        } => {
+            let evidence = provider_ref.as_ref().map(|_| Usage::ZERO);
+            let reason = ReconciliationReason::AmbiguousStatus;
+            reconcile(ctx, record, reason, provider_ref, evidence).await?;
         }
         // Nothing reached the provider.
         SendError::Connect(_) | SendError::Unsupported(_) => {

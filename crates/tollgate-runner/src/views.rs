@@ -20,6 +20,7 @@ pub fn receipt(settlement: &SettlementRecord) -> Receipt {
 fn base(record: &ExecutionRecord, state: ViewState) -> View {
     View {
         execution_id: Some(record.id),
+        reconciliation_reason: record.reconciliation_reason,
         ..bare(record.operation_key.clone(), state)
     }
 }
@@ -63,11 +64,7 @@ pub async fn view_of(
         },
         ExecutionState::Completed => completed_view(stores, record, now).await?,
     };
-    // Why it waits (or waited) for an operator; none for calls that never needed one.
-    Ok(View {
-        reconciliation_reason: record.reconciliation_reason,
-        ..view
-    })
+    Ok(view)
 }
 
 async fn completed_view(

@@ -13,11 +13,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tollgate_core::config::{CallConfig, OutputContract};
-use tollgate_core::ids::{InputRevision, Intent, OperationKey, SessionId};
+use tollgate_core::ids::{ConsumerId, InputRevision, Intent, OperationKey, SessionId};
 use tollgate_core::invalid::InvalidReason;
 use tollgate_core::message::{Message, Role, Temperature};
 use tollgate_core::money::Money;
-use tollgate_core::state::{CallKind, Outcome};
+use tollgate_core::state::{CallKind, Outcome, ReconciliationReason};
 use tollgate_core::view::{View, ViewState};
 use tollgate_mock_provider::MockProvider;
 use tollgate_provider::http::{HttpClient, HttpClientConfig};
@@ -25,7 +25,7 @@ use tollgate_provider::Protocol;
 use tollgate_runner::{ManualClock, RunError};
 use tollgate_runner::{RunRequest, RunnerSettings, SingleCallRunner};
 use tollgate_store::conformance::{scope, t0, text_config};
-use tollgate_store::{MemoryStores, SettlementStore, Stores};
+use tollgate_store::{MemoryStores, SettlementStore, SpendStore, Stores, UsageInbox};
 
 const ALL: [Protocol; 3] = [
     Protocol::OpenAiChat,
@@ -461,16 +461,52 @@ async fn content_filter_refusal_over_http_on_openai_settles_refused_with_its_cos
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http_error_statuses_over_http_settle_unavailable_at_zero() {
+async fn sc_96_provider_rejection_over_http_settles_unavailable_at_zero() {
     let rig = Rig::new().await;
-    for name in ["mock-429", "mock-500"] {
+    for p in ALL {
+        let ran = rig.run(p, model("mock-429"), "mock-429").await;
+        let view = ran.completed(Outcome::Unavailable);
+        assert!(view.output.is_none(), "{p}");
+        assert_eq!(view.reconciliation_reason, None, "{p}");
+        ran.charged(&Money::ZERO);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_96_gateway_and_server_errors_over_http_go_to_operators_holding() {
+    let rig = Rig::new().await;
+    for name in ["mock-502-gateway", "mock-500"] {
         for p in ALL {
-            let ran = rig.run(p, model(name), name).await;
-            let view = ran.completed(Outcome::Unavailable);
-            assert!(view.output.is_none(), "{p} {name}");
-            ran.charged(&Money::ZERO);
+            let key = format!("{name}-{p}");
+            let ran = rig.run(p, model(name), &key).await;
+            let view = ran.unsettled();
+            assert_eq!(
+                view.reconciliation_reason,
+                Some(ReconciliationReason::AmbiguousStatus),
+                "{p} {name}"
+            );
+            assert!(!rig.settled(&ran).await, "{p} {name}: no settlement");
+            let evidence = rig.stores.evidence_for(view.execution_id.unwrap()).await;
+            let evidence = evidence.unwrap();
+            assert_eq!(evidence.len(), 1, "{p} {name}: the request id as evidence");
+            assert!(!evidence[0].exact, "{p} {name}");
+            assert!(evidence[0].provider_ref.is_some(), "{p} {name}");
         }
     }
+    // Every hold is kept: six calls, each its worst case.
+    let daily = rig
+        .stores
+        .daily_spend(
+            &scope("acme"),
+            &ConsumerId::parse("team-a").unwrap(),
+            t0().date_naive(),
+        )
+        .await
+        .unwrap();
+    let hold = text_config().worst_case_hold().unwrap();
+    assert_eq!(daily.settled, Money::ZERO);
+    let six = (1..6).fold(hold, |sum, _| sum.checked_add(hold).unwrap());
+    assert_eq!(daily.held, six);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,6 +29,7 @@ use tollgate_core::state::ExecutionState;
 use tollgate_core::usage::Usage;
 use tollgate_provider::{
     ClientDescriptor, EventStream, Protocol, ProviderClient, ProviderRequest, SendError,
+    StatusClass,
 };
 use tollgate_store::ExecutionStore;
 
@@ -55,9 +56,9 @@ pub enum Behaviour {
     EmptyRefusal,
     /// A content-filter stop with its cost.
     ContentFilter,
-    /// HTTP 429 before any stream.
+    /// HTTP 429 before any stream, the provider's rejection (settles at zero).
     Status429,
-    /// HTTP 500 before any stream.
+    /// HTTP 500 before any stream, not proven unprocessed (ambiguous: goes to an operator).
     Status500,
     /// The connection fails: nothing reaches the provider.
     Connect,
@@ -412,10 +413,12 @@ impl ProviderClient for SimProvider {
             Behaviour::Status429 => Err(SendError::Status {
                 status: 429,
                 provider_ref,
+                class: StatusClass::NotProcessed,
             }),
             Behaviour::Status500 => Err(SendError::Status {
                 status: 500,
                 provider_ref,
+                class: StatusClass::Ambiguous,
             }),
             Behaviour::NoResponse => Err(SendError::NoResponse("reset".into())),
             _ => {

@@ -9,6 +9,7 @@ use tollgate_core::state::{NotDispatchedCause, Outcome, ReconciliationReason};
 use tollgate_core::view::ViewState;
 use tollgate_provider::client::{ClientDescriptor, SendError};
 use tollgate_provider::Protocol;
+use tollgate_provider::StatusClass;
 use tollgate_runner::Clock as _;
 use tollgate_runner::RunError;
 use tollgate_store::fault::FaultPoint;
@@ -557,6 +558,7 @@ pub async fn http_status_rejection_settles_zero(h: Harness) {
     let c = client(vec![ScriptedReply::Fail(SendError::Status {
         status: 429,
         provider_ref: Some("req-429".into()),
+        class: StatusClass::NotProcessed,
     })]);
     let v = h
         .runner(text_config(), &c)
@@ -566,6 +568,60 @@ pub async fn http_status_rejection_settles_zero(h: Harness) {
     assert_eq!(v.outcome, Some(Outcome::Unavailable));
     assert_eq!(v.receipt.unwrap().amount, Money::ZERO);
     assert_eq!(c.sends(), 1);
+}
+
+pub async fn sc_96_ambiguous_status_goes_to_operators_with_its_reason(h: Harness) {
+    // A gateway's 502 (no provider error body): the provider may have processed the request.
+    let c = client(vec![ScriptedReply::Fail(SendError::Status {
+        status: 502,
+        provider_ref: Some("req-502".into()),
+        class: StatusClass::Ambiguous,
+    })]);
+    let v = h
+        .runner(text_config(), &c)
+        .run(h.request("k1", "x"))
+        .await
+        .unwrap();
+    assert_eq!(v.state, ViewState::ReconciliationRequired);
+    assert_eq!(
+        v.reconciliation_reason,
+        Some(ReconciliationReason::AmbiguousStatus)
+    );
+    assert!(v.receipt.is_none());
+    assert_eq!(c.sends(), 1);
+    let id = v.execution_id.unwrap();
+    assert!(
+        h.stores.settlement(id).await.unwrap().is_none(),
+        "no settlement"
+    );
+    assert_eq!(
+        h.daily().await.held,
+        text_config().worst_case_hold().unwrap(),
+        "hold kept"
+    );
+    // The request id is kept as inexact evidence: it proves nothing about the cost.
+    let evidence = h.stores.evidence_for(id).await.unwrap();
+    assert_eq!(evidence.len(), 1);
+    assert_eq!(evidence[0].provider_ref.as_deref(), Some("req-502"));
+    assert!(!evidence[0].exact);
+
+    // Without a request id there is no evidence to record.
+    let c = client(vec![ScriptedReply::Fail(SendError::Status {
+        status: 504,
+        provider_ref: None,
+        class: StatusClass::Ambiguous,
+    })]);
+    let v = h
+        .runner(text_config(), &c)
+        .run(h.request("k2", "x"))
+        .await
+        .unwrap();
+    assert_eq!(
+        v.reconciliation_reason,
+        Some(ReconciliationReason::AmbiguousStatus)
+    );
+    let evidence = h.stores.evidence_for(v.execution_id.unwrap()).await;
+    assert!(evidence.unwrap().is_empty());
 }
 
 pub async fn sc_94_no_response_goes_to_operators_with_its_reason(h: Harness) {

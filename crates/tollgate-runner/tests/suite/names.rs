@@ -24,6 +24,7 @@ runner_suite!(fresh;
     sc_95_inexact_provider_usage_needs_reconciliation,
     rf_2_prestream_refusal_settles_zero,
     http_status_rejection_settles_zero,
+    sc_96_ambiguous_status_goes_to_operators_with_its_reason,
     sc_94_no_response_goes_to_operators_with_its_reason,
     sc_40_h_4_recover_finishes_expired_claims_without_sending,
     sc_41_sc_61_reconcile_expired_counts_and_routes,
