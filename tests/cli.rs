@@ -9,12 +9,9 @@
 #![cfg(test)]
 
 use serde_json::Value;
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, Connection, PgConnection};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::str::FromStr;
 use tollgate_postgres::{test_admin_url, TestDatabase};
 
 /// Captured provider streams shared by the project (optional).
@@ -526,15 +523,6 @@ fn parse_stream_matches_the_captured_fixtures() {
 // Postgres: migrate and demo
 // ---------------------------------------------------------------------------------------------
 
-async fn connect(url: &str) -> PgConnection {
-    let options = PgConnectOptions::from_str(url)
-        .unwrap()
-        .disable_statement_logging();
-    PgConnection::connect_with(&options)
-        .await
-        .unwrap_or_else(|e| panic!("cannot connect to the test database: {e}"))
-}
-
 /// A brand-new empty database (dropped once the returned guard is gone).
 async fn fresh_database() -> TestDatabase {
     TestDatabase::create(&test_admin_url())
@@ -561,19 +549,10 @@ async fn migrate_is_idempotent_on_postgres() {
         let report = json_ok(&output);
         assert_eq!(report["migrated"], true, "attempt {attempt}: {report}");
     }
-    let mut conn = connect(db.url()).await;
-    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success")
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
+    let applied = db.applied_migrations().await.unwrap();
     assert_eq!(applied, migration_files(), "each migration applied once");
-    let view: Option<String> =
-        sqlx::query_scalar("SELECT to_regclass('finance.settlements')::text")
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
+    let view = db.relation("finance.settlements").await.unwrap();
     assert_eq!(view.as_deref(), Some("finance.settlements"));
-    conn.close().await.unwrap();
 }
 
 #[test]
@@ -606,21 +585,12 @@ async fn demo_runs_on_postgres_when_database_url_is_set() {
     let report = json_ok(&output);
     let reported = check_demo_report(&report);
 
-    let mut conn = connect(db.url()).await;
-    let column_type: String = sqlx::query_scalar(
-        "SELECT data_type FROM information_schema.columns \
-         WHERE table_schema = 'finance' AND table_name = 'settlements' \
-           AND column_name = 'amount'",
-    )
-    .fetch_one(&mut conn)
-    .await
-    .unwrap();
+    let column_type = db
+        .column_type("finance", "settlements", "amount")
+        .await
+        .unwrap();
     assert_eq!(column_type, "numeric");
-    let rows: Vec<(String, String, String)> =
-        sqlx::query_as("SELECT execution_id::text, amount::text, source FROM finance.settlements")
-            .fetch_all(&mut conn)
-            .await
-            .unwrap();
+    let rows = db.finance_rows().await.unwrap();
     assert_eq!(rows.len(), reported.len(), "{rows:?}");
     let sources: BTreeSet<&str> = rows.iter().map(|(_, _, s)| s.as_str()).collect();
     assert!(
@@ -644,7 +614,6 @@ async fn demo_runs_on_postgres_when_database_url_is_set() {
         );
         assert_eq!(row["source"], source.as_str(), "{execution}");
     }
-    conn.close().await.unwrap();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -703,11 +672,7 @@ async fn sc_92_audit_ledger_is_clean_after_the_demo_and_names_damaged_rows() {
     );
 
     // One session spend row a cent off its settlements.
-    let mut conn = connect(db.url()).await;
-    sqlx::query("UPDATE spend_sessions SET settled = settled + 0.01 WHERE consumer = 'team-a'")
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    db.shift_session_spend("team-a", "0.01").await.unwrap();
     let output = audit_ledger(db.url(), &["--scope", "demo"]);
     assert_eq!(output.status.code(), Some(1), "{}", stdout(&output));
     let err = stderr(&output);
@@ -731,13 +696,7 @@ async fn sc_92_audit_ledger_is_clean_after_the_demo_and_names_damaged_rows() {
     assert_eq!(v["spend"]["window"], "session");
     assert_eq!(v["spend"]["consumer"], "team-a");
     // Exact decimals: what the settlements add up to, and what the row says.
-    let (settled, stored): (String, String) = sqlx::query_as(
-        "SELECT (SELECT sum(amount) FROM finance.settlements WHERE consumer = 'team-a')::text, \
-         (SELECT settled FROM spend_sessions WHERE consumer = 'team-a')::text",
-    )
-    .fetch_one(&mut conn)
-    .await
-    .unwrap();
+    let (settled, stored) = db.settled_and_session_spend("team-a").await.unwrap();
     assert_eq!(
         normalized(v["expected"].as_str().unwrap()),
         normalized(&settled)
@@ -747,18 +706,9 @@ async fn sc_92_audit_ledger_is_clean_after_the_demo_and_names_damaged_rows() {
         normalized(&stored)
     );
     // Repaired, then one settlement's amount changed instead.
-    sqlx::query("UPDATE spend_sessions SET settled = settled - 0.01 WHERE consumer = 'team-a'")
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    db.shift_session_spend("team-a", "-0.01").await.unwrap();
     json_ok(&audit_ledger(db.url(), &["--json"]));
-    let (execution,): (String,) = sqlx::query_as(
-        "UPDATE cost_settlements SET amount = amount + 1 \
-         WHERE seq = (SELECT min(seq) FROM cost_settlements) RETURNING execution_id::text",
-    )
-    .fetch_one(&mut conn)
-    .await
-    .unwrap();
+    let execution = db.shift_first_settlement("1").await.unwrap();
     let output = audit_ledger(db.url(), &["--json"]);
     assert_eq!(output.status.code(), Some(1));
     let report: Value = serde_json::from_str(stdout(&output).trim()).unwrap();
@@ -781,7 +731,6 @@ async fn sc_92_audit_ledger_is_clean_after_the_demo_and_names_damaged_rows() {
         .unwrap();
     assert_eq!(priced["execution_id"], execution.as_str());
     assert!(stderr(&output).contains("ledger invariant violated"));
-    conn.close().await.unwrap();
 }
 
 #[test]
@@ -812,17 +761,7 @@ async fn sc_97_audit_verify_notices_a_lost_tail() {
     let rows = clean["rows"].as_i64().unwrap();
     assert!(rows > 1, "{clean}");
 
-    let mut conn = connect(db.url()).await;
-    sqlx::raw_sql(
-        "ALTER TABLE audit_log DISABLE TRIGGER USER; \
-         DELETE FROM audit_log WHERE scope = 'demo' \
-           AND seq = (SELECT max(seq) FROM audit_log WHERE scope = 'demo'); \
-         ALTER TABLE audit_log ENABLE TRIGGER USER;",
-    )
-    .execute(&mut conn)
-    .await
-    .unwrap();
-    conn.close().await.unwrap();
+    db.delete_last_audit_row("demo").await.unwrap();
 
     let broken = verify();
     assert_eq!(broken.status.code(), Some(1), "{}", stdout(&broken));

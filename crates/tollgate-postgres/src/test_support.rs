@@ -261,3 +261,154 @@ pub async fn fresh_test_database(admin_url: &str) -> Result<PgStores, StoreError
     stores.migrate().await?;
     Ok(stores)
 }
+
+/// What black-box tests read from, and break in, a test database: each query is here, so no SQL
+/// lives outside this crate. The damaging ones bypass the stores on purpose, as an attacker or a
+/// broken tool with the table owner's rights would.
+impl TestDatabase {
+    async fn connection(&self) -> Result<PgConnection, StoreError> {
+        PgConnection::connect_with(&options(&self.url)?)
+            .await
+            .store_err()
+    }
+
+    /// How many migrations succeeded.
+    ///
+    /// # Errors
+    /// The database cannot be read.
+    pub async fn applied_migrations(&self) -> Result<i64, StoreError> {
+        let mut conn = self.connection().await?;
+        sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success")
+            .fetch_one(&mut conn)
+            .await
+            .store_err()
+    }
+
+    /// The relation `name` (`schema.table`) as Postgres names it, if it exists.
+    ///
+    /// # Errors
+    /// The database cannot be read.
+    pub async fn relation(&self, name: &str) -> Result<Option<String>, StoreError> {
+        let mut conn = self.connection().await?;
+        sqlx::query_scalar("SELECT to_regclass($1::text)::text")
+            .bind(name)
+            .fetch_one(&mut conn)
+            .await
+            .store_err()
+    }
+
+    /// The SQL type of `schema.table.column`.
+    ///
+    /// # Errors
+    /// No such column; the database cannot be read.
+    pub async fn column_type(
+        &self,
+        schema: &str,
+        table: &str,
+        column: &str,
+    ) -> Result<String, StoreError> {
+        let mut conn = self.connection().await?;
+        sqlx::query_scalar(
+            "SELECT data_type::text FROM information_schema.columns \
+             WHERE table_schema = $1 AND table_name = $2 AND column_name = $3",
+        )
+        .bind(schema)
+        .bind(table)
+        .bind(column)
+        .fetch_one(&mut conn)
+        .await
+        .store_err()
+    }
+
+    /// `(execution_id, amount, source)` of every row of the finance view, as text.
+    ///
+    /// # Errors
+    /// The database cannot be read.
+    pub async fn finance_rows(&self) -> Result<Vec<(String, String, String)>, StoreError> {
+        let mut conn = self.connection().await?;
+        sqlx::query_as("SELECT execution_id::text, amount::text, source FROM finance.settlements")
+            .fetch_all(&mut conn)
+            .await
+            .store_err()
+    }
+
+    /// The sum of `consumer`'s settlements in the finance view and its session spend row's
+    /// `settled`, as exact decimal text.
+    ///
+    /// # Errors
+    /// The database cannot be read.
+    pub async fn settled_and_session_spend(
+        &self,
+        consumer: &str,
+    ) -> Result<(String, String), StoreError> {
+        let mut conn = self.connection().await?;
+        sqlx::query_as(
+            "SELECT (SELECT sum(amount) FROM finance.settlements WHERE consumer = $1)::text, \
+             (SELECT settled FROM spend_sessions WHERE consumer = $1)::text",
+        )
+        .bind(consumer)
+        .fetch_one(&mut conn)
+        .await
+        .store_err()
+    }
+
+    /// Damage: adds `delta` (a decimal, may be negative) to `consumer`'s session spend.
+    ///
+    /// # Errors
+    /// The database cannot be written.
+    pub async fn shift_session_spend(&self, consumer: &str, delta: &str) -> Result<(), StoreError> {
+        let mut conn = self.connection().await?;
+        sqlx::query(
+            "UPDATE spend_sessions SET settled = settled + $2::numeric WHERE consumer = $1",
+        )
+        .bind(consumer)
+        .bind(delta)
+        .execute(&mut conn)
+        .await
+        .store_err()?;
+        Ok(())
+    }
+
+    /// Damage: adds `delta` to the first settlement's amount; returns its execution id.
+    ///
+    /// # Errors
+    /// No settlement; the database cannot be written.
+    pub async fn shift_first_settlement(&self, delta: &str) -> Result<String, StoreError> {
+        let mut conn = self.connection().await?;
+        sqlx::query_scalar(
+            "UPDATE cost_settlements SET amount = amount + $1::numeric \
+             WHERE seq = (SELECT min(seq) FROM cost_settlements) RETURNING execution_id::text",
+        )
+        .bind(delta)
+        .fetch_one(&mut conn)
+        .await
+        .store_err()
+    }
+
+    /// Damage: removes the last audit row of `scope` with the append-only triggers disabled, as
+    /// the tables' owner could.
+    ///
+    /// # Errors
+    /// The database cannot be written.
+    pub async fn delete_last_audit_row(&self, scope: &str) -> Result<(), StoreError> {
+        let mut tx = self.connection().await?;
+        let mut tx = tx.begin().await.store_err()?;
+        sqlx::query("ALTER TABLE audit_log DISABLE TRIGGER USER")
+            .execute(&mut *tx)
+            .await
+            .store_err()?;
+        sqlx::query(
+            "DELETE FROM audit_log WHERE scope = $1 \
+             AND seq = (SELECT max(seq) FROM audit_log WHERE scope = $1)",
+        )
+        .bind(scope)
+        .execute(&mut *tx)
+        .await
+        .store_err()?;
+        sqlx::query("ALTER TABLE audit_log ENABLE TRIGGER USER")
+            .execute(&mut *tx)
+            .await
+            .store_err()?;
+        tx.commit().await.store_err()
+    }
+}
