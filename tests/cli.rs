@@ -761,16 +761,17 @@ async fn sc_97_audit_verify_notices_a_lost_tail() {
     let rows = clean["rows"].as_i64().unwrap();
     assert!(rows > 1, "{clean}");
 
-    db.delete_last_audit_row("demo").await.unwrap();
+    let (chain, seq) = db.delete_last_audit_row("demo").await.unwrap();
 
     let broken = verify();
     assert_eq!(broken.status.code(), Some(1), "{}", stdout(&broken));
     let report: Value = serde_json::from_str(stdout(&broken).trim()).unwrap();
     assert_eq!(report["ok"], false, "{report}");
-    assert_eq!(report["seq"], rows, "{report}");
+    assert_eq!(report["chain"], chain, "{report}");
+    assert_eq!(report["seq"], seq, "{report}");
     assert_eq!(report["reason"], "rows missing before the chain head");
     assert!(
-        stderr(&broken).contains("audit chain broken"),
+        stderr(&broken).contains(&format!("audit chain {chain} broken at seq {seq}")),
         "{}",
         stderr(&broken)
     );

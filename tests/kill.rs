@@ -35,7 +35,7 @@ use tollgate_postgres::{test_admin_url, PgStores, TestDatabase};
 use tollgate_server::auth::generate_key;
 use tollgate_store::KeyDigest;
 use tollgate_store::{
-    AuditLog, AuditRow, Evidence, ExecutionRecord, ExecutionStore, SettlementRecord,
+    AuditLog, AuditPosition, AuditRow, Evidence, ExecutionRecord, ExecutionStore, SettlementRecord,
     SettlementStore, SpendStore, UsageInbox,
 };
 
@@ -632,7 +632,7 @@ async fn settlements(stores: &PgStores, scope: &Scope) -> Vec<SettlementRecord> 
 async fn audit_trail(stores: &PgStores, scope: &Scope) -> Vec<AuditRow> {
     let mut rows = Vec::new();
     loop {
-        let after = rows.last().map_or(0, |r: &AuditRow| r.seq);
+        let after = rows.last().map_or(AuditPosition::START, AuditRow::position);
         let page = stores.audit_rows(scope, after, 1_000).await.unwrap();
         if page.is_empty() {
             return rows;

@@ -10,45 +10,78 @@ use sqlx::PgConnection;
 use tollgate_core::digest::Digest256;
 use tollgate_core::ids::Scope;
 use tollgate_store::audit::{audit_time, row_hash};
-use tollgate_store::rows::{AuditEvent, AuditHead, AuditRow};
+use tollgate_store::rows::{
+    AuditChain, AuditEvent, AuditHead, AuditPosition, AuditRow, AUDIT_CHAINS,
+};
 use tollgate_store::traits::AuditLog;
 use tollgate_store::StoreResult;
 
-/// Creates the scope's head if missing and locks it; returns the last seq and hash.
-const LOCK_HEAD: &str = "INSERT INTO audit_heads (scope, last_seq, last_hash) VALUES ($1, 0, $2) \
-     ON CONFLICT (scope) DO UPDATE SET last_seq = audit_heads.last_seq \
-     RETURNING last_seq, last_hash";
+/// Locks the head of one chain of a scope; returns its last seq and hash.
+const LOCK_HEAD: &str = "SELECT last_seq, last_hash FROM audit_heads \
+     WHERE scope = $1 AND chain = $2 FOR UPDATE";
+
+/// Creates every head of a new scope, in chain order (so two first appends of one scope wait for
+/// one another instead of deadlocking).
+const CREATE_HEADS: &str = "INSERT INTO audit_heads (scope, chain, last_seq, last_hash) \
+     SELECT $1, c, 0, $2 FROM generate_series(0, $3::int - 1) AS c ORDER BY c \
+     ON CONFLICT DO NOTHING";
 
 /// Appends the row and moves the head, in one statement.
 const APPEND: &str = concat!(
-    "WITH head AS (UPDATE audit_heads SET last_seq = $2, last_hash = $8 WHERE scope = $1) \
-     INSERT INTO audit_log (scope, seq, execution_id, kind, detail, at, prev_hash, hash) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING ",
+    "WITH head AS (UPDATE audit_heads SET last_seq = $3, last_hash = $9 \
+     WHERE scope = $1 AND chain = $2) \
+     INSERT INTO audit_log (scope, chain, seq, execution_id, kind, detail, at, prev_hash, hash) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING ",
     audit_columns!()
 );
 
-/// Appends `event` to its scope's chain on `conn` (inside the caller's transaction). Locks the
-/// scope's head until the transaction ends, so take it last.
+/// Locks the head of `chain` of `scope`, creating the scope's heads on its first append.
+async fn lock_head(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    chain: AuditChain,
+) -> StoreResult<(i64, String)> {
+    let chain_number = i16::try_from(chain.0).map_err(|_| unstorable("audit chain"))?;
+    let lock = sqlx::query_as::<_, (i64, String)>(LOCK_HEAD)
+        .bind(scope.as_str())
+        .bind(chain_number);
+    if let Some(head) = lock.fetch_optional(&mut *conn).await.store_err()? {
+        return Ok(head);
+    }
+    sqlx::query(CREATE_HEADS)
+        .bind(scope.as_str())
+        .bind(Digest256([0; 32]).to_hex())
+        .bind(i32::from(AUDIT_CHAINS))
+        .execute(&mut *conn)
+        .await
+        .store_err()?;
+    sqlx::query_as::<_, (i64, String)>(LOCK_HEAD)
+        .bind(scope.as_str())
+        .bind(chain_number)
+        .fetch_optional(&mut *conn)
+        .await
+        .store_err()?
+        .ok_or_else(|| corrupt("audit head"))
+}
+
+/// Appends `event` to its chain of its scope on `conn` (inside the caller's transaction). Locks
+/// that chain's head until the transaction ends, so take it last.
 ///
 /// # Errors
 /// Store failure; a corrupt head.
 pub(crate) async fn append(conn: &mut PgConnection, event: AuditEvent) -> StoreResult<AuditRow> {
     let mut event = event;
     event.at = audit_time(event.at);
-    let zero = Digest256([0; 32]).to_hex();
-    let (last_seq, last_hash): (i64, String) = sqlx::query_as(LOCK_HEAD)
-        .bind(event.scope.as_str())
-        .bind(&zero)
-        .fetch_one(&mut *conn)
-        .await
-        .store_err()?;
+    let chain = event.chain();
+    let (last_seq, last_hash) = lock_head(conn, &event.scope, chain).await?;
     let prev = Digest256::from_hex(&last_hash).map_err(|_| corrupt("audit head hash"))?;
     let seq = last_seq
         .checked_add(1)
         .ok_or_else(|| unstorable("audit seq"))?;
-    let hash = row_hash(&prev, seq, &event);
+    let hash = row_hash(chain, &prev, seq, &event);
     let row: AuditDbRow = sqlx::query_as(APPEND)
         .bind(event.scope.as_str())
+        .bind(i16::try_from(chain.0).map_err(|_| unstorable("audit chain"))?)
         .bind(seq)
         .bind(event.execution_id.map(|e| e.0))
         .bind(&event.kind)
@@ -74,16 +107,18 @@ impl AuditLog for PgStores {
     async fn audit_rows(
         &self,
         scope: &Scope,
-        after_seq: i64,
+        after: AuditPosition,
         limit: u32,
     ) -> StoreResult<Vec<AuditRow>> {
         let rows: Vec<AuditDbRow> = sqlx::query_as(concat!(
             "SELECT ",
             audit_columns!(),
-            " FROM audit_log WHERE scope = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+            " FROM audit_log WHERE scope = $1 AND (chain, seq) > ($2, $3) \
+             ORDER BY chain, seq LIMIT $4"
         ))
         .bind(scope.as_str())
-        .bind(after_seq)
+        .bind(i16::try_from(after.chain.0).map_err(|_| unstorable("audit chain"))?)
+        .bind(after.seq)
         .bind(i64::from(limit))
         .fetch_all(self.pool())
         .await
@@ -91,17 +126,21 @@ impl AuditLog for PgStores {
         rows.into_iter().map(AuditDbRow::into_record).collect()
     }
 
-    async fn audit_head(&self, scope: &Scope) -> StoreResult<Option<AuditHead>> {
-        let head: Option<(i64, String)> =
-            sqlx::query_as("SELECT last_seq, last_hash FROM audit_heads WHERE scope = $1")
-                .bind(scope.as_str())
-                .fetch_optional(self.pool())
-                .await
-                .store_err()?;
-        head.map(|(seq, hash)| {
-            let hash = Digest256::from_hex(&hash).map_err(|_| corrupt("audit head hash"))?;
-            Ok(AuditHead { seq, hash })
-        })
-        .transpose()
+    async fn audit_heads(&self, scope: &Scope) -> StoreResult<Vec<AuditHead>> {
+        let heads: Vec<(i16, i64, String)> = sqlx::query_as(
+            "SELECT chain, last_seq, last_hash FROM audit_heads WHERE scope = $1 ORDER BY chain",
+        )
+        .bind(scope.as_str())
+        .fetch_all(self.pool())
+        .await
+        .store_err()?;
+        heads
+            .into_iter()
+            .map(|(chain, seq, hash)| {
+                let chain = AuditChain(u16::try_from(chain).map_err(|_| corrupt("audit chain"))?);
+                let hash = Digest256::from_hex(&hash).map_err(|_| corrupt("audit head hash"))?;
+                Ok(AuditHead { chain, seq, hash })
+            })
+            .collect()
     }
 }

@@ -14,8 +14,9 @@
 //!    root receipts come with it; `reconcile_roots` skips locked roots instead of waiting);
 //! 3. the consumer's session spend row, then its day spend row (upserted and locked in one
 //!    statement each, so they exist before they are locked);
-//! 4. last, the scope's audit head (`audit_heads`), which serializes a scope's audit appends and
-//!    makes its `seq` gapless. A transaction holding a head waits for nothing but its commit.
+//! 4. last, the head of the audit chain the event goes to (`audit_heads`: 16 per scope, chosen
+//!    by execution id), which serializes that chain's appends and makes its `seq` gapless. A
+//!    transaction holding a head waits for nothing but its commit.
 //!
 //! SQL is fixed text with bound parameters (never formatted values), checked at run time, so
 //! building never needs a database. Migrations are embedded from the workspace's

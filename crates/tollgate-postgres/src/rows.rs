@@ -60,7 +60,7 @@ pub(crate) use settlement_columns;
 /// Columns of `audit_log`.
 macro_rules! audit_columns {
     () => {
-        "scope, seq, execution_id, kind, detail, at, prev_hash, hash"
+        "scope, chain, seq, execution_id, kind, detail, at, prev_hash, hash"
     };
 }
 pub(crate) use audit_columns;
@@ -344,6 +344,7 @@ impl SettlementRow {
 #[derive(sqlx::FromRow)]
 pub(crate) struct AuditDbRow {
     scope: String,
+    chain: i16,
     seq: i64,
     execution_id: Option<Uuid>,
     kind: String,
@@ -357,6 +358,7 @@ impl AuditDbRow {
     /// The record.
     pub(crate) fn into_record(self) -> StoreResult<AuditRow> {
         Ok(AuditRow {
+            chain: AuditChain(u16::try_from(self.chain).map_err(|_| corrupt("chain"))?),
             seq: self.seq,
             event: AuditEvent {
                 scope: id(self.scope, "scope", Scope::parse)?,

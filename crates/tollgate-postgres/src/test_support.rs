@@ -385,30 +385,36 @@ impl TestDatabase {
         .store_err()
     }
 
-    /// Damage: removes the last audit row of `scope` with the append-only triggers disabled, as
-    /// the tables' owner could.
+    /// Damage: removes the last audit row of `scope` (the latest chain tail appended)
+    /// with the append-only triggers disabled, as the tables' owner could.
     ///
     /// # Errors
     /// The database cannot be written.
-    pub async fn delete_last_audit_row(&self, scope: &str) -> Result<(), StoreError> {
+    /// Returns the chain and seq of the row removed.
+    pub async fn delete_last_audit_row(&self, scope: &str) -> Result<(u16, i64), StoreError> {
         let mut tx = self.connection().await?;
         let mut tx = tx.begin().await.store_err()?;
         sqlx::query("ALTER TABLE audit_log DISABLE TRIGGER USER")
             .execute(&mut *tx)
             .await
             .store_err()?;
-        sqlx::query(
-            "DELETE FROM audit_log WHERE scope = $1 \
-             AND seq = (SELECT max(seq) FROM audit_log WHERE scope = $1)",
+        let (chain, seq): (i16, i64) = sqlx::query_as(
+            "DELETE FROM audit_log WHERE (scope, chain, seq) = \
+             (SELECT l.scope, l.chain, l.seq FROM audit_log l JOIN audit_heads h \
+              ON h.scope = l.scope AND h.chain = l.chain AND h.last_seq = l.seq \
+              WHERE l.scope = $1 ORDER BY l.at DESC, l.chain DESC LIMIT 1) \
+             RETURNING chain, seq",
         )
         .bind(scope)
-        .execute(&mut *tx)
+        .fetch_one(&mut *tx)
         .await
         .store_err()?;
         sqlx::query("ALTER TABLE audit_log ENABLE TRIGGER USER")
             .execute(&mut *tx)
             .await
             .store_err()?;
-        tx.commit().await.store_err()
+        tx.commit().await.store_err()?;
+        let chain = u16::try_from(chain).map_err(|_| StoreError::Corrupt("audit chain".into()))?;
+        Ok((chain, seq))
     }
 }

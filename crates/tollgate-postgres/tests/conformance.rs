@@ -179,9 +179,14 @@ async fn audit_log_rejects_update_and_delete() {
         let e = sqlx::query(sql).execute(s.pool()).await.unwrap_err();
         assert_eq!(sqlstate(&e).as_deref(), Some("P0001"), "{sql}");
     }
-    let rows = tollgate_store::AuditLog::audit_rows(&*s, &scope("a"), 0, 100)
-        .await
-        .unwrap();
+    let rows = tollgate_store::AuditLog::audit_rows(
+        &*s,
+        &scope("a"),
+        tollgate_store::rows::AuditPosition::START,
+        100,
+    )
+    .await
+    .unwrap();
     assert_eq!(rows.len(), 3);
     tollgate_store::audit::verify_chain(&rows).unwrap();
 }

@@ -503,8 +503,8 @@ fault_wrapper! {
     }
     impl AuditLog via stores {
         write AppendAudit = fn append_audit(event: AuditEvent) -> AuditRow;
-        read AuditRows = fn audit_rows(scope: &Scope, after_seq: i64, limit: u32) -> Vec<AuditRow>;
-        read AuditHeadOf = fn audit_head(scope: &Scope) -> Option<AuditHead>;
+        read AuditRows = fn audit_rows(scope: &Scope, after: AuditPosition, limit: u32) -> Vec<AuditRow>;
+        read AuditHeadsOf = fn audit_heads(scope: &Scope) -> Vec<AuditHead>;
     }
     impl RootStore via roots {
         write OpenRoot = fn open_root(request: OpenRootRequest) -> RootOpen;

@@ -260,22 +260,24 @@ pub trait AuditLog: Send + Sync {
     /// Store failure.
     async fn append_audit(&self, event: AuditEvent) -> StoreResult<AuditRow>;
 
-    /// A scope's rows in chain order, from `after_seq` (exclusive), at most `limit`.
+    /// A scope's rows by chain, then seq within the chain, after `after` (exclusive), at most
+    /// `limit`. The next page starts after the last row's [`AuditRow::position`].
     ///
     /// # Errors
     /// Store failure.
     async fn audit_rows(
         &self,
         scope: &Scope,
-        after_seq: i64,
+        after: AuditPosition,
         limit: u32,
     ) -> StoreResult<Vec<AuditRow>>;
 
-    /// The head of a scope's chain, kept apart from the rows; `None` before the first append.
+    /// The heads of a scope's chains, kept apart from the rows, by chain: empty before the
+    /// scope's first append, then one per chain (all created with the first append).
     ///
     /// # Errors
     /// Store failure.
-    async fn audit_head(&self, scope: &Scope) -> StoreResult<Option<AuditHead>>;
+    async fn audit_heads(&self, scope: &Scope) -> StoreResult<Vec<AuditHead>>;
 }
 
 /// Everything a runner needs.

@@ -15,8 +15,8 @@ use tollgate_runner::{views, SystemClock};
 use tollgate_store::audit::{ChainBroken, ChainVerifier};
 use tollgate_store::ledger::{ledger_limit, LedgerReport};
 use tollgate_store::{
-    AllStores, AuditHead, AuditLog, ExecutionStore, LedgerAudit, ResultStore, SettlementStore,
-    UsageInbox,
+    AllStores, AuditChain, AuditHead, AuditLog, AuditPosition, ExecutionStore, LedgerAudit,
+    ResultStore, SettlementStore, UsageInbox,
 };
 
 /// Audit rows read per page when verifying or inspecting.
@@ -109,16 +109,22 @@ pub async fn inspect(scope_: &str, key_: &str, with_content: bool) -> Result<(),
     let settlement = stores.settlement(record.id).await?;
     let evidence = stores.evidence_for(record.id).await?;
     let result = stores.result(record.id).await?;
+    // Every row of the execution is in its one chain.
+    let chain = AuditChain::of_execution(record.id);
     let mut trail = Vec::new();
-    let mut after = 0;
+    let mut after = AuditPosition { chain, seq: 0 };
     loop {
         let page = stores.audit_rows(&scope, after, AUDIT_PAGE_ROWS).await?;
         let Some(last) = page.last() else { break };
-        after = last.seq;
+        after = last.position();
+        let past = last.chain != chain;
         trail.extend(
             page.into_iter()
-                .filter(|r| r.event.execution_id == Some(record.id)),
+                .filter(|r| r.chain == chain && r.event.execution_id == Some(record.id)),
         );
+        if past {
+            break;
+        }
     }
     print::json(&json!({
         "view": view,
@@ -135,9 +141,9 @@ pub async fn inspect(scope_: &str, key_: &str, with_content: bool) -> Result<(),
 pub async fn audit_verify(scope_: &str) -> Result<(), CommandError> {
     let scope = scope(scope_)?;
     let stores = stores().await?;
-    // The head first: rows appended while the walk runs are past it and not read.
-    let head = stores.audit_head(&scope).await?;
-    let checked = walk_chain(stores.as_ref(), &scope, head).await?;
+    // The heads first: rows appended while the walk runs are past them and not read.
+    let heads = stores.audit_heads(&scope).await?;
+    let checked = walk_chain(stores.as_ref(), &scope, &heads).await?;
     match checked {
         Ok(rows) => {
             print::json(&json!({"scope": scope, "rows": rows, "ok": true}));
@@ -145,34 +151,43 @@ pub async fn audit_verify(scope_: &str) -> Result<(), CommandError> {
         }
         Err(broken) => {
             print::json(
-                &json!({"scope": scope, "ok": false, "seq": broken.seq, "reason": broken.reason}),
+                &json!({"scope": scope, "ok": false, "chain": broken.chain, "seq": broken.seq, "reason": broken.reason}),
             );
             Err(CommandError::CheckFailed(broken.to_string()))
         }
     }
 }
 
-/// Verifies the chain up to `head` page by page (bounded memory), then against the head.
+/// Verifies each chain up to its head page by page (bounded memory), then against the heads.
 async fn walk_chain(
     stores: &PgStores,
     scope: &Scope,
-    head: Option<AuditHead>,
+    heads: &[AuditHead],
 ) -> Result<Result<i64, ChainBroken>, CommandError> {
-    let end = head.map_or(0, |h| h.seq);
+    let end = |chain: AuditChain| {
+        heads
+            .iter()
+            .find(|h| h.chain == chain)
+            .map_or(i64::MAX, |h| h.seq)
+    };
     let mut verifier = ChainVerifier::default();
-    let mut after = 0;
-    while after < end {
+    let mut after = AuditPosition::START;
+    loop {
         let page = stores.audit_rows(scope, after, AUDIT_PAGE_ROWS).await?;
         let Some(last) = page.last() else { break };
-        after = last.seq;
-        for row in page.iter().filter(|r| r.seq <= end) {
+        after = last.position();
+        for row in page.iter().filter(|r| r.seq <= end(r.chain)) {
             if let Err(broken) = verifier.push(row) {
                 return Ok(Err(broken));
             }
         }
+        if after.seq >= end(after.chain) {
+            // The rest of this chain was appended after the heads were read.
+            after.seq = i64::MAX;
+        }
     }
     let rows = verifier.rows();
-    Ok(verifier.finish(head).map(|()| rows))
+    Ok(verifier.finish(heads).map(|()| rows))
 }
 
 /// `tollgate audit ledger [--scope S] [--limit N]`: the ledger audit (spec/storage.md — Ledger

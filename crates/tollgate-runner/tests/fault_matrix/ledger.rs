@@ -259,7 +259,10 @@ pub async fn violations(stores: &dyn AllStores, scope: &Scope, roots: &[RootKey]
             }
         }
     }
-    let audit = stores.audit_rows(scope, 0, PAGE).await.unwrap();
+    let audit = stores
+        .audit_rows(scope, tollgate_store::AuditPosition::START, PAGE)
+        .await
+        .unwrap();
     if let Err(broken) = verify_chain(&audit) {
         out.push(format!("the audit chain does not verify: {broken:?}"));
     }

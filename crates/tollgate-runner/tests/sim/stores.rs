@@ -305,13 +305,13 @@ impl AuditLog for SimStores {
     async fn audit_rows(
         &self,
         scope: &Scope,
-        after_seq: i64,
+        after: AuditPosition,
         limit: u32,
     ) -> StoreResult<Vec<AuditRow>> {
-        read!(self, self.inner().audit_rows(scope, after_seq, limit))
+        read!(self, self.inner().audit_rows(scope, after, limit))
     }
-    async fn audit_head(&self, scope: &Scope) -> StoreResult<Option<AuditHead>> {
-        read!(self, self.inner().audit_head(scope))
+    async fn audit_heads(&self, scope: &Scope) -> StoreResult<Vec<AuditHead>> {
+        read!(self, self.inner().audit_heads(scope))
     }
 }
 

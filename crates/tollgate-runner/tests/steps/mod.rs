@@ -211,7 +211,10 @@ pub async fn st_5_root_slot_and_claim_precede_loading(h: H) {
             .unwrap()
             .unwrap();
         assert_eq!(row.root_key, Some(rk("turn-1")));
-        let audit = stores.audit_rows(&scope("acme"), 0, 100).await.unwrap();
+        let audit = stores
+            .audit_rows(&scope("acme"), tollgate_store::AuditPosition::START, 100)
+            .await
+            .unwrap();
         assert!(
             audit.iter().any(|r| r.event.kind == "claimed"),
             "audit before load"

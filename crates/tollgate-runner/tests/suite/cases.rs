@@ -1028,8 +1028,13 @@ pub async fn sc_52_only_governed_settlement_writes_finance_rows(h: Harness) {
         1,
         "replays, cut streams, not-dispatched and blocked calls write none"
     );
-    let audit = serde_json::to_string(&h.stores.audit_rows(&scope("acme"), 0, 1000).await.unwrap())
-        .unwrap();
+    let audit = serde_json::to_string(
+        &h.stores
+            .audit_rows(&scope("acme"), tollgate_store::AuditPosition::START, 1000)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
     for legacy in ["run_id", "turn_id", "attempt_id", "call_id"] {
         assert!(!audit.contains(legacy));
     }

@@ -74,7 +74,9 @@ async fn evidence(h: &Harness, r: &ExecutionRecord, u: Usage, exact: bool) -> Ev
 async fn audit(h: &Harness) -> Vec<AuditRow> {
     let mut rows = Vec::new();
     loop {
-        let after = rows.last().map_or(0, |r: &AuditRow| r.seq);
+        let after = rows
+            .last()
+            .map_or(tollgate_store::AuditPosition::START, AuditRow::position);
         let page = h.stores.audit_rows(&acme(), after, 500).await.unwrap();
         if page.is_empty() {
             return rows;

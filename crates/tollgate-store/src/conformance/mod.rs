@@ -5,7 +5,7 @@
 //! very same suite.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use crate::audit::verify_chain;
+use crate::audit::{verify_chain, ChainVerifier};
 use crate::error::StoreError;
 use crate::rows::*;
 use crate::traits::*;
@@ -43,6 +43,7 @@ macro_rules! store_conformance {
             sc_71_sc_73_retention_and_erasure_are_final,
             sc_42_inbox_pages_by_seq_and_acknowledges_once,
             audit_chain_verifies_and_never_holds_content,
+            sc_98_audit_chains_page_and_end_at_their_heads,
             settlements_by_day,
             sc_10_scopes_are_isolated,
             no_overspend_under_concurrent_claims,
@@ -334,7 +335,10 @@ pub async fn sc_94_reconciliation_required_keeps_its_reason_and_hold<S: Stores>(
         rr.reconciliation_reason,
         Some(ReconciliationReason::NoExactUsage)
     );
-    let trail = s.audit_rows(&scope("a"), 0, 100).await.unwrap();
+    let trail = s
+        .audit_rows(&scope("a"), AuditPosition::START, 100)
+        .await
+        .unwrap();
     let marked = trail
         .iter()
         .find(|row| row.event.kind == "reconciliation_required")
@@ -443,7 +447,7 @@ pub async fn sc_71_sc_73_retention_and_erasure_are_final<S: Stores>(s: Arc<S>) {
     assert!(res.output.is_none() && res.erased_at.is_some());
     assert_eq!(res.outcome, Outcome::Success, "history keeps its outcome");
     let erased = s
-        .audit_rows(&scope("a"), 0, 100)
+        .audit_rows(&scope("a"), AuditPosition::START, 100)
         .await
         .unwrap()
         .into_iter()
@@ -522,22 +526,95 @@ pub async fn audit_chain_verifies_and_never_holds_content<S: Stores>(s: Arc<S>) 
     })
     .await
     .unwrap();
-    let rows = s.audit_rows(&scope("a"), 0, 100).await.unwrap();
-    let kinds: Vec<_> = rows.iter().map(|r| r.event.kind.as_str()).collect();
-    assert_eq!(kinds, ["claimed", "dispatched", "settled", "replayed"]);
+    let rows = s
+        .audit_rows(&scope("a"), AuditPosition::START, 100)
+        .await
+        .unwrap();
+    let kinds: Vec<_> = rows
+        .iter()
+        .filter(|row| row.event.execution_id == Some(r.id))
+        .map(|r| r.event.kind.as_str())
+        .collect();
+    assert_eq!(kinds, ["claimed", "dispatched", "settled"]);
+    assert!(rows.iter().any(|r| r.event.kind == "replayed"));
+    assert!(
+        rows.windows(2).all(|w| w[0].position() < w[1].position()),
+        "listed by chain, then seq"
+    );
     verify_chain(&rows).unwrap();
+    let mut verifier = ChainVerifier::default();
+    rows.iter().for_each(|row| verifier.push(row).unwrap());
+    verifier
+        .finish(&s.audit_heads(&scope("a")).await.unwrap())
+        .unwrap();
     let text = serde_json::to_string(&rows).unwrap();
     assert!(!text.contains("TOP-SECRET-OUTPUT"));
     assert!(!text.contains("Be brief."), "system prompt never audited");
+    let dispatched_at = rows
+        .iter()
+        .position(|r| r.event.kind == "dispatched")
+        .unwrap();
     let mut tampered = rows.clone();
-    tampered[1].event.kind = "settled".into();
-    assert_eq!(verify_chain(&tampered).unwrap_err().seq, 2);
-    assert_eq!(s.audit_rows(&scope("a"), 2, 100).await.unwrap().len(), 2);
+    tampered[dispatched_at].event.kind = "settled".into();
+    assert_eq!(
+        verify_chain(&tampered).unwrap_err().seq,
+        rows[dispatched_at].seq
+    );
+    let first = rows[dispatched_at - 1].position();
+    assert_eq!(
+        s.audit_rows(&scope("a"), first, 100).await.unwrap(),
+        rows[dispatched_at..].to_vec()
+    );
     assert!(s
-        .audit_rows(&scope("zzz"), 0, 100)
+        .audit_rows(&scope("zzz"), AuditPosition::START, 100)
         .await
         .unwrap()
         .is_empty());
+}
+
+pub async fn sc_98_audit_chains_page_and_end_at_their_heads<S: Stores>(s: Arc<S>) {
+    assert!(s.audit_heads(&scope("a")).await.unwrap().is_empty());
+    let mut ids = Vec::new();
+    for n in 0..48 {
+        let r = dispatched(&*s, claim_req("a", &format!("k{n}"), text_config(), "0.01")).await;
+        ids.push(r.id);
+    }
+    let heads = s.audit_heads(&scope("a")).await.unwrap();
+    assert_eq!(
+        heads.iter().map(|h| h.chain).collect::<Vec<_>>(),
+        AuditChain::all().collect::<Vec<_>>(),
+        "every chain's head exists once the scope has a row"
+    );
+    assert!(
+        heads.iter().filter(|h| h.seq > 0).count() > 1,
+        "executions spread over several chains"
+    );
+    // Page by page, small pages, bounded memory.
+    let mut verifier = ChainVerifier::default();
+    let mut after = AuditPosition::START;
+    let mut listed = Vec::new();
+    loop {
+        let page = s.audit_rows(&scope("a"), after, 7).await.unwrap();
+        let Some(last) = page.last() else { break };
+        after = last.position();
+        for row in &page {
+            verifier.push(row).unwrap();
+            listed.push(row.clone());
+        }
+    }
+    assert_eq!(listed.len(), 96, "claimed + dispatched for each");
+    verifier.finish(&heads).unwrap();
+    for id in ids {
+        let own: Vec<&AuditRow> = listed
+            .iter()
+            .filter(|r| r.event.execution_id == Some(id))
+            .collect();
+        assert_eq!(own.len(), 2);
+        assert_eq!(own[0].chain, own[1].chain, "one execution, one chain");
+        assert_eq!(own[0].seq + 1, own[1].seq);
+    }
+    let sum: i64 = heads.iter().map(|h| h.seq).sum();
+    assert_eq!(sum, 96);
 }
 
 pub async fn settlements_by_day<S: Stores>(s: Arc<S>) {

@@ -8,7 +8,7 @@ use crate::rules;
 use crate::traits::*;
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
 use tollgate_core::caps::SpendTotals;
 use tollgate_core::digest::Digest256;
@@ -25,7 +25,7 @@ struct Tables {
     settlement_by_execution: HashMap<ExecutionId, usize>,
     session_spend: HashMap<(Scope, ConsumerId, SessionId), SpendTotals>,
     daily_spend: HashMap<(Scope, ConsumerId, NaiveDate), SpendTotals>,
-    audit: HashMap<Scope, Vec<AuditRow>>,
+    audit: HashMap<Scope, BTreeMap<AuditChain, Vec<AuditRow>>>,
     roots: HashMap<(Scope, RootKey), RootRecord>,
     root_receipts: HashMap<ExecutionId, RootReceipt>,
     api_keys: HashMap<KeyDigest, ApiKeyRecord>,
@@ -74,17 +74,24 @@ impl Tables {
     fn append(&mut self, event: AuditEvent) -> AuditRow {
         let mut event = event;
         event.at = audit_time(event.at);
-        let chain = self.audit.entry(event.scope.clone()).or_default();
-        let prev = chain.last().map(|r| r.hash).unwrap_or(Digest256([0; 32]));
-        let seq = chain.len() as i64 + 1;
-        let hash = row_hash(&prev, seq, &event);
+        let chain = event.chain();
+        let rows = self
+            .audit
+            .entry(event.scope.clone())
+            .or_insert_with(|| AuditChain::all().map(|c| (c, Vec::new())).collect())
+            .entry(chain)
+            .or_default();
+        let prev = rows.last().map(|r| r.hash).unwrap_or(Digest256([0; 32]));
+        let seq = rows.len() as i64 + 1;
+        let hash = row_hash(chain, &prev, seq, &event);
         let row = AuditRow {
+            chain,
             seq,
             event,
             prev_hash: prev,
             hash,
         };
-        chain.push(row.clone());
+        rows.push(row.clone());
         row
     }
 
@@ -597,16 +604,18 @@ impl AuditLog for MemoryStores {
     async fn audit_rows(
         &self,
         scope: &Scope,
-        after_seq: i64,
+        after: AuditPosition,
         limit: u32,
     ) -> StoreResult<Vec<AuditRow>> {
         Ok(self
             .lock()?
             .audit
             .get(scope)
-            .map(|rows| {
-                rows.iter()
-                    .filter(|r| r.seq > after_seq)
+            .map(|chains| {
+                chains
+                    .range(after.chain..)
+                    .flat_map(|(_, rows)| rows.iter())
+                    .filter(|r| r.position() > after)
                     .take(limit as usize)
                     .cloned()
                     .collect()
@@ -614,16 +623,22 @@ impl AuditLog for MemoryStores {
             .unwrap_or_default())
     }
 
-    async fn audit_head(&self, scope: &Scope) -> StoreResult<Option<AuditHead>> {
+    async fn audit_heads(&self, scope: &Scope) -> StoreResult<Vec<AuditHead>> {
         Ok(self
             .lock()?
             .audit
             .get(scope)
-            .and_then(|rows| rows.last())
-            .map(|last| AuditHead {
-                seq: last.seq,
-                hash: last.hash,
-            }))
+            .map(|chains| {
+                chains
+                    .iter()
+                    .map(|(chain, rows)| AuditHead {
+                        chain: *chain,
+                        seq: rows.last().map_or(0, |r| r.seq),
+                        hash: rows.last().map_or(Digest256([0; 32]), |r| r.hash),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default())
     }
 }
 
