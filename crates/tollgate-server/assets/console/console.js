@@ -21,7 +21,7 @@
       else if (name.startsWith("data-")) node.setAttribute(name, String(value));
       else node.setAttribute(name, value === true ? "" : String(value));
     }
-    for (const child of children.flat()) {
+    for (const child of children.flat(Infinity)) {
       if (child === null || child === undefined) continue;
       node.append(child instanceof Node ? child : String(child));
     }
@@ -208,7 +208,9 @@
             const view = await postJson("/v1/admin/executions/" + item.execution_id + "/resolve", { usage: stated });
             out.replaceChildren(el("p", { id: "resolved", class: "status-ok" },
               "Resolved: " + view.state + ", charged " + view.receipt.amount + " " + view.receipt.currency));
-            setTimeout(render, 800);
+            const row = document.querySelector("tr[data-operation-key=\"" + CSS.escape(item.operation_key) + "\"]");
+            if (row) row.remove();
+            form.remove();
           } catch (error) {
             showError(error.message);
             confirm.disabled = false;
