@@ -450,6 +450,34 @@ async fn sc_153_sc_154_sc_155_sc_158_sc_159_the_console_in_a_real_browser() {
     assert!(denied.contains("may not open"), "{denied}");
     client.close().await.unwrap();
 
+    // SC-153, SC-151: a caller key reads nothing; each role is refused the other's pages.
+    let reads = [
+        "/v1/console/session",
+        "/v1/console/overview",
+        "/v1/console/backlog",
+        "/v1/console/executions/order-0",
+        "/v1/console/audit",
+        "/v1/console/finance",
+        "/v1/console/finance/settlements.csv",
+    ];
+    for path in reads {
+        let (status, _, _) = s.get(path, &s.caller).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}");
+    }
+    for (path, key) in [
+        ("/v1/console/finance", &operator),
+        ("/v1/console/finance/settlements.csv", &operator),
+        ("/v1/console/backlog", &finance),
+        ("/v1/console/audit", &finance),
+    ] {
+        let (status, _, _) = s.get(path, key).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}");
+    }
+    // SC-150: the page is served under the strict policy.
+    let page = s.http.get(format!("{base}/console")).send().await.unwrap();
+    let policy = page.headers()["content-security-policy"].to_str().unwrap();
+    assert!(policy.contains("script-src 'self'") && !policy.contains("unsafe"));
+
     // SC-159: the canary is on no page, asset or console read.
     for path in [
         "/console",

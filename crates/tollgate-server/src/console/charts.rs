@@ -78,6 +78,7 @@ pub fn calls_per_minute(series: &[Series<u64>], minutes: u32) -> Result<String, 
         if !series.is_empty() {
             chart
                 .configure_series_labels()
+                .position(SeriesLabelPosition::UpperLeft)
                 .background_style(WHITE.mix(0.9))
                 .border_style(BLACK)
                 .draw()
@@ -173,6 +174,7 @@ pub fn settlements_by_day(
         if !series.is_empty() {
             chart
                 .configure_series_labels()
+                .position(SeriesLabelPosition::UpperLeft)
                 .background_style(WHITE.mix(0.9))
                 .border_style(BLACK)
                 .draw()
