@@ -515,3 +515,48 @@ fn tempdir() -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+#[tokio::test]
+async fn sc_154_a_quote_writes_nothing_and_needs_an_execution_awaiting_an_operator() {
+    let s = Server::memory().await;
+    let operator = key(&s, KeyRole::Operator).await;
+    let (_, done, _) = s
+        .post(
+            "/v1/calls",
+            &s.caller,
+            &call("summarize", "o-done", "r", "hi"),
+        )
+        .await;
+    let (_, cut, _) = s
+        .post("/v1/calls", &s.caller, &call("cut", "o-cut", "r", "hi"))
+        .await;
+    assert_eq!(cut["state"], "reconciliation_required");
+    let usage = json!({"usage": {"input": 1000, "output": 500}});
+    let path = |id: &Value| format!("/v1/console/backlog/{}/quote", id.as_str().unwrap());
+
+    let (status, quote, _) = s.post(&path(&cut["execution_id"]), &operator, &usage).await;
+    assert_eq!(status, StatusCode::OK, "{quote}");
+    assert_eq!(quote["amount"], "0.002");
+    assert_eq!(quote["price_version"], "prices-t");
+    let (_, again, _) = s.post(&path(&cut["execution_id"]), &operator, &usage).await;
+    assert_eq!(again, quote, "quoting twice charges nothing");
+    let (_, view, _) = s.get("/v1/calls/o-cut", &s.caller).await;
+    assert_eq!(view["state"], "reconciliation_required");
+    let (_, backlog, _) = s.get("/v1/console/backlog", &operator).await;
+    assert_eq!(backlog["items"].as_array().unwrap().len(), 1);
+
+    let (status, _, _) = s
+        .post(&path(&done["execution_id"]), &operator, &usage)
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let bad = json!({"usage": {"input": -1}});
+    let (status, _, _) = s.post(&path(&cut["execution_id"]), &operator, &bad).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _, _) = s
+        .post("/v1/console/backlog/not-a-uuid/quote", &operator, &usage)
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let (status, _, _) = s.post(&path(&cut["execution_id"]), &s.caller, &usage).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    s.stop().await;
+}
