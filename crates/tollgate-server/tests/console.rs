@@ -560,3 +560,39 @@ async fn sc_154_a_quote_writes_nothing_and_needs_an_execution_awaiting_an_operat
     assert_eq!(status, StatusCode::FORBIDDEN);
     s.stop().await;
 }
+
+#[tokio::test]
+async fn console_audit_page_names_the_first_violation_of_chain_and_ledger() {
+    let db = TestDatabase::create(&admin_url()).await.unwrap();
+    let stores = db.stores(4).await.unwrap();
+    stores.migrate().await.unwrap();
+    let s = Server::start(Backend::Postgres(Arc::new(stores))).await;
+    let operator = key(&s, KeyRole::Operator).await;
+    for n in 0..2 {
+        let body = call("summarize", &format!("a-{n}"), "r", "hi");
+        let (status, _, _) = s.post("/v1/calls", &s.caller, &body).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let (status, clean, _) = s.get("/v1/console/audit", &operator).await;
+    assert_eq!(status, StatusCode::OK, "{clean}");
+    assert_eq!(clean["chain"]["ok"], true);
+    assert_eq!(clean["chain"]["rows_verified"], clean["chain"]["head_seq"]);
+    assert_eq!(clean["ledger"]["ok"], true);
+
+    db.delete_last_audit_row("acme").await.unwrap();
+    db.shift_session_spend("team-a", "0.5").await.unwrap();
+    let (status, broken, _) = s.get("/v1/console/audit", &operator).await;
+    assert_eq!(status, StatusCode::OK, "{broken}");
+    assert_eq!(broken["chain"]["ok"], false);
+    let head = clean["chain"]["head_seq"].as_i64().unwrap();
+    assert_eq!(broken["chain"]["first_violation"]["seq"], head);
+    assert_eq!(broken["ledger"]["ok"], false);
+    assert!(!broken["ledger"]["violations"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    let (_, overview, _) = s.get("/v1/console/overview", &operator).await;
+    assert_eq!(overview["ledger"]["ok"], false);
+    assert!(overview["ledger"]["first_violation"].is_string());
+    s.stop().await;
+}
