@@ -190,6 +190,18 @@ async fn loaded_urls(client: &Client) -> Vec<String> {
     serde_json::from_value(names).unwrap()
 }
 
+/// No load of the current document was blocked by the Content-Security-Policy.
+async fn assert_no_policy_violation(client: &Client) {
+    let count = client
+        .execute(
+            "return document.body.getAttribute('data-csp-violations');",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(count, Value::Null, "the policy blocked {count} loads");
+}
+
 fn assert_same_origin(urls: &[String], base: &str) {
     assert!(!urls.is_empty());
     for url in urls {
@@ -394,6 +406,7 @@ async fn sc_153_sc_154_sc_155_sc_158_sc_159_the_console_in_a_real_browser() {
     screenshot(&client, "audit").await;
     sources.push(client.source().await.unwrap());
     assert_same_origin(&loaded_urls(&client).await, &base);
+    assert_no_policy_violation(&client).await;
     // The operator may not open the finance page.
     client
         .execute("location.hash = '#finance';", vec![])
@@ -406,6 +419,7 @@ async fn sc_153_sc_154_sc_155_sc_158_sc_159_the_console_in_a_real_browser() {
     sign_in(&client, &base, &finance).await;
     wait_page(&client, "overview").await;
     assert_same_origin(&loaded_urls(&client).await, &base);
+    assert_no_policy_violation(&client).await;
     open_page(&client, "finance").await;
     screenshot(&client, "finance").await;
     let bars = client
@@ -441,6 +455,7 @@ async fn sc_153_sc_154_sc_155_sc_158_sc_159_the_console_in_a_real_browser() {
     assert_eq!(csv_rows(&csv), view, "{csv}");
     assert!(csv.starts_with(tollgate_server::console::csv::HEADER));
     assert_same_origin(&loaded_urls(&client).await, &base);
+    assert_no_policy_violation(&client).await;
     // Reaching an operator page by address shows nothing of it.
     client
         .execute("location.hash = '#backlog';", vec![])

@@ -413,6 +413,12 @@
   }
 
   function start() {
+    // Counted so that a test (or a person with the inspector open) sees any blocked load.
+    let violations = 0;
+    document.addEventListener("securitypolicyviolation", () => {
+      violations += 1;
+      document.body.setAttribute("data-csp-violations", String(violations));
+    });
     $("key-form").addEventListener("submit", (event) => {
       event.preventDefault();
       const key = $("key").value.trim();
