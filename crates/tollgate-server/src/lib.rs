@@ -10,6 +10,7 @@ pub mod app;
 pub mod auth;
 pub mod backend;
 pub mod config;
+pub mod console;
 pub mod embedded;
 pub mod error;
 pub mod handlers;

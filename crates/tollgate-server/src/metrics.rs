@@ -120,6 +120,23 @@ pub struct PassCounts {
     pub ledger_violations: u64,
 }
 
+/// The scheduler's health, read from the counters (see [`Metrics::scheduler_health`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SchedulerHealth {
+    /// Passes run by this process.
+    pub passes: u64,
+    /// Failed tasks over those passes.
+    pub failed_tasks: u64,
+    /// End of the last pass; `None` before the first.
+    pub last_pass_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Duration of the last pass, in milliseconds.
+    pub last_pass_ms: u64,
+    /// Scheduled ledger audits run.
+    pub ledger_audit_runs: u64,
+    /// Violations found by the last scheduled ledger audit.
+    pub ledger_violations_last: u64,
+}
+
 /// The service's metrics.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -218,6 +235,24 @@ impl Metrics {
             self.ledger_audit_runs.fetch_add(1, Ordering::Relaxed);
             self.ledger_violations
                 .store(counts.ledger_violations, Ordering::Relaxed);
+        }
+    }
+
+    /// The scheduler's health as the console shows it: passes, failed tasks, the last pass and
+    /// the last scheduled ledger audit (this process's counters).
+    pub fn scheduler_health(&self) -> SchedulerHealth {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let last = load(&self.last_pass_unix_secs);
+        SchedulerHealth {
+            passes: load(&self.passes),
+            failed_tasks: load(&self.pass_errors),
+            last_pass_at: (last > 0)
+                .then(|| i64::try_from(last).ok())
+                .flatten()
+                .and_then(|secs| chrono::DateTime::from_timestamp(secs, 0)),
+            last_pass_ms: load(&self.last_pass_ms),
+            ledger_audit_runs: load(&self.ledger_audit_runs),
+            ledger_violations_last: load(&self.ledger_violations),
         }
     }
 

@@ -1,6 +1,7 @@
 //! The routes table (spec/service.md — Routes): nothing but paths, methods and handlers.
 
 use crate::app::App;
+use crate::console::handlers as c;
 use crate::handlers as h;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
@@ -34,6 +35,17 @@ pub fn router(app: App) -> Router {
             post(h::resolve),
         )
         .route("/v1/admin/audit/ledger", get(h::audit_ledger))
+        .route("/console", get(c::index))
+        .route("/console/assets/console.js", get(c::script))
+        .route("/console/assets/console.css", get(c::stylesheet))
+        .route("/v1/console/session", get(c::whoami))
+        .route("/v1/console/overview", get(c::overview))
+        .route("/v1/console/backlog", get(c::backlog))
+        .route("/v1/console/backlog/{execution_id}/quote", post(c::quote))
+        .route("/v1/console/executions/{operation_key}", get(c::execution))
+        .route("/v1/console/finance", get(c::finance))
+        .route("/v1/console/finance/settlements.csv", get(c::finance_csv))
+        .route("/v1/console/audit", get(c::audit))
         .route("/healthz", get(h::healthz))
         .route("/readyz", get(h::readyz))
         .route("/metrics", get(h::metrics))

@@ -1,0 +1,443 @@
+// The tollgate console: keeps the pasted key in sessionStorage (this tab only), sends it as a
+// bearer token to the console's reads under /v1/console/, and builds every element with the DOM
+// API (text is always set as text, never parsed as markup). Charts arrive as SVG drawn on the
+// server and are parsed as SVG documents.
+"use strict";
+
+(function () {
+  const KEY = "tollgate.console.key";
+  const $ = (id) => document.getElementById(id);
+  const TITLES = {
+    overview: "Overview", backlog: "Backlog", execution: "Execution",
+    finance: "Finance", audit: "Audit",
+  };
+  let session = null;
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (name === "class") node.className = value;
+      else if (name.startsWith("data-")) node.setAttribute(name, String(value));
+      else node.setAttribute(name, value === true ? "" : String(value));
+    }
+    for (const child of children.flat(Infinity)) {
+      if (child === null || child === undefined) continue;
+      node.append(child instanceof Node ? child : String(child));
+    }
+    return node;
+  }
+
+  function text(value) {
+    if (value === null || value === undefined || value === "") return "—";
+    return String(value);
+  }
+
+  function table(headers, rows, attrs) {
+    const head = el("tr", {}, headers.map((h) => el("th", { class: h.num ? "num" : null }, h.label || h)));
+    return el("table", attrs || {}, el("thead", {}, head), el("tbody", {}, rows));
+  }
+
+  function kv(pairs) {
+    return el("table", { class: "kv" }, el("tbody", {}, pairs.map(([k, v]) =>
+      el("tr", {}, el("th", {}, k), el("td", {}, v instanceof Node ? v : text(v))))));
+  }
+
+  function card(title, ...children) {
+    return el("section", { class: "card" }, el("h2", {}, title), children);
+  }
+
+  function svg(source) {
+    const doc = new DOMParser().parseFromString(source, "image/svg+xml");
+    const root = doc.documentElement;
+    if (!root || root.nodeName !== "svg") return el("p", {}, "chart unavailable");
+    root.querySelectorAll("script, foreignObject").forEach((n) => n.remove());
+    return el("div", { class: "chart" }, document.importNode(root, true));
+  }
+
+  function showError(message) {
+    const box = $("error");
+    box.textContent = message;
+    box.hidden = !message;
+  }
+
+  async function api(method, path, body) {
+    const key = sessionStorage.getItem(KEY);
+    const init = { method, headers: { Authorization: "Bearer " + key }, cache: "no-store" };
+    if (body !== undefined) {
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    const response = await fetch(path, init);
+    if (!response.ok) {
+      let message = "HTTP " + response.status;
+      try {
+        const answer = await response.json();
+        message = answer.error.code + ": " + answer.error.message;
+      } catch (_) { /* not JSON */ }
+      const error = new Error(message);
+      error.status = response.status;
+      throw error;
+    }
+    return response;
+  }
+
+  const getJson = async (path) => (await api("GET", path)).json();
+  const postJson = async (path, body) => (await api("POST", path, body)).json();
+
+  function route() {
+    const hash = location.hash.replace(/^#/, "");
+    const [page, ...rest] = hash.split("/");
+    return { page: page || "overview", arg: rest.length ? decodeURIComponent(rest.join("/")) : "" };
+  }
+
+  function buildNav() {
+    const nav = $("nav");
+    nav.replaceChildren();
+    const current = route().page;
+    for (const page of session.pages) {
+      nav.append(el("a", { href: "#" + page, id: "nav-" + page, class: page === current ? "current" : null }, TITLES[page] || page));
+    }
+    $("who").textContent = session.role + " · " + session.scope;
+    $("forget").hidden = false;
+  }
+
+  async function render() {
+    showError("");
+    const view = $("view");
+    if (!session) return;
+    const { page, arg } = route();
+    if (!session.pages.includes(page)) {
+      view.replaceChildren(el("p", {}, "This key may not open that page."));
+      return;
+    }
+    buildNav();
+    view.replaceChildren(el("p", { class: "hint" }, "Loading…"));
+    try {
+      const pages = { overview, backlog, execution, finance, audit };
+      const content = await pages[page](arg);
+      view.replaceChildren(content);
+      view.setAttribute("data-page", page);
+      view.setAttribute("data-ready", String(Date.now()));
+    } catch (error) {
+      view.replaceChildren();
+      showError(error.message);
+    }
+  }
+
+  // ---- overview ----------------------------------------------------------------------------
+  async function overview() {
+    const o = await getJson("/v1/console/overview");
+    const outcomes = Object.entries(o.calls.by_outcome);
+    const spendRows = o.spend.map((s) => el("tr", { "data-consumer": s.consumer },
+      el("td", {}, s.consumer),
+      el("td", { class: "num settled" }, s.settled),
+      el("td", { class: "num held" }, s.held),
+      el("td", { class: "num" }, text(s.daily_warn)),
+      el("td", { class: "num" }, text(s.daily_block)),
+      el("td", {}, s.currency),
+      el("td", { class: "level-" + s.level }, s.level)));
+    const held = Object.entries(o.holds.held).map(([c, a]) => a + " " + c).join(", ");
+    const sched = o.scheduler;
+    return el("div", { id: "overview" },
+      el("h2", {}, "Overview · " + o.scope + " · " + o.day),
+      card("Calls per minute (last " + o.calls.window_minutes + " minutes)",
+        svg(o.calls.chart_svg),
+        el("p", { id: "calls-by-outcome" }, outcomes.length
+          ? outcomes.map(([k, v]) => k + ": " + v).join(" · ")
+          : "No calls ended in this window."),
+        o.calls.partial ? el("p", { class: "hint" }, "Older rows of the window were not read.") : null),
+      card("Today's spend per consumer",
+        table(["consumer", { label: "settled", num: true }, { label: "held", num: true },
+          { label: "daily warn", num: true }, { label: "daily block", num: true }, "currency", "level"],
+        spendRows, { id: "spend" })),
+      card("Open work",
+        kv([
+          ["open holds", el("span", { id: "holds" }, o.holds.count + (held ? " (" + held + ")" : "") + (o.holds.truncated ? "+" : ""))],
+          ["backlog (awaiting an operator)", el("span", { id: "backlog-count" }, o.backlog + (o.backlog_truncated ? "+" : ""))],
+        ])),
+      card("Scheduler (this process)",
+        kv([
+          ["passes", sched.passes],
+          ["failed tasks", sched.failed_tasks],
+          ["last pass", text(sched.last_pass_at) + (sched.last_pass_at ? " (" + sched.last_pass_ms + " ms)" : "")],
+          ["scheduled ledger audits", sched.ledger_audit_runs + " (last found " + sched.ledger_violations_last + " violations)"],
+        ])),
+      card("Ledger audit (run now)",
+        el("p", { id: "ledger-status", class: o.ledger.ok ? "status-ok" : "status-bad" },
+          o.ledger.ok ? "clean" : o.ledger.violations_total + " violations"),
+        o.ledger.first_violation ? el("p", {}, "First: ", el("code", {}, o.ledger.first_violation)) : null));
+  }
+
+  // ---- backlog -----------------------------------------------------------------------------
+  const CLASSES = ["input", "output", "cache_read", "cache_write", "reasoning"];
+
+  function resolveForm(item, container) {
+    const inputs = {};
+    const fields = CLASSES.map((c) => {
+      inputs[c] = el("input", { type: "number", min: "0", step: "1", value: "0", name: c, id: "usage-" + c, required: true });
+      return el("label", {}, c, inputs[c]);
+    });
+    const out = el("div", { class: "quote-area" });
+    const usage = () => {
+      const u = {};
+      for (const c of CLASSES) {
+        const v = inputs[c].value.trim();
+        if (!/^[0-9]+$/.test(v)) throw new Error(c + " must be a whole number of tokens");
+        u[c] = Number(v);
+      }
+      return u;
+    };
+    const useEvidence = el("button", { type: "button", id: "use-evidence", disabled: !item.latest_evidence }, "Use latest evidence");
+    useEvidence.addEventListener("click", () => {
+      for (const c of CLASSES) inputs[c].value = String(item.latest_evidence.usage[c]);
+    });
+    const form = el("form", { class: "inline", id: "resolve-form" }, fields, useEvidence,
+      el("button", { type: "submit", id: "quote" }, "Show the charge"));
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      showError("");
+      try {
+        const stated = usage();
+        const q = await postJson("/v1/console/backlog/" + item.execution_id + "/quote", { usage: stated });
+        const confirm = el("button", { type: "button", class: "danger", id: "confirm-resolve" },
+          "Charge " + q.amount + " " + q.currency);
+        confirm.addEventListener("click", async () => {
+          confirm.disabled = true;
+          try {
+            const view = await postJson("/v1/admin/executions/" + item.execution_id + "/resolve", { usage: stated });
+            out.replaceChildren(el("p", { id: "resolved", class: "status-ok" },
+              "Resolved: " + view.state + ", charged " + view.receipt.amount + " " + view.receipt.currency));
+            const row = document.querySelector("tr[data-operation-key=\"" + CSS.escape(item.operation_key) + "\"]");
+            if (row) row.remove();
+            form.remove();
+          } catch (error) {
+            showError(error.message);
+            confirm.disabled = false;
+          }
+        });
+        out.replaceChildren(el("div", { class: "quote", id: "quote-result", "data-amount": q.amount },
+          el("p", {}, "Resolving with this usage will charge ", el("strong", { id: "quote-amount" }, q.amount + " " + q.currency),
+            " (price version " + q.price_version + ") and release the hold of " + q.hold + " " + q.currency + "."),
+          confirm));
+      } catch (error) {
+        showError(error.message);
+      }
+    });
+    container.replaceChildren(el("h2", {}, "Resolve " + item.operation_key), form, out);
+  }
+
+  async function backlog() {
+    const b = await getJson("/v1/console/backlog");
+    const panel = el("section", { class: "card", id: "resolve-panel", hidden: true });
+    const rows = b.items.map((item) => {
+      const ev = item.latest_evidence;
+      const button = el("button", { type: "button", class: "resolve", "data-execution": item.execution_id }, "Resolve…");
+      button.addEventListener("click", () => { panel.hidden = false; resolveForm(item, panel); });
+      return el("tr", { "data-operation-key": item.operation_key },
+        el("td", {}, el("a", { href: "#execution/" + encodeURIComponent(item.operation_key) }, item.operation_key)),
+        el("td", {}, item.consumer + " / " + item.model),
+        el("td", {}, text(item.reconciliation_reason)),
+        el("td", { class: "num" }, age(item.age_secs)),
+        el("td", { class: "num hold" }, item.hold + " " + item.currency),
+        el("td", {}, text(item.provider_ref)),
+        el("td", {}, item.evidence_rows === 0 ? "none" :
+          item.evidence_rows + " (latest " + ev.source + (ev.exact ? ", exact" : "") + (ev.acknowledged ? ", acknowledged" : "") +
+          (ev.amount ? ", would charge " + ev.amount : "") + ")"),
+        el("td", {}, button));
+    });
+    return el("div", { id: "backlog" },
+      el("h2", {}, "Backlog: executions awaiting an operator"),
+      b.items.length ? table(["operation key", "consumer / model", "reason", { label: "age", num: true },
+        { label: "held", num: true }, "provider ref", "evidence", ""], rows, { id: "backlog-table" })
+        : el("p", { id: "backlog-empty" }, "Nothing awaits an operator."),
+      b.truncated ? el("p", { class: "hint" }, "More items await; the oldest are shown.") : null,
+      panel);
+  }
+
+  function age(secs) {
+    if (secs < 120) return secs + " s";
+    if (secs < 7200) return Math.floor(secs / 60) + " min";
+    return Math.floor(secs / 3600) + " h";
+  }
+
+  // ---- execution ---------------------------------------------------------------------------
+  async function execution(key) {
+    const input = el("input", { id: "operation-key", value: key, placeholder: "operation key", size: "40" });
+    const form = el("form", { class: "inline", id: "execution-form" }, el("label", {}, "operation key", input),
+      el("button", { type: "submit" }, "Open"));
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      location.hash = "#execution/" + encodeURIComponent(input.value.trim());
+    });
+    const page = el("div", { id: "execution" }, el("h2", {}, "Execution"), form);
+    if (!key) return page;
+    const x = await getJson("/v1/console/executions/" + encodeURIComponent(key));
+    const j = x.journal;
+    page.append(
+      card("Journal row", kv([
+        ["execution id", el("code", {}, j.execution_id)], ["operation key", j.operation_key], ["kind", j.kind],
+        ["root", text(j.root_key)], ["state", el("span", { id: "journal-state" }, j.state)], ["outcome", text(j.outcome)],
+        ["not dispatched cause", text(j.not_dispatched_cause)], ["reconciliation reason", text(j.reconciliation_reason)],
+        ["consumer / session", j.consumer + " / " + j.session_id], ["accounting day", j.accounting_day],
+        ["provider / model", j.provider + " / " + j.model], ["price / policy version", j.price_version + " / " + j.policy_version],
+        ["hold", j.hold + " " + j.currency], ["provider ref", text(j.provider_ref)], ["fence", j.fence],
+        ["binding digest", el("code", {}, j.binding_digest)], ["claimed", j.created_at], ["updated", j.updated_at],
+      ])),
+      card("Settlement", x.settlement ? kv([
+        ["amount", el("span", { id: "settlement-amount" }, x.settlement.amount + " " + x.settlement.currency)],
+        ["source", x.settlement.source], ["usage", usageText(x.settlement.usage)],
+        ["price version", x.settlement.price_version], ["settled at", x.settlement.settled_at],
+      ]) : el("p", {}, "Not settled.")),
+      card("Usage evidence", x.evidence.length ? table(["seq", "source", "usage", "exact", "provider ref", "received", "acknowledged"],
+        x.evidence.map((e) => el("tr", {}, el("td", {}, e.seq), el("td", {}, e.source), el("td", {}, usageText(e.usage)),
+          el("td", {}, e.exact ? "yes" : "no"), el("td", {}, text(e.provider_ref)), el("td", {}, e.received_at),
+          el("td", {}, text(e.acknowledged_at))))) : el("p", {}, "No evidence.")),
+      card("Audit trail", table(["seq", "kind", "at", "detail"], x.audit.map((a) => el("tr", {},
+        el("td", {}, a.seq), el("td", {}, a.kind), el("td", {}, a.at), el("td", {}, el("code", {}, JSON.stringify(a.detail))))),
+        { id: "audit-trail" }),
+        x.audit_partial ? el("p", { class: "hint" }, "Only the newest audit rows of the scope were searched.") : null));
+    return page;
+  }
+
+  function usageText(u) {
+    return CLASSES.filter((c) => u[c]).map((c) => c + " " + u[c]).join(", ") || "none";
+  }
+
+  // ---- finance -----------------------------------------------------------------------------
+  let financeState = { from: "", to: "", page: 1 };
+
+  function financeQuery(extra) {
+    const q = new URLSearchParams();
+    if (financeState.from) q.set("from", financeState.from);
+    if (financeState.to) q.set("to", financeState.to);
+    for (const [k, v] of Object.entries(extra || {})) q.set(k, String(v));
+    return q.toString();
+  }
+
+  async function download() {
+    showError("");
+    try {
+      const response = await api("GET", "/v1/console/finance/settlements.csv?" + financeQuery());
+      const disposition = response.headers.get("Content-Disposition") || "";
+      const match = /filename="([^"]+)"/.exec(disposition);
+      const blob = await response.blob();
+      const url = URL.createObjectURL(blob);
+      const link = el("a", { href: url, download: match ? match[1] : "settlements.csv", hidden: true });
+      document.body.append(link);
+      link.click();
+      link.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 10000);
+      $("csv-status").textContent = "Downloaded " + (match ? match[1] : "settlements.csv") + ".";
+    } catch (error) {
+      showError(error.message);
+    }
+  }
+
+  async function finance() {
+    const f = await getJson("/v1/console/finance?" + financeQuery({ page: financeState.page }));
+    const from = el("input", { type: "date", id: "finance-from", value: f.from });
+    const to = el("input", { type: "date", id: "finance-to", value: f.to });
+    const form = el("form", { class: "inline", id: "finance-form" }, el("label", {}, "from", from), el("label", {}, "to", to),
+      el("button", { type: "submit" }, "Show"));
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      financeState = { from: from.value, to: to.value, page: 1 };
+      render();
+    });
+    const csv = el("button", { type: "button", id: "download-csv" }, "Download CSV of this range");
+    csv.addEventListener("click", download);
+    const pages = Math.max(1, Math.ceil(f.rows_total / f.page_size));
+    const prev = el("button", { type: "button", id: "page-prev", disabled: f.page <= 1 }, "Previous");
+    const next = el("button", { type: "button", id: "page-next", disabled: f.page >= pages }, "Next");
+    prev.addEventListener("click", () => { financeState.page = f.page - 1; render(); });
+    next.addEventListener("click", () => { financeState.page = f.page + 1; render(); });
+    const rows = f.rows.map((r) => el("tr", {}, el("td", {}, r.day), el("td", {}, r.consumer), el("td", {}, r.model),
+      el("td", { class: "num" }, r.settlements), el("td", { class: "num amount" }, r.amount), el("td", {}, r.currency)));
+    const prices = f.prices.map((p) => el("tr", {}, el("td", {}, p.price_version), el("td", {}, p.model), el("td", {}, p.currency),
+      el("td", { class: "num" }, p.prices.input), el("td", { class: "num" }, p.prices.output),
+      el("td", { class: "num" }, p.prices.cache_read), el("td", { class: "num" }, p.prices.cache_write),
+      el("td", { class: "num" }, p.prices.reasoning), el("td", {}, p.profiles.join(", "))));
+    return el("div", { id: "finance" },
+      el("h2", {}, "Finance · settlements " + f.from + " to " + f.to),
+      form, el("p", {}, csv, " ", el("span", { id: "csv-status", class: "hint" })),
+      card("Settled per day", f.charts.length ? f.charts.map((c) =>
+        el("div", { "data-currency": c.currency }, el("p", {}, "Total " + c.total + " " + c.currency + " over " + f.settlements + " settlements"), svg(c.svg)))
+        : el("p", { id: "finance-empty" }, "No settlements in this range.")),
+      card("By day, consumer and model",
+        table(["day", "consumer", "model", { label: "settlements", num: true }, { label: "amount", num: true }, "currency"], rows, { id: "finance-table" }),
+        el("div", { class: "pager" }, prev, el("span", { id: "page-info" }, "page " + f.page + " of " + pages + " (" + f.rows_total + " rows)"), next)),
+      card("Price versions in force (per million tokens)",
+        table(["version", "model", "currency", { label: "input", num: true }, { label: "output", num: true },
+          { label: "cache read", num: true }, { label: "cache write", num: true }, { label: "reasoning", num: true }, "profiles"], prices)));
+  }
+
+  // ---- audit -------------------------------------------------------------------------------
+  async function audit() {
+    const a = await getJson("/v1/console/audit");
+    const chain = a.chain;
+    const ledger = a.ledger;
+    const first = ledger.violations[0];
+    return el("div", { id: "audit" },
+      el("h2", {}, "Audit · " + a.scope),
+      card("Audit chain",
+        el("p", { id: "chain-status", class: chain.ok ? "status-ok" : "status-bad" },
+          chain.ok ? "verified: " + chain.rows_verified + " rows, head at seq " + chain.head_seq
+            : "broken at seq " + chain.first_violation.seq + ": " + chain.first_violation.reason)),
+      card("Ledger audit",
+        el("p", { id: "ledger-audit-status", class: ledger.ok ? "status-ok" : "status-bad" },
+          ledger.ok ? "clean" : ledger.violations_total + " violations"),
+        kv(Object.entries(ledger.checked).map(([k, v]) => [k.replaceAll("_", " "), v])),
+        first ? el("p", {}, "First violation: ", el("code", { id: "first-violation" }, JSON.stringify(first))) : null));
+  }
+
+  // ---- session -----------------------------------------------------------------------------
+  async function open() {
+    showError("");
+    if (!sessionStorage.getItem(KEY)) {
+      $("login").hidden = false;
+      return;
+    }
+    try {
+      session = await getJson("/v1/console/session");
+      $("login").hidden = true;
+      if (!session.pages.includes(route().page)) location.hash = "#" + session.pages[0];
+      await render();
+    } catch (error) {
+      session = null;
+      sessionStorage.removeItem(KEY);
+      $("login").hidden = false;
+      $("view").replaceChildren();
+      showError(error.status === 403 ? "This key may not open the console (" + error.message + ")." : error.message);
+    }
+  }
+
+  function start() {
+    // Counted so that a test (or a person with the inspector open) sees any blocked load.
+    let violations = 0;
+    document.addEventListener("securitypolicyviolation", () => {
+      violations += 1;
+      document.body.setAttribute("data-csp-violations", String(violations));
+    });
+    $("key-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const key = $("key").value.trim();
+      $("key").value = "";
+      if (key) sessionStorage.setItem(KEY, key);
+      open();
+    });
+    $("forget").addEventListener("click", () => {
+      sessionStorage.removeItem(KEY);
+      session = null;
+      $("nav").replaceChildren();
+      $("who").textContent = "";
+      $("forget").hidden = true;
+      $("view").replaceChildren();
+      open();
+    });
+    window.addEventListener("hashchange", () => { if (session) render(); });
+    open();
+  }
+
+  start();
+})();
