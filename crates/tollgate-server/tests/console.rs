@@ -594,13 +594,13 @@ async fn console_audit_page_names_the_first_violation_of_chain_and_ledger() {
     assert_eq!(clean["chain"]["rows_verified"], clean["chain"]["head_seq"]);
     assert_eq!(clean["ledger"]["ok"], true);
 
-    db.delete_last_audit_row("acme").await.unwrap();
+    let (chain, seq) = db.delete_last_audit_row("acme").await.unwrap();
     db.shift_session_spend("team-a", "0.5").await.unwrap();
     let (status, broken, _) = s.get("/v1/console/audit", &operator).await;
     assert_eq!(status, StatusCode::OK, "{broken}");
     assert_eq!(broken["chain"]["ok"], false);
-    let head = clean["chain"]["head_seq"].as_i64().unwrap();
-    assert_eq!(broken["chain"]["first_violation"]["seq"], head);
+    assert_eq!(broken["chain"]["first_violation"]["chain"], chain);
+    assert_eq!(broken["chain"]["first_violation"]["seq"], seq);
     assert_eq!(broken["ledger"]["ok"], false);
     assert!(!broken["ledger"]["violations"]
         .as_array()

@@ -382,8 +382,8 @@
       el("h2", {}, "Audit · " + a.scope),
       card("Audit chain",
         el("p", { id: "chain-status", class: chain.ok ? "status-ok" : "status-bad" },
-          chain.ok ? "verified: " + chain.rows_verified + " rows, head at seq " + chain.head_seq
-            : "broken at seq " + chain.first_violation.seq + ": " + chain.first_violation.reason)),
+          chain.ok ? "verified: " + chain.rows_verified + " rows, every chain ends at its head (" + chain.head_seq + " rows)"
+            : "chain " + chain.first_violation.chain + " broken at seq " + chain.first_violation.seq + ": " + chain.first_violation.reason)),
       card("Ledger audit",
         el("p", { id: "ledger-audit-status", class: ledger.ok ? "status-ok" : "status-bad" },
           ledger.ok ? "clean" : ledger.violations_total + " violations"),

@@ -9,33 +9,39 @@ use crate::error::ApiError;
 use serde::Serialize;
 use tollgate_core::ids::Scope;
 use tollgate_store::audit::ChainVerifier;
-use tollgate_store::{AuditRow, LedgerReport, ServiceStores};
+use tollgate_store::{AuditPosition, AuditRow, LedgerReport, ServiceStores};
 
 /// Audit rows read per store call.
 pub const AUDIT_PAGE_ROWS: u32 = 1000;
 /// Violations the ledger audit lists on the page (all are counted).
 pub const LEDGER_LIST_MAX: u32 = 20;
 
-/// Calls `visit` on the scope's audit rows with `seq > after_seq`, in chain order, until the
-/// chain ends or `visit` answers `false`. Returns the rows visited.
+/// Calls `visit` on the scope's audit rows after `after` (by chain, then seq), until the rows
+/// end, `visit` answers `false`, or — with `one_chain` — the chain of `after` ends. Returns the
+/// rows visited.
 ///
 /// # Errors
 /// `unavailable`.
 pub async fn walk(
     stores: &dyn ServiceStores,
     scope: &Scope,
-    after_seq: i64,
+    after: AuditPosition,
+    one_chain: bool,
     mut visit: impl FnMut(&AuditRow) -> bool,
 ) -> Result<u64, ApiError> {
-    let mut after = after_seq;
+    let chain = after.chain;
+    let mut after = after;
     let mut seen = 0u64;
     loop {
         let rows = stores.audit_rows(scope, after, AUDIT_PAGE_ROWS).await?;
         let Some(last) = rows.last() else {
             return Ok(seen);
         };
-        after = last.seq;
+        after = last.position();
         for row in &rows {
+            if one_chain && row.chain != chain {
+                return Ok(seen);
+            }
             seen += 1;
             if !visit(row) {
                 return Ok(seen);
@@ -47,7 +53,9 @@ pub async fn walk(
 /// The first row that does not verify.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChainViolation {
-    /// Its seq.
+    /// Its chain.
+    pub chain: u16,
+    /// Its seq in the chain.
     pub seq: i64,
     /// What is wrong.
     pub reason: &'static str,
@@ -60,7 +68,7 @@ pub struct ChainReport {
     pub ok: bool,
     /// Rows verified before the first violation (all of them when `ok`).
     pub rows_verified: i64,
-    /// The head's seq as the store keeps it (0: no row yet).
+    /// Rows the chains' heads account for, as the store keeps them (0: no row yet).
     pub head_seq: i64,
     /// The first violation.
     pub first_violation: Option<ChainViolation>,
@@ -82,27 +90,34 @@ pub struct AuditView {
 /// # Errors
 /// `unavailable`.
 pub async fn verify(stores: &dyn ServiceStores, scope: &Scope) -> Result<ChainReport, ApiError> {
-    let head = stores.audit_head(scope).await?;
+    let heads = stores.audit_heads(scope).await?;
     let mut verifier = ChainVerifier::default();
     let mut broken = None;
-    walk(stores, scope, 0, |row| match verifier.push(row) {
-        Ok(()) => true,
-        Err(e) => {
-            broken = Some(e);
-            false
-        }
-    })
+    walk(
+        stores,
+        scope,
+        AuditPosition::START,
+        false,
+        |row| match verifier.push(row) {
+            Ok(()) => true,
+            Err(e) => {
+                broken = Some(e);
+                false
+            }
+        },
+    )
     .await?;
     let rows_verified = verifier.rows();
     let broken = match broken {
         Some(e) => Some(e),
-        None => verifier.finish(head).err(),
+        None => verifier.finish(&heads).err(),
     };
     Ok(ChainReport {
         ok: broken.is_none(),
         rows_verified,
-        head_seq: head.map_or(0, |h| h.seq),
+        head_seq: heads.iter().map(|h| h.seq).sum(),
         first_violation: broken.map(|e| ChainViolation {
+            chain: e.chain.0,
             seq: e.seq,
             reason: e.reason,
         }),

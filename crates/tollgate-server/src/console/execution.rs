@@ -15,7 +15,7 @@ use tollgate_core::money::{Currency, Money};
 use tollgate_core::state::{
     CallKind, ExecutionState, NotDispatchedCause, Outcome, ReconciliationReason,
 };
-use tollgate_store::{Evidence, SettlementRecord};
+use tollgate_store::{AuditChain, AuditPosition, Evidence, SettlementRecord};
 
 /// Audit rows of the scope read to find an execution's trail, at most (newest kept).
 pub const TRAIL_SCAN_ROWS_MAX: i64 = 100_000;
@@ -119,10 +119,18 @@ pub async fn execution(
         .ok_or_else(|| ApiError::NotFound("operation".into()))?;
     let settlement = stores.settlement(r.id).await?;
     let evidence = stores.evidence_for(r.id).await?;
-    let head = stores.audit_head(&who.scope).await?.map_or(0, |h| h.seq);
+    // Every row of the execution is in its one chain; the newest rows of that chain are read.
+    let chain = AuditChain::of_execution(r.id);
+    let head = stores
+        .audit_heads(&who.scope)
+        .await?
+        .into_iter()
+        .find(|h| h.chain == chain)
+        .map_or(0, |h| h.seq);
     let from = (head - TRAIL_SCAN_ROWS_MAX).max(0);
     let mut audit = Vec::new();
-    walk(stores.as_ref(), &who.scope, from, |row| {
+    let start = AuditPosition { chain, seq: from };
+    walk(stores.as_ref(), &who.scope, start, true, |row| {
         if row.event.execution_id == Some(r.id) {
             audit.push(TrailRow {
                 seq: row.seq,

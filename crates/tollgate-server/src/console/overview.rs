@@ -16,7 +16,9 @@ use tollgate_core::caps::Caps;
 use tollgate_core::ids::{ConsumerId, Scope};
 use tollgate_core::money::{Currency, Money};
 use tollgate_core::state::ExecutionState;
-use tollgate_store::{AuditRow, ExecutionRecord, LedgerCounts, ServiceStores};
+use tollgate_store::{
+    AuditPosition, AuditRow, ExecutionRecord, LedgerCounts, ServiceStores, AUDIT_CHAINS,
+};
 
 /// Minutes the calls chart covers.
 pub const CALLS_WINDOW_MINUTES: u32 = 180;
@@ -163,28 +165,36 @@ async fn calls(
 ) -> Result<CallsView, ApiError> {
     let window = CALLS_WINDOW_MINUTES;
     let start = now - Duration::minutes(i64::from(window));
-    let head = stores.audit_head(scope).await?.map_or(0, |h| h.seq);
-    let from = (head - CALLS_AUDIT_ROWS_MAX).max(0);
     let mut minutes: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    let mut first_at = None;
-    walk(stores, scope, from, |row| {
-        first_at.get_or_insert(row.event.at);
-        if row.event.at < start || row.event.at > now {
-            return true;
-        }
-        if let Some(outcome) = call_end(row) {
-            let minute = (row.event.at - start).num_minutes();
-            let values = minutes
-                .entry(outcome)
-                .or_insert_with(|| vec![0; window as usize]);
-            if let Some(slot) = usize::try_from(minute).ok().and_then(|m| values.get_mut(m)) {
-                *slot += 1;
+    let mut partial = false;
+    // The newest rows of each chain, an equal share of the rows read per chain.
+    let per_chain = CALLS_AUDIT_ROWS_MAX / i64::from(AUDIT_CHAINS);
+    for head in stores.audit_heads(scope).await? {
+        let from = (head.seq - per_chain).max(0);
+        let mut first_at = None;
+        let after = AuditPosition {
+            chain: head.chain,
+            seq: from,
+        };
+        walk(stores, scope, after, true, |row| {
+            first_at.get_or_insert(row.event.at);
+            if row.event.at < start || row.event.at > now {
+                return true;
             }
-        }
-        true
-    })
-    .await?;
-    let partial = from > 0 && first_at.is_some_and(|at| at > start);
+            if let Some(outcome) = call_end(row) {
+                let minute = (row.event.at - start).num_minutes();
+                let values = minutes
+                    .entry(outcome)
+                    .or_insert_with(|| vec![0; window as usize]);
+                if let Some(slot) = usize::try_from(minute).ok().and_then(|m| values.get_mut(m)) {
+                    *slot += 1;
+                }
+            }
+            true
+        })
+        .await?;
+        partial |= from > 0 && first_at.is_some_and(|at| at > start);
+    }
     let by_outcome = minutes
         .iter()
         .map(|(k, v)| (k.clone(), v.iter().sum()))
