@@ -571,7 +571,7 @@ mod tests {
         assert_eq!(names.len(), StoreOp::ALL.len());
         assert!(StoreOp::Settle.is_write() && !StoreOp::Execution.is_write());
         assert_eq!(StoreOp::RootReceipt.store(), "RootStore");
-        assert_eq!(StoreOp::ALL.iter().filter(|op| op.is_write()).count(), 18);
+        assert_eq!(StoreOp::ALL.iter().filter(|op| op.is_write()).count(), 19);
     }
 
     #[test]
