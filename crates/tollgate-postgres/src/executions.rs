@@ -19,11 +19,13 @@ const BY_ID: &str = concat!(
     " FROM executions WHERE id = $1 AND scope = $2"
 );
 
-/// Unfinished rows whose lease ended (index `executions_scope_state_lease_idx`).
+/// Unfinished rows whose lease ended by the database's clock (index
+/// `executions_scope_state_lease_idx`; `$3` is `NULL` outside tests).
 const EXPIRED: &str = concat!(
     "SELECT ",
     execution_columns!(),
-    " FROM executions WHERE scope = $1 AND state = ANY($2) AND lease_expires_at <= $3 \
+    " FROM executions WHERE scope = $1 AND state = ANY($2) \
+     AND lease_expires_at <= COALESCE($3, clock_timestamp()) \
      ORDER BY lease_expires_at, id LIMIT $4"
 );
 
@@ -104,6 +106,15 @@ impl ExecutionStore for PgStores {
             .await
     }
 
+    async fn renew_lease(
+        &self,
+        fence: Fence,
+        lease_ms: u64,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord> {
+        self.renew_lease_tx(fence, lease_ms, now).await
+    }
+
     async fn execution(
         &self,
         scope: &Scope,
@@ -140,7 +151,7 @@ impl ExecutionStore for PgStores {
         let rows: Vec<ExecutionRow> = sqlx::query_as(EXPIRED)
             .bind(scope.as_str())
             .bind(&unfinished[..])
-            .bind(now)
+            .bind(self.lease_now(now))
             .bind(i64::from(limit))
             .fetch_all(self.pool())
             .await

@@ -18,8 +18,9 @@ use tollgate_store::{StoreError, StoreResult};
 const INSERT: &str = concat!(
     "INSERT INTO executions (",
     execution_columns!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
-     ON CONFLICT (scope, operation_key) DO NOTHING RETURNING ",
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+     COALESCE($13, clock_timestamp()) + $19::bigint * interval '1 millisecond', \
+     $14, $15, $16, $17, $18) ON CONFLICT (scope, operation_key) DO NOTHING RETURNING ",
     execution_columns!()
 );
 
@@ -36,12 +37,29 @@ const NOT_DISPATCHED: &str = concat!(
     execution_columns!()
 );
 
+/// A new fence when eligible; the lease is compared and set with the database's clock (`$7` is
+/// `NULL` outside tests, see `PgStores::lease_now`).
 const TAKE_FENCE: &str = concat!(
-    "UPDATE executions SET fence = fence + 1, lease_expires_at = $4, updated_at = $5 \
+    "UPDATE executions SET fence = fence + 1, \
+     lease_expires_at = COALESCE($7, clock_timestamp()) + $4::bigint * interval '1 millisecond', \
+     updated_at = $5 \
      WHERE scope = $1 AND operation_key = $2 AND state = ANY($3) \
-     AND (NOT $6 OR lease_expires_at <= $5) RETURNING ",
+     AND (NOT $6 OR lease_expires_at <= COALESCE($7, clock_timestamp())) RETURNING ",
     execution_columns!()
 );
+
+/// The heartbeat: a fenced lease extension of an unfinished row, from the database's clock.
+const RENEW_LEASE: &str = concat!(
+    "UPDATE executions \
+     SET lease_expires_at = COALESCE($4, clock_timestamp()) + $3::bigint * interval '1 millisecond' \
+     WHERE id = $1 AND fence = $2 AND state = ANY($5) RETURNING ",
+    execution_columns!()
+);
+
+/// A lease in milliseconds as the database's `bigint` (a lease past its range fails there).
+fn lease_millis(lease_ms: u64) -> i64 {
+    i64::try_from(lease_ms).unwrap_or(i64::MAX)
+}
 
 fn state_names(states: &[ExecutionState]) -> Vec<&'static str> {
     states.iter().map(ExecutionState::as_str).collect()
@@ -61,7 +79,13 @@ async fn refused(conn: &mut PgConnection, id: ExecutionId) -> StoreError {
     }
 }
 
-async fn insert(conn: &mut PgConnection, r: &ExecutionRecord) -> StoreResult<Option<ExecutionRow>> {
+/// Inserts `r`; its lease ends `lease_ms` after `lease_now` (`None`: the database's clock).
+async fn insert(
+    conn: &mut PgConnection,
+    r: &ExecutionRecord,
+    lease_now: Option<DateTime<Utc>>,
+    lease_ms: u64,
+) -> StoreResult<Option<ExecutionRow>> {
     sqlx::query_as(INSERT)
         .bind(r.id.0)
         .bind(r.scope.as_str())
@@ -75,12 +99,13 @@ async fn insert(conn: &mut PgConnection, r: &ExecutionRecord) -> StoreResult<Opt
         .bind(r.not_dispatched_cause.map(|c| c.as_str()))
         .bind(r.outcome.map(|o| o.as_str()))
         .bind(r.fence.0)
-        .bind(r.lease_expires_at)
+        .bind(lease_now)
         .bind(r.hold.decimal())
         .bind(r.provider_ref.as_deref())
         .bind(r.created_at)
         .bind(r.updated_at)
         .bind(r.reconciliation_reason.map(|c| c.as_str()))
+        .bind(lease_millis(lease_ms))
         .fetch_optional(&mut *conn)
         .await
         .store_err()
@@ -98,7 +123,9 @@ impl PgStores {
     /// session spend row, the day spend row, the audit head.
     pub(crate) async fn claim_tx(&self, request: ClaimRequest) -> StoreResult<ClaimOutcome> {
         let mut tx = self.pool().begin().await.store_err()?;
-        let Some(row) = insert(&mut tx, &rules::new_execution(&request)).await? else {
+        let record = rules::new_execution(&request);
+        let lease_now = self.lease_now(request.now);
+        let Some(row) = insert(&mut tx, &record, lease_now, request.lease_ms).await? else {
             // The insert waited for any concurrent claimer of the key, so the row is committed.
             let existing = locks::execution_by_key(&mut tx, &request.scope, &request.operation_key)
                 .await?
@@ -238,9 +265,10 @@ impl PgStores {
             .bind(scope.as_str())
             .bind(key.as_str())
             .bind(state_names(states))
-            .bind(rules::lease_end(now, lease_ms))
+            .bind(lease_millis(lease_ms))
             .bind(now)
             .bind(require_expired)
+            .bind(self.lease_now(now))
             .fetch_optional(&mut *tx)
             .await
             .store_err()?;
@@ -256,5 +284,28 @@ impl PgStores {
         .await?;
         tx.commit().await.store_err()?;
         Ok(Some(record))
+    }
+
+    /// The heartbeat (`ExecutionStore::renew_lease`): one fenced statement, no audit row.
+    pub(crate) async fn renew_lease_tx(
+        &self,
+        fence: Fence,
+        lease_ms: u64,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord> {
+        let mut conn = self.pool().acquire().await.store_err()?;
+        let row: Option<ExecutionRow> = sqlx::query_as(RENEW_LEASE)
+            .bind(fence.execution_id.0)
+            .bind(fence.token.0)
+            .bind(lease_millis(lease_ms))
+            .bind(self.lease_now(now))
+            .bind(state_names(&rules::LEASED))
+            .fetch_optional(&mut *conn)
+            .await
+            .store_err()?;
+        match row {
+            Some(row) => row.into_record(),
+            None => Err(refused(&mut conn, fence.execution_id).await),
+        }
     }
 }

@@ -101,9 +101,19 @@ impl SessionTimeouts {
 
 /// All tollgate stores on one Postgres pool. Implements every trait of
 /// [`tollgate_store::traits`].
+///
+/// # Leases and the database's clock
+/// Every lease end and every lease comparison (`claim`, `renew_lease`, `take_fence`, `expired`)
+/// is computed by the database (`clock_timestamp()` plus the lease), never from a host's `now`:
+/// hosts whose clocks disagree cannot make a live lease look expired (spec/journal.md, Fences).
+/// The `now` those methods take is kept only for `updated_at` and the audit rows. Test suites
+/// that move a manual clock past leases opt into the caller's clock instead
+/// (`with_caller_lease_clock`, feature `test-support`).
 #[derive(Debug, Clone)]
 pub struct PgStores {
     pool: PgPool,
+    /// Whether leases follow the caller's `now` (tests only) instead of the database's clock.
+    caller_lease_clock: bool,
 }
 
 impl PgStores {
@@ -133,7 +143,7 @@ impl PgStores {
             .connect_with(timeouts.apply(options))
             .await
             .store_err()?;
-        Ok(Self { pool })
+        Ok(Self::new(pool))
     }
 
     /// Like [`PgStores::connect`], but opens connections only when first needed.
@@ -145,12 +155,34 @@ impl PgStores {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .connect_lazy_with(SessionTimeouts::default().apply(options));
-        Ok(Self { pool })
+        Ok(Self::new(pool))
     }
 
     /// Stores over an existing pool.
     pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            caller_lease_clock: false,
+        }
+    }
+
+    /// These stores with leases computed from the caller's `now` instead of the database's
+    /// clock, for test suites that move a manual clock past leases. Never in production.
+    #[cfg(feature = "test-support")]
+    pub fn with_caller_lease_clock(self) -> Self {
+        Self {
+            caller_lease_clock: true,
+            ..self
+        }
+    }
+
+    /// The time lease SQL binds as its "now": `None` — the database's `clock_timestamp()` —
+    /// unless the stores were built for tests with the caller's clock.
+    fn lease_now(
+        &self,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Option<chrono::DateTime<chrono::Utc>> {
+        self.caller_lease_clock.then_some(now)
     }
 
     /// The connection pool every store transaction begins on; the server's key store shares it.

@@ -225,7 +225,8 @@ impl TestDatabase {
     }
 
     /// Stores over a new pool of at most `max_connections` to this database, keeping no idle
-    /// connection for long. Nothing is migrated.
+    /// connection for long. Nothing is migrated. Leases use the database's clock, as in
+    /// production.
     ///
     /// # Errors
     /// [`StoreError::Unavailable`] when the database cannot be reached.
@@ -250,7 +251,9 @@ impl TestDatabase {
 
 /// Creates a brand-new database on the server of `admin_url` (a URL whose user may create
 /// databases), applies the migrations, and returns stores over a small pool
-/// ([`TEST_POOL_CONNECTIONS`]) to it.
+/// ([`TEST_POOL_CONNECTIONS`]) to it. Their leases follow the caller's `now`
+/// ([`PgStores::with_caller_lease_clock`]), so suites can move a manual clock past leases; use
+/// [`TestDatabase::stores`] for the production rule (the database's clock).
 ///
 /// # Errors
 /// [`StoreError::Unavailable`] when the server cannot be reached, the database cannot be
@@ -259,7 +262,7 @@ pub async fn fresh_test_database(admin_url: &str) -> Result<PgStores, StoreError
     let database = TestDatabase::create(admin_url).await?;
     let stores = database.stores(TEST_POOL_CONNECTIONS).await?;
     stores.migrate().await?;
-    Ok(stores)
+    Ok(stores.with_caller_lease_clock())
 }
 
 /// What black-box tests read from, and break in, a test database: each query is here, so no SQL

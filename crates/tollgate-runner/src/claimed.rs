@@ -4,6 +4,7 @@
 use crate::dispatched::{drive, Ctx};
 use crate::error::{Interruption, RunError};
 use crate::input::{check_input, probe_request, provider_request};
+use crate::lease::Heartbeat;
 use crate::outcome::OutputPolicy;
 use crate::settings::{BackgroundErrorFn, BackgroundFailure, InputLoader, RunnerSettings};
 use crate::views;
@@ -21,9 +22,10 @@ use tollgate_store::{ClaimOutcome, ClaimRequest, ExecutionRecord, StoreError, St
 
 /// Slack the caller waits past the read bound for the drive to record its outcome.
 const FINISH_SLACK_MS: u64 = 5_000;
-/// Slack of a claim's lease past the run timeout, for the evidence and settlement writes. A
-/// recoverer that takes over after it only makes those writes fail on the stale fence; the
-/// evidence is in the inbox and recovery settles from it.
+/// Slack of a claim's lease past the run timeout, for the evidence and settlement writes. The
+/// lease no longer has to outlive the run by itself: the heartbeat (`crate::lease`) renews it
+/// from the claim to the call's last write. The slack only sets how long a call whose process
+/// died keeps its lease.
 pub const LEASE_SLACK_MS: u64 = 1_000;
 
 /// Shared runner machinery.
@@ -82,11 +84,7 @@ impl Engine {
             .config
             .worst_case_hold()
             .map_err(|e| RunError::InvalidConfig(e.to_string()))?;
-        // The fence must outlive the whole run, or a recoverer could take over a call that is
-        // still reading its stream.
-        let lease_ms = self
-            .lease_ms
-            .max(self.config.run_timeout_ms + LEASE_SLACK_MS);
+        let lease_ms = self.claim_lease_ms();
         let claim = ClaimRequest {
             scope: scope.clone(),
             operation_key: key.clone(),
@@ -101,6 +99,24 @@ impl Engine {
             .claim(claim)
             .await
             .map_err(|e| RunError::store(key, e))
+    }
+
+    /// The lease a claim takes and every renewal extends it by: the runner's `lease_ms`, at
+    /// least the run timeout plus [`LEASE_SLACK_MS`].
+    fn claim_lease_ms(&self) -> u64 {
+        self.lease_ms
+            .max(self.config.run_timeout_ms.saturating_add(LEASE_SLACK_MS))
+    }
+
+    /// Starts renewing a fresh claim's lease (SC-100); it renews until dropped.
+    fn heartbeat(&self, record: &ExecutionRecord) -> Heartbeat {
+        Heartbeat::start(
+            Arc::clone(&self.ctx.stores),
+            Arc::clone(&self.ctx.clock),
+            record.fence(),
+            self.claim_lease_ms(),
+            record.operation_key.clone(),
+        )
     }
 
     /// SC-13 / SC-14: same binding → the stored view, loading and sending nothing; different →
@@ -160,6 +176,10 @@ impl Engine {
         read_ms: u64,
     ) -> Result<View, RunError> {
         let key = record.operation_key.clone();
+        // The lease stays live from the claim to the last write: through the input load, a
+        // dispatch mark that waits for the store, and the drive (which takes the heartbeat
+        // along, so it ends with the drive's settlement or terminal write).
+        let heartbeat = self.heartbeat(&record);
         let request = match self.load(&record, load_input, &cancel).await {
             Ok(request) => request,
             Err(cause) => return self.not_dispatched(&record, cause).await,
@@ -179,7 +199,7 @@ impl Engine {
             }
         };
         let invalid_reason = self
-            .drive_in_background(dispatched, request, cancel, read_ms)
+            .drive_in_background(dispatched, request, cancel, read_ms, heartbeat)
             .await?;
         let stored = self
             .ctx
@@ -240,12 +260,18 @@ impl Engine {
         request: ProviderRequest,
         cancel: CancellationToken,
         read_ms: u64,
+        heartbeat: Heartbeat,
     ) -> Result<Option<InvalidReason>, RunError> {
         let key = record.operation_key.clone();
         let report = self.background_error.clone();
         let report_key = key.to_string();
         let policy = Arc::clone(&self.policy);
-        let mut task = tokio::spawn(drive(self.ctx.clone(), record, request, policy, read_ms));
+        let ctx = self.ctx.clone();
+        let mut task = tokio::spawn(async move {
+            // Renewing until the drive's last write, even when the caller stops waiting.
+            let _heartbeat = heartbeat;
+            drive(ctx, record, request, policy, read_ms).await
+        });
         let interrupted = |cause| RunError::Interrupted {
             operation_key: key.clone(),
             cause,

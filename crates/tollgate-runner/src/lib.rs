@@ -12,6 +12,7 @@ pub mod clock;
 mod dispatched;
 pub mod error;
 pub mod input;
+pub mod lease;
 pub mod outcome;
 pub mod recovery;
 pub mod settings;

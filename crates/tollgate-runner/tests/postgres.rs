@@ -3,6 +3,7 @@
 //! default is the local trust-auth server.
 #![cfg(test)]
 
+mod lease;
 mod suite;
 
 use std::sync::Arc;
@@ -22,3 +23,27 @@ async fn fresh() -> Arc<dyn Stores> {
 }
 
 include!("suite/names.rs");
+
+/// Stores with the production lease rule: the database's clock.
+async fn fresh_with_database_clock() -> Arc<dyn Stores> {
+    let database = tollgate_postgres::TestDatabase::create(&admin_url())
+        .await
+        .unwrap();
+    let stores = database
+        .stores(tollgate_postgres::TEST_POOL_CONNECTIONS)
+        .await
+        .unwrap();
+    stores.migrate().await.unwrap();
+    Arc::new(stores)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_100_slow_dispatch_mark_keeps_its_lease() {
+    lease::sc_100_slow_dispatch_mark_keeps_its_lease(fresh_with_database_clock().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_102_skewed_host_clocks_do_not_expire_a_live_lease() {
+    lease::sc_102_skewed_host_clocks_do_not_expire_a_live_lease(fresh_with_database_clock().await)
+        .await;
+}

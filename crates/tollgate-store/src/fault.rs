@@ -158,6 +158,7 @@ struct FaultState {
     calls: BTreeMap<StoreOp, u64>,
     dead: bool,
     interleave: bool,
+    delays: BTreeMap<StoreOp, u64>,
 }
 
 /// Stores with injectable faults.
@@ -226,6 +227,17 @@ impl FaultyStores {
         self.lock().interleave = true;
     }
 
+    /// Makes every later call of `op` wait `delay_ms` before it reaches the inner store (a slow
+    /// store: a pool that has no free connection, a lock held elsewhere). `0` removes the delay.
+    pub fn delay(&self, op: StoreOp, delay_ms: u64) {
+        let mut state = self.lock();
+        if delay_ms == 0 {
+            state.delays.remove(&op);
+        } else {
+            state.delays.insert(op, delay_ms);
+        }
+    }
+
     /// The planned faults that struck, in order.
     pub fn fired(&self) -> Vec<Fault> {
         self.lock().fired.clone()
@@ -284,6 +296,10 @@ impl FaultyStores {
     async fn before(&self, op: StoreOp) -> StoreResult<After> {
         if self.lock().interleave {
             tokio::task::yield_now().await;
+        }
+        let delay_ms = self.lock().delays.get(&op).copied();
+        if let Some(delay_ms) = delay_ms {
+            tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
         }
         let strike = {
             let mut state = self.lock();
@@ -467,6 +483,8 @@ fault_wrapper! {
             lease_ms: u64,
             now: DateTime<Utc>,
         ) -> Option<ExecutionRecord>;
+        write RenewLease = fn renew_lease(fence: Fence, lease_ms: u64, now: DateTime<Utc>)
+            -> ExecutionRecord;
         read Execution = fn execution(scope: &Scope, key: &OperationKey) -> Option<ExecutionRecord>;
         read ExecutionById = fn execution_by_id(scope: &Scope, id: ExecutionId)
             -> Option<ExecutionRecord>;
@@ -553,7 +571,7 @@ mod tests {
         assert_eq!(names.len(), StoreOp::ALL.len());
         assert!(StoreOp::Settle.is_write() && !StoreOp::Execution.is_write());
         assert_eq!(StoreOp::RootReceipt.store(), "RootStore");
-        assert_eq!(StoreOp::ALL.iter().filter(|op| op.is_write()).count(), 18);
+        assert_eq!(StoreOp::ALL.iter().filter(|op| op.is_write()).count(), 19);
     }
 
     #[test]

@@ -97,6 +97,9 @@ pub fn check_fence(
     Ok(())
 }
 
+/// The states whose lease a live call renews (the unfinished ones).
+pub const LEASED: [ExecutionState; 2] = [ExecutionState::Prepared, ExecutionState::Dispatched];
+
 /// The states `settle` accepts.
 pub const SETTLEABLE: [ExecutionState; 2] = [
     ExecutionState::Dispatched,

@@ -79,7 +79,8 @@ pub trait ExecutionStore: Send + Sync {
 
     /// Takes a new fence on `(scope, key)` when its state is one of `states` and either its lease
     /// has expired or `require_expired` is false. Returns `None` when not eligible. Audits
-    /// `fence_taken`.
+    /// `fence_taken`. The in-memory stores compare and set the lease with `now`; Postgres
+    /// ignores `now` for the lease (it uses the database's clock) and keeps it as `updated_at`.
     ///
     /// # Errors
     /// Store failure.
@@ -92,6 +93,23 @@ pub trait ExecutionStore: Send + Sync {
         lease_ms: u64,
         now: DateTime<Utc>,
     ) -> StoreResult<Option<ExecutionRecord>>;
+
+    /// The heartbeat of a live call: extends the lease of a `prepared` or `dispatched`
+    /// execution to `lease_ms` from now, fenced like every write after the claim. The runner
+    /// renews while a call is in flight, so a recoverer can take over only once its process has
+    /// stopped renewing (spec/journal.md, Fences). Changes nothing else and writes no audit row
+    /// (a renewal is no transition). "Now" is the store's clock: the in-memory stores take
+    /// `now`; Postgres ignores it and uses the database's clock, like every lease comparison.
+    ///
+    /// # Errors
+    /// `StaleFence` when the fence is not current or the execution is finished (nothing
+    /// changes); `NotFound` when there is no such execution.
+    async fn renew_lease(
+        &self,
+        fence: Fence,
+        lease_ms: u64,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord>;
 
     /// Reads one execution.
     ///
@@ -114,7 +132,8 @@ pub trait ExecutionStore: Send + Sync {
     ) -> StoreResult<Option<ExecutionRecord>>;
 
     /// Up to `limit` `prepared`/`dispatched` executions of `scope` whose lease ended before
-    /// `now`, oldest lease first.
+    /// `now`, oldest lease first. Postgres ignores `now` and compares with the database's
+    /// clock.
     ///
     /// # Errors
     /// Store failure.

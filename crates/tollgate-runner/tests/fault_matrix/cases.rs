@@ -7,7 +7,8 @@
 use super::*;
 use tollgate_store::fault::FaultKind;
 use tollgate_store::{
-    ApiKeyRecord, ApiKeyStore, AuditEvent, AuditLog, KeyDigest, KeyRole, ResultStore, WorkScan,
+    ApiKeyRecord, ApiKeyStore, AuditEvent, AuditLog, ExecutionStore, KeyDigest, KeyRole,
+    ResultStore, WorkScan,
 };
 
 /// The root of the step and recovery cases.
@@ -74,10 +75,13 @@ pub enum Case {
     Erasure,
     /// The service's tables: an API key created and looked up, the scheduler's work scan.
     Keys,
+    /// The lease heartbeat (SC-100): a live claim's lease renewed with its fence, then a
+    /// `reconcile_expired` pass that must leave it alone.
+    Heartbeat,
 }
 
 impl Case {
-    pub const ALL: [Case; 10] = [
+    pub const ALL: [Case; 11] = [
         Case::Text,
         Case::Json,
         Case::Structured,
@@ -88,6 +92,7 @@ impl Case {
         Case::Operator,
         Case::Erasure,
         Case::Keys,
+        Case::Heartbeat,
     ];
 
     pub fn name(self) -> &'static str {
@@ -102,6 +107,7 @@ impl Case {
             Case::Operator => "operator",
             Case::Erasure => "erasure",
             Case::Keys => "keys",
+            Case::Heartbeat => "heartbeat",
         }
     }
 
@@ -125,6 +131,7 @@ impl Case {
             Case::Operator => vec![text("cut")],
             Case::Erasure => vec![text("e")],
             Case::Keys => vec![],
+            Case::Heartbeat => vec![text("live")],
         }
     }
 
@@ -180,6 +187,16 @@ impl Case {
                 world.clock.advance_ms(3_600_001);
             }
             Case::Keys => {}
+            // A claim whose process stopped before its dispatch mark; its lease is still live.
+            Case::Heartbeat => {
+                text_call(
+                    world,
+                    "live",
+                    text_reply(),
+                    Some((StoreOp::MarkDispatched, 1)),
+                )
+                .await;
+            }
         }
     }
 
@@ -276,6 +293,31 @@ impl Case {
                 let _ = stores.insert_key(record).await;
                 let _ = stores.key_by_digest(&digest).await;
                 let _ = stores.scopes_with_work(None, 10).await;
+            }
+            Case::Heartbeat => {
+                // The holder's heartbeat, late in its lease: renewed with its own fence, the
+                // claim is not expired for a recoverer.
+                let key = OperationKey::parse("live").unwrap();
+                let Ok(Some(record)) = stores.execution(&scope, &key).await else {
+                    return;
+                };
+                world.clock.advance_ms(20_000);
+                let now = tollgate_runner::Clock::now(world.clock.as_ref());
+                if stores
+                    .renew_lease(record.fence(), 30_000, now)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                world.clock.advance_ms(20_000);
+                let _ = world
+                    .reconciler(&stores)
+                    .reconcile_expired(&scope, 100, RECOVERY_LEASE_MS)
+                    .await;
+                // Renewed: still the holder's, never taken over.
+                let row = world.inner.execution(&scope, &key).await.unwrap().unwrap();
+                assert_eq!(row.fence, record.fence, "a renewed lease is not taken over");
             }
         }
     }

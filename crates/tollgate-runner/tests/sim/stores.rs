@@ -180,6 +180,16 @@ impl ExecutionStore for SimStores {
         oracle::on_take_fence(&self.shared, &self.gate.name, key, &out);
         self.leave(out).await
     }
+    async fn renew_lease(
+        &self,
+        fence: Fence,
+        lease_ms: u64,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord> {
+        self.enter().await?;
+        let out = self.inner().renew_lease(fence, lease_ms, now).await;
+        self.fenced("renew_lease", fence, out).await
+    }
     async fn execution(
         &self,
         scope: &Scope,

@@ -39,6 +39,8 @@ macro_rules! store_conformance {
             sc_16_post_call_block_settles_then_suppresses_output,
             sc_94_reconciliation_required_keeps_its_reason_and_hold,
             sc_40_take_fence_only_after_lease_expiry,
+            sc_100_renewed_lease_keeps_recovery_out,
+            sc_101_stale_renewal_fails_and_changes_nothing,
             sc_41_expired_lists_only_expired_unfinished,
             sc_71_sc_73_retention_and_erasure_are_final,
             sc_42_inbox_pages_by_seq_and_acknowledges_once,
@@ -412,6 +414,85 @@ pub async fn sc_40_take_fence_only_after_lease_expiry<S: Stores>(s: Arc<S>) {
         .await
         .unwrap()
         .is_none());
+}
+
+/// A renewal extends the lease from the store's "now": a recoverer that would have found the
+/// claim's lease expired finds nothing, until the renewed lease ends too.
+pub async fn sc_100_renewed_lease_keeps_recovery_out<S: Stores>(s: Arc<S>) {
+    let r = claimed(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
+    let states = [ExecutionState::Prepared, ExecutionState::Dispatched];
+    let renewed_at = t0() + Duration::milliseconds(20_000);
+    let renewed = s.renew_lease(r.fence(), 30_000, renewed_at).await.unwrap();
+    assert_eq!(renewed.fence, r.fence, "a renewal keeps the fence");
+    assert_eq!(renewed.state, ExecutionState::Prepared);
+    assert!(renewed.lease_expires_at > r.lease_expires_at);
+    let stored = s.execution(&scope("a"), &key("k1")).await.unwrap().unwrap();
+    assert_eq!(stored.lease_expires_at, renewed.lease_expires_at);
+    // Past the claim's lease, inside the renewed one: nothing to take over.
+    let past_claim = t0() + Duration::milliseconds(30_001);
+    assert!(s
+        .expired(&scope("a"), past_claim, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(s
+        .take_fence(&scope("a"), &key("k1"), &states, true, 1000, past_claim)
+        .await
+        .unwrap()
+        .is_none());
+    // The dispatched row renews too, and its writes still hold the fence.
+    let d = s.mark_dispatched(r.fence(), past_claim).await.unwrap();
+    s.renew_lease(d.fence(), 30_000, past_claim).await.unwrap();
+    // Once renewals stop, the lease ends.
+    let past_renewal = past_claim + Duration::milliseconds(30_001);
+    let taken = s
+        .take_fence(&scope("a"), &key("k1"), &states, true, 1000, past_renewal)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(taken.fence > r.fence);
+}
+
+/// A renewal with a stale fence, or of a finished execution, fails and changes nothing (H-3).
+pub async fn sc_101_stale_renewal_fails_and_changes_nothing<S: Stores>(s: Arc<S>) {
+    let r = dispatched(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
+    let states = [ExecutionState::Prepared, ExecutionState::Dispatched];
+    let taken = s
+        .take_fence(&scope("a"), &key("k1"), &states, false, 30_000, t0())
+        .await
+        .unwrap()
+        .unwrap();
+    let audit_before = s.audit_rows(&scope("a"), 0, 100).await.unwrap().len();
+    let later = t0() + Duration::milliseconds(10_000);
+    assert!(matches!(
+        s.renew_lease(r.fence(), 60_000, later).await,
+        Err(StoreError::StaleFence(id)) if id == r.id
+    ));
+    let stored = s.execution(&scope("a"), &key("k1")).await.unwrap().unwrap();
+    assert_eq!(stored, taken, "a stale renewal changes nothing");
+    // A finished execution renews nothing either, even with its current fence.
+    let done = s
+        .settle(settle_req(&taken, "0.1", "x"))
+        .await
+        .unwrap()
+        .record;
+    assert!(matches!(
+        s.renew_lease(done.fence(), 60_000, later).await,
+        Err(StoreError::StaleFence(_))
+    ));
+    let stored = s.execution(&scope("a"), &key("k1")).await.unwrap().unwrap();
+    assert_eq!(stored, done);
+    // Renewals write no audit row: the settlement is the only new one.
+    let audit_after = s.audit_rows(&scope("a"), 0, 100).await.unwrap().len();
+    assert_eq!(audit_after, audit_before + 1);
+    let missing = Fence {
+        execution_id: ExecutionId::new(),
+        token: FenceToken(1),
+    };
+    assert!(matches!(
+        s.renew_lease(missing, 60_000, later).await,
+        Err(StoreError::NotFound(_))
+    ));
 }
 
 pub async fn sc_41_expired_lists_only_expired_unfinished<S: Stores>(s: Arc<S>) {

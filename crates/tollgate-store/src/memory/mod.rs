@@ -341,6 +341,19 @@ impl ExecutionStore for MemoryStores {
         Ok(Some(record))
     }
 
+    async fn renew_lease(
+        &self,
+        fence: Fence,
+        lease_ms: u64,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord> {
+        let mut t = self.lock()?;
+        let record = t.record_mut(fence.execution_id)?;
+        rules::check_fence(record, fence, &rules::LEASED)?;
+        record.lease_expires_at = rules::lease_end(now, lease_ms);
+        Ok(record.clone())
+    }
+
     async fn execution(
         &self,
         scope: &Scope,
