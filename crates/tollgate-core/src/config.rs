@@ -253,9 +253,8 @@ impl CallConfig {
     /// maximal token at the dearest input class, plus the framing of [`MESSAGES_MAX`] messages,
     /// and `max_tokens` at the dearest output class (spec/money.md — Holds).
     pub fn worst_case_usage(&self) -> (u64, u64) {
-        let input_chars = self.max_input_chars
-            + self.fixed_request_chars()
-            + self.output_contract_chars();
+        let input_chars =
+            self.max_input_chars + self.fixed_request_chars() + self.output_contract_chars();
         let input = input_chars
             .saturating_mul(TOKENS_PER_CHAR_WORST)
             .saturating_add(self.framing_tokens(MESSAGES_MAX));
