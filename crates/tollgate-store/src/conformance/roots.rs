@@ -425,10 +425,15 @@ pub async fn sc_122_dispatch_mark_shrinks_the_hold_and_never_grows_it<S: AllStor
         o => panic!("{o:?}"),
     }
     // Growing is refused, nothing written.
-    let grown = s.mark_dispatched_with_hold(r.fence(), money("0.7"), t0()).await;
+    let grown = s
+        .mark_dispatched_with_hold(r.fence(), money("0.7"), t0())
+        .await;
     assert_eq!(grown.unwrap_err(), StoreError::HoldGrows(r.id));
     let still = s.execution(&scope("a"), &key("c1")).await.unwrap().unwrap();
-    assert_eq!((still.state, still.hold), (ExecutionState::Prepared, money("0.6")));
+    assert_eq!(
+        (still.state, still.hold),
+        (ExecutionState::Prepared, money("0.6"))
+    );
     // A stale fence is refused, nothing written.
     let mut stale = r.fence();
     stale.token = FenceToken(r.fence.0 + 1);
@@ -442,13 +447,17 @@ pub async fn sc_122_dispatch_mark_shrinks_the_hold_and_never_grows_it<S: AllStor
         .mark_dispatched_with_hold(r.fence(), money("0.1"), t0())
         .await
         .unwrap();
-    assert_eq!((d.state, d.hold), (ExecutionState::Dispatched, money("0.1")));
+    assert_eq!(
+        (d.state, d.hold),
+        (ExecutionState::Dispatched, money("0.1"))
+    );
     assert_eq!(daily(&*s, &r).await.held, money("0.1"));
     assert_eq!(session(&*s, &r).await.held, money("0.1"));
     assert_eq!(root_of(&*s, "r1").await.held, money("0.1"));
     // Only once: the row is no longer prepared.
     assert!(matches!(
-        s.mark_dispatched_with_hold(d.fence(), money("0.05"), t0()).await,
+        s.mark_dispatched_with_hold(d.fence(), money("0.05"), t0())
+            .await,
         Err(StoreError::StaleFence(_))
     ));
     // The room freed admits the second claim now.
