@@ -7,7 +7,7 @@
 //! cost; a post-call block (`settled > block`) is possible only when the actual cost exceeded the
 //! worst case (a provider that ignored the output cap).
 
-use crate::money::Money;
+use crate::money::{Currency, Money};
 use serde::{Deserialize, Serialize};
 
 /// Which spend a cap is measured against.
@@ -89,6 +89,26 @@ pub struct CapBlocked {
     pub held: Money,
     /// The refused call's hold.
     pub hold: Money,
+    /// Currency of every amount, when the refusing runner knows it (SC-123).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<Currency>,
+}
+
+impl CapBlocked {
+    /// What the cap leaves for a new hold: `limit − settled − held`, floored at zero (SC-123).
+    pub fn available(&self) -> Money {
+        self.limit
+            .saturating_sub(self.settled)
+            .saturating_sub(self.held)
+    }
+
+    /// The same refusal, naming the currency of its amounts.
+    pub fn in_currency(self, currency: Currency) -> Self {
+        Self {
+            currency: Some(currency),
+            ..self
+        }
+    }
 }
 
 /// A cap crossed after settlement.
@@ -170,6 +190,7 @@ impl Caps {
                     settled: totals.settled,
                     held: totals.held,
                     hold,
+                    currency: None,
                 });
             }
         }

@@ -18,8 +18,15 @@ use std::collections::BTreeSet;
 pub const TOKENS_PER_CHAR_WORST: u64 = 3;
 /// Messages a request may hold.
 pub const MESSAGES_MAX: u64 = 256;
-/// Worst-case framing tokens per message.
+/// Worst-case framing tokens per message (the system prompt counts as one more message).
 pub const MESSAGE_OVERHEAD_TOKENS: u64 = 8;
+/// Worst-case tokens a provider adds to prime the reply (e.g. `<|start|>assistant<|message|>`).
+pub const REPLY_PRIMER_TOKENS: u64 = 8;
+/// Worst-case framing tokens per tool definition, besides its name, description and schema.
+pub const TOOL_OVERHEAD_TOKENS: u64 = 64;
+/// Worst-case tokens of the instructions a provider adds when a request carries tools or an
+/// output schema (Anthropic documents at most 530 for its tool-use system prompt).
+pub const TOOLING_PREAMBLE_TOKENS: u64 = 1024;
 /// Longest run timeout (ST-34): ten minutes.
 pub const RUN_TIMEOUT_MS_MAX: u64 = 600_000;
 /// Largest `max_tokens`.
@@ -216,27 +223,52 @@ impl CallConfig {
         system + tools
     }
 
-    /// Worst-case usage of one call: every input char a maximal token at the dearest input
-    /// class, plus framing, and `max_tokens` at the dearest output class.
+    /// Chars of the JSON output contract sent with the request (name and schema), if any.
+    pub fn output_contract_chars(&self) -> u64 {
+        self.output
+            .as_ref()
+            .map(|o| utf16_len(&o.name) + utf16_len(&o.schema.to_string()))
+            .unwrap_or(0)
+    }
+
+    /// Framing tokens of a request of `messages` messages under this snapshot: per message (the
+    /// system prompt is one more), per tool, the tooling preamble and the reply primer.
+    pub fn framing_tokens(&self, messages: u64) -> u64 {
+        let system = u64::from(self.system.is_some());
+        let tools = self.tools.len() as u64;
+        let preamble = if self.tools.is_empty() && self.output.is_none() {
+            0
+        } else {
+            TOOLING_PREAMBLE_TOKENS
+        };
+        messages
+            .saturating_add(system)
+            .saturating_mul(MESSAGE_OVERHEAD_TOKENS)
+            .saturating_add(tools.saturating_mul(TOOL_OVERHEAD_TOKENS))
+            .saturating_add(preamble)
+            .saturating_add(REPLY_PRIMER_TOKENS)
+    }
+
+    /// Worst-case usage of one call under this profile, whatever its input: every input char a
+    /// maximal token at the dearest input class, plus the framing of [`MESSAGES_MAX`] messages,
+    /// and `max_tokens` at the dearest output class (spec/money.md — Holds).
     pub fn worst_case_usage(&self) -> (u64, u64) {
-        let input_chars = self.max_input_chars + self.fixed_request_chars();
+        let input_chars =
+            self.max_input_chars + self.fixed_request_chars() + self.output_contract_chars();
         let input = input_chars
             .saturating_mul(TOKENS_PER_CHAR_WORST)
-            .saturating_add(MESSAGES_MAX * MESSAGE_OVERHEAD_TOKENS);
+            .saturating_add(self.framing_tokens(MESSAGES_MAX));
         (input, u64::from(self.max_tokens))
     }
 
-    /// The worst-case cost held against caps at claim (see [`crate::caps`]).
+    /// The cost of `input` and `output` tokens at the dearest input and output class.
     ///
     /// # Errors
     /// Overflow.
-    pub fn worst_case_hold(&self) -> Result<Money, MoneyError> {
-        let (input, output) = self.worst_case_usage();
-        let in_price = self.prices.input_max();
-        let out_price = self.prices.output_max();
+    pub fn cost_at_dearest(&self, input: u64, output: u64) -> Result<Money, MoneyError> {
         let worst = TokenPrices {
-            input: in_price,
-            output: out_price,
+            input: self.prices.input_max(),
+            output: self.prices.output_max(),
             cache_read: Money::ZERO,
             cache_write: Money::ZERO,
             reasoning: Money::ZERO,
@@ -246,6 +278,15 @@ impl CallConfig {
             output,
             ..Usage::ZERO
         })
+    }
+
+    /// The worst-case cost held against caps at claim (see [`crate::caps`]).
+    ///
+    /// # Errors
+    /// Overflow.
+    pub fn worst_case_hold(&self) -> Result<Money, MoneyError> {
+        let (input, output) = self.worst_case_usage();
+        self.cost_at_dearest(input, output)
     }
 }
 
@@ -315,8 +356,8 @@ mod tests {
     fn worst_case_hold_covers_max_tokens_and_input() {
         let c = text_config();
         assert!(c.validate().is_ok());
-        // input: (1000 + 9) * 3 + 2048 = 5075 tokens at 1.25; output 100 at 2.
-        let expected = Money::parse("0.00654375", "t").unwrap_or(Money::ZERO);
+        // input: (1000 + 9) * 3 + (256 + 1) * 8 + 8 = 5091 tokens at 1.25; output 100 at 2.
+        let expected = Money::parse("0.00656375", "t").unwrap_or(Money::ZERO);
         assert_eq!(c.worst_case_hold(), Ok(expected));
     }
 

@@ -9,6 +9,7 @@ pub mod collector;
 pub mod config;
 pub mod digest;
 pub mod event;
+pub mod hold;
 pub mod ids;
 pub mod invalid;
 pub mod message;

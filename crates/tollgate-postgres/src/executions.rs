@@ -62,6 +62,15 @@ impl ExecutionStore for PgStores {
         .await
     }
 
+    async fn mark_dispatched_with_hold(
+        &self,
+        fence: Fence,
+        hold: tollgate_core::money::Money,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord> {
+        self.dispatched_with_hold_tx(fence, hold, now).await
+    }
+
     async fn mark_not_dispatched(
         &self,
         fence: Fence,

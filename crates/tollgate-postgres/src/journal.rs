@@ -37,6 +37,11 @@ const NOT_DISPATCHED: &str = concat!(
     execution_columns!()
 );
 
+const DISPATCHED_WITH_HOLD: &str = concat!(
+    "UPDATE executions SET state = $2, hold = $3, updated_at = $4 WHERE id = $1 RETURNING ",
+    execution_columns!()
+);
+
 /// A new fence when eligible; the lease is compared and set with the database's clock (`$7` is
 /// `NULL` outside tests, see `PgStores::lease_now`).
 const TAKE_FENCE: &str = concat!(
@@ -246,6 +251,44 @@ impl PgStores {
             rules::transition_event(&record, "not_dispatched", now),
         )
         .await?;
+        tx.commit().await.store_err()?;
+        Ok(record)
+    }
+
+    /// `prepared → dispatched` with the hold shrunk to `hold` (SC-122): the difference leaves
+    /// the root (under the root lock, for a call under a root) and both spend rows, in the
+    /// crate's lock order. A hold that would grow is refused with nothing written.
+    pub(crate) async fn dispatched_with_hold_tx(
+        &self,
+        fence: Fence,
+        hold: tollgate_core::money::Money,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord> {
+        let mut tx = self.pool().begin().await.store_err()?;
+        let before = locks::lock_execution(&mut tx, fence.execution_id).await?;
+        rules::check_fence(&before, fence, &[ExecutionState::Prepared])?;
+        let shrink = rules::hold_shrink(&before, hold)?;
+        if let Some(root_key) = &before.root_key {
+            if let Some(root) = locks::lock_root(&mut tx, &before.scope, root_key).await? {
+                let totals = rules::release_hold(root.totals(), shrink);
+                locks::write_totals(&mut tx, root.id, totals, None).await?;
+            }
+        }
+        let keys = SpendKeys::of(&before);
+        let (session, daily) = spend::lock(&mut tx, &keys).await?;
+        let session = rules::release_hold(session, shrink);
+        let daily = rules::release_hold(daily, shrink);
+        spend::write(&mut tx, &keys, session, daily).await?;
+        let row: ExecutionRow = sqlx::query_as(DISPATCHED_WITH_HOLD)
+            .bind(before.id.0)
+            .bind(ExecutionState::Dispatched.as_str())
+            .bind(hold.decimal())
+            .bind(now)
+            .fetch_one(&mut *tx)
+            .await
+            .store_err()?;
+        let record = row.into_record()?;
+        audit::append(&mut tx, rules::transition_event(&record, "dispatched", now)).await?;
         tx.commit().await.store_err()?;
         Ok(record)
     }

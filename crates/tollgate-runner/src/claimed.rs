@@ -13,8 +13,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tollgate_core::config::CallConfig;
 use tollgate_core::digest::Binding;
+use tollgate_core::hold::fitted_hold;
 use tollgate_core::ids::{OperationKey, RootKey, Scope};
 use tollgate_core::invalid::InvalidReason;
+use tollgate_core::message::Message;
+use tollgate_core::money::Money;
 use tollgate_core::state::NotDispatchedCause;
 use tollgate_core::view::View;
 use tollgate_provider::{ProviderClient, ProviderRequest};
@@ -72,18 +75,21 @@ impl Engine {
         })
     }
 
-    /// Claims `(scope, key)` for `binding`, holding the snapshot's worst case (SC-12, SC-16).
+    /// Claims `(scope, key)` for `binding` (SC-12, SC-16), holding the worst case of `inline`
+    /// when the input is in hand (SC-120), else the snapshot's worst case.
     pub async fn claim(
         &self,
         scope: &Scope,
         key: &OperationKey,
         root_key: Option<RootKey>,
         binding: &Binding,
+        inline: Option<&[Message]>,
     ) -> Result<ClaimOutcome, RunError> {
-        let hold = self
-            .config
-            .worst_case_hold()
-            .map_err(|e| RunError::InvalidConfig(e.to_string()))?;
+        let hold = match inline {
+            Some(messages) => fitted_hold(&self.config, messages),
+            None => self.config.worst_case_hold(),
+        }
+        .map_err(|e| RunError::InvalidConfig(e.to_string()))?;
         let lease_ms = self.claim_lease_ms();
         let claim = ClaimRequest {
             scope: scope.clone(),
@@ -180,12 +186,22 @@ impl Engine {
         // dispatch mark that waits for the store, and the drive (which takes the heartbeat
         // along, so it ends with the drive's settlement or terminal write).
         let heartbeat = self.heartbeat(&record);
-        let request = match self.load(&record, load_input, &cancel).await {
-            Ok(request) => request,
+        let (request, hold) = match self.load(&record, load_input, &cancel).await {
+            Ok(loaded) => loaded,
             Err(cause) => return self.not_dispatched(&record, cause).await,
         };
         let now = self.ctx.clock.now();
-        let dispatched = match self.ctx.stores.mark_dispatched(record.fence(), now).await {
+        // The hold shrinks to the loaded request's own worst case in the dispatch mark's unit
+        // (SC-122); an unchanged hold is a plain dispatch mark.
+        let marked = if hold < record.hold {
+            let stores = &self.ctx.stores;
+            stores
+                .mark_dispatched_with_hold(record.fence(), hold, now)
+                .await
+        } else {
+            self.ctx.stores.mark_dispatched(record.fence(), now).await
+        };
+        let dispatched = match marked {
             Ok(r) => r,
             Err(e) => {
                 // Still prepared: record why it never went out (best effort). Nothing was sent
@@ -229,7 +245,7 @@ impl Engine {
         record: &ExecutionRecord,
         load_input: InputLoader,
         cancel: &CancellationToken,
-    ) -> Result<ProviderRequest, NotDispatchedCause> {
+    ) -> Result<(ProviderRequest, Money), NotDispatchedCause> {
         if cancel.is_cancelled() {
             return Err(NotDispatchedCause::Aborted);
         }
@@ -240,6 +256,11 @@ impl Engine {
         let messages = loaded.map_err(|_| NotDispatchedCause::Input)?;
         let config = &record.binding.config;
         check_input(config, &messages).map_err(|_| NotDispatchedCause::Invalid)?;
+        // A hold only shrinks: input whose worst case is above the claim's hold is not sent.
+        let hold = fitted_hold(config, &messages).map_err(|_| NotDispatchedCause::Invalid)?;
+        if hold > record.hold {
+            return Err(NotDispatchedCause::Invalid);
+        }
         let request = provider_request(config, messages);
         self.ctx
             .client
@@ -248,7 +269,7 @@ impl Engine {
         if cancel.is_cancelled() {
             return Err(NotDispatchedCause::Aborted);
         }
-        Ok(request)
+        Ok((request, hold))
     }
 
     /// Runs the drive as its own task, so that a caller who stops waiting does not stop the

@@ -11,6 +11,7 @@ use tollgate_core::config::CallConfig;
 use tollgate_core::digest::Binding;
 use tollgate_core::ids::{InputRevision, Intent, OperationKey, Scope, SessionId};
 use tollgate_core::invalid::InvalidReason;
+use tollgate_core::message::Message;
 use tollgate_core::state::CallKind;
 use tollgate_core::step::Step;
 use tollgate_core::view::{Output, View};
@@ -115,6 +116,29 @@ impl SingleCallRunner {
     /// # Errors
     /// Conflict (SC-14), cap blocked (SC-16), store failure (SC-17), interruption (SC-60).
     pub async fn run(&self, request: RunRequest) -> Result<View, RunError> {
+        self.run_holding(request, None).await
+    }
+
+    /// Runs one call whose input is in hand (`input`, what `request.load_input` hands back): the
+    /// claim holds that request's own worst case instead of the profile's (SC-120). Input the
+    /// loader hands back whose worst case is above that hold is not sent (`not_dispatched`,
+    /// cause `invalid`).
+    ///
+    /// # Errors
+    /// As [`SingleCallRunner::run`].
+    pub async fn run_inline(
+        &self,
+        request: RunRequest,
+        input: &[Message],
+    ) -> Result<View, RunError> {
+        self.run_holding(request, Some(input)).await
+    }
+
+    async fn run_holding(
+        &self,
+        request: RunRequest,
+        inline: Option<&[Message]>,
+    ) -> Result<View, RunError> {
         let binding = Binding {
             session_id: request.session_id,
             intent: request.intent,
@@ -123,11 +147,20 @@ impl SingleCallRunner {
         };
         let claim = self
             .engine
-            .claim(&request.scope, &request.operation_key, None, &binding)
+            .claim(
+                &request.scope,
+                &request.operation_key,
+                None,
+                &binding,
+                inline,
+            )
             .await?;
         let record = match claim {
             ClaimOutcome::Claimed(record) => record,
-            ClaimOutcome::Blocked(blocked) => return Err(RunError::CapBlocked(blocked)),
+            ClaimOutcome::Blocked(blocked) => {
+                let currency = self.engine.config.currency.clone();
+                return Err(RunError::CapBlocked(blocked.in_currency(currency)));
+            }
             ClaimOutcome::Existing(existing) => {
                 return self.engine.replay(&existing, &binding).await
             }

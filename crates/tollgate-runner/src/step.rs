@@ -208,6 +208,7 @@ impl GovernedStepRunner {
                 &key,
                 Some(request.root_key.clone()),
                 &binding,
+                None,
             )
             .await;
         let record = match claim? {
@@ -215,7 +216,8 @@ impl GovernedStepRunner {
             ClaimOutcome::Blocked(blocked) => {
                 self.release(&request.scope, &request.root_key, &key)
                     .await?;
-                return Err(RunError::CapBlocked(blocked));
+                let currency = self.engine.config.currency.clone();
+                return Err(RunError::CapBlocked(blocked.in_currency(currency)));
             }
             ClaimOutcome::Existing(existing) => {
                 self.release(&request.scope, &request.root_key, &key)

@@ -152,7 +152,7 @@ impl StructuredCallRunner {
         config
             .caps
             .admit(session, daily, hold)
-            .map_err(RunError::CapBlocked)
+            .map_err(|b| RunError::CapBlocked(b.in_currency(config.currency.clone())))
     }
 
     /// SR-8: a failed close never hides a completed result; the unclosed root expires and is

@@ -493,7 +493,8 @@ async fn sc_96_gateway_and_server_errors_over_http_go_to_operators_holding() {
             assert!(evidence[0].provider_ref.is_some(), "{p} {name}");
         }
     }
-    // Every hold is kept: six calls, each its worst case.
+    // Every hold is kept: six calls, each the worst case of its request, to which the dispatch
+    // mark shrank it (SC-122).
     let daily = rig
         .stores
         .daily_spend(
@@ -503,7 +504,8 @@ async fn sc_96_gateway_and_server_errors_over_http_go_to_operators_holding() {
         )
         .await
         .unwrap();
-    let hold = text_config().worst_case_hold().unwrap();
+    let input = [Message::text(Role::User, TEXT)];
+    let hold = tollgate_core::hold::fitted_hold(&text_config(), &input).unwrap();
     assert_eq!(daily.settled, Money::ZERO);
     let six = (1..6).fold(hold, |sum, _| sum.checked_add(hold).unwrap());
     assert_eq!(daily.held, six);

@@ -126,9 +126,20 @@ impl ApiError {
                 error["fields"] = json!(fields);
             }
             Self::CapBlocked(b) => {
+                let currency = b
+                    .currency
+                    .as_ref()
+                    .map(|c| format!(" {c}"))
+                    .unwrap_or_default();
                 error["message"] = json!(format!(
-                    "the {} block cap refuses the call before dispatch",
-                    b.window.as_str()
+                    "the {} block cap refuses the call before dispatch: it needs a hold of \
+                     {}{currency}, {}{currency} is left (cap {}, settled {}, held {})",
+                    b.window.as_str(),
+                    b.hold,
+                    b.available(),
+                    b.limit,
+                    b.settled,
+                    b.held
                 ));
                 error["cap"] = json!(b.window.as_str());
                 error["level"] = json!("block");
@@ -136,6 +147,10 @@ impl ApiError {
                 error["settled"] = json!(b.settled);
                 error["held"] = json!(b.held);
                 error["hold"] = json!(b.hold);
+                error["available"] = json!(b.available());
+                if let Some(currency) = &b.currency {
+                    error["currency"] = json!(currency);
+                }
             }
             Self::Unavailable {
                 operation_key: Some(key),

@@ -24,6 +24,10 @@ pub enum StoreError {
     /// Stored data could not be decoded.
     #[error("corrupt row: {0}")]
     Corrupt(String),
+    /// A hold may only shrink before dispatch: the new hold is above the execution's current
+    /// one (SC-122). Nothing was written.
+    #[error("the hold of execution {0} may only shrink")]
+    HoldGrows(ExecutionId),
 }
 
 impl StoreError {

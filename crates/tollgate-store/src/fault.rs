@@ -83,7 +83,7 @@ pub struct Fault {
 pub enum FaultPoint {
     /// `claim` fails before writing.
     Claim,
-    /// `mark_dispatched` fails before writing.
+    /// `mark_dispatched` (with or without a fitted hold) fails before writing.
     MarkDispatched,
     /// `mark_not_dispatched` fails before writing.
     MarkNotDispatched,
@@ -124,7 +124,10 @@ impl FaultPoint {
         use PointEffect::*;
         match self {
             Self::Claim => (&[StoreOp::Claim], FailBefore),
-            Self::MarkDispatched => (&[StoreOp::MarkDispatched], FailBefore),
+            Self::MarkDispatched => (
+                &[StoreOp::MarkDispatched, StoreOp::MarkDispatchedWithHold],
+                FailBefore,
+            ),
             Self::MarkNotDispatched => (&[StoreOp::MarkNotDispatched], FailBefore),
             Self::MarkReconciliation => (&[StoreOp::MarkReconciliationRequired], FailBefore),
             Self::Settle => (&[StoreOp::Settle], FailBefore),
@@ -463,6 +466,11 @@ fault_wrapper! {
         write Claim = fn claim(request: ClaimRequest) -> ClaimOutcome;
         write MarkDispatched = fn mark_dispatched(fence: Fence, now: DateTime<Utc>)
             -> ExecutionRecord;
+        write MarkDispatchedWithHold = fn mark_dispatched_with_hold(
+            fence: Fence,
+            hold: tollgate_core::money::Money,
+            now: DateTime<Utc>,
+        ) -> ExecutionRecord;
         write MarkNotDispatched = fn mark_not_dispatched(
             fence: Fence,
             cause: NotDispatchedCause,
@@ -571,7 +579,7 @@ mod tests {
         assert_eq!(names.len(), StoreOp::ALL.len());
         assert!(StoreOp::Settle.is_write() && !StoreOp::Execution.is_write());
         assert_eq!(StoreOp::RootReceipt.store(), "RootStore");
-        assert_eq!(StoreOp::ALL.iter().filter(|op| op.is_write()).count(), 19);
+        assert_eq!(StoreOp::ALL.iter().filter(|op| op.is_write()).count(), 20);
     }
 
     #[test]

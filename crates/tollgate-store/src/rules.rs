@@ -63,6 +63,17 @@ pub fn release_hold(totals: SpendTotals, hold: Money) -> SpendTotals {
     }
 }
 
+/// How much a hold shrinks when `record`'s hold becomes `hold` before dispatch (SC-122).
+///
+/// # Errors
+/// `HoldGrows` when `hold` is above the current hold.
+pub fn hold_shrink(record: &ExecutionRecord, hold: Money) -> StoreResult<Money> {
+    if hold > record.hold {
+        return Err(StoreError::HoldGrows(record.id));
+    }
+    Ok(record.hold.saturating_sub(hold))
+}
+
 /// Releases a hold and adds a settled amount.
 ///
 /// # Errors

@@ -42,6 +42,20 @@ pub trait ExecutionStore: Send + Sync {
         now: DateTime<Utc>,
     ) -> StoreResult<ExecutionRecord>;
 
+    /// `prepared → dispatched` with the hold shrunk to `hold`, the loaded request's own worst
+    /// case, in the same unit (SC-122): the difference leaves the held totals of both spend rows
+    /// and of the root. Audits `dispatched` (with the new hold).
+    ///
+    /// # Errors
+    /// `StaleFence` when the fence is not current or the row is not `prepared`; `HoldGrows`
+    /// when `hold` is above the current hold. Nothing is written on error.
+    async fn mark_dispatched_with_hold(
+        &self,
+        fence: Fence,
+        hold: tollgate_core::money::Money,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord>;
+
     /// `prepared → not_dispatched(cause)`, releasing the hold. Audits `not_dispatched`.
     ///
     /// # Errors

@@ -212,7 +212,15 @@ impl Case {
                     (json_config(), json_reply())
                 };
                 let runner = world.text_runner(&stores, config, world.client("k", vec![reply]));
-                let _ = runner.run(world.request("k")).await;
+                // Text: the input in hand, claimed at its own worst case (`mark_dispatched`).
+                // Json: loaded after the claim, the hold shrunk by the dispatch mark
+                // (`mark_dispatched_with_hold`, SC-122).
+                if self == Case::Text {
+                    let input = [Message::text(Role::User, INPUT)];
+                    let _ = runner.run_inline(world.request("k"), &input).await;
+                } else {
+                    let _ = runner.run(world.request("k")).await;
+                }
             }
             Case::Structured => {
                 let runner =

@@ -42,6 +42,8 @@ use tollgate_store::conformance::text_config;
 use tollgate_store::fault::{Fault, FaultyStores, StoreOp};
 use tollgate_store::{MemoryStores, ServiceStores};
 
+/// Every call's input.
+pub const INPUT: &str = "weather in Paris?";
 /// Lease of the fences recovery takes.
 pub const RECOVERY_LEASE_MS: u64 = 10_000;
 /// How far process 2 moves the clock: past every lease, root deadline and result retention.
@@ -175,7 +177,7 @@ impl World {
             operation_key: OperationKey::parse(key).unwrap(),
             input_revision: InputRevision::parse("r-1").unwrap(),
             intent: Intent::parse("summarize").unwrap(),
-            load_input: async { Ok(vec![Message::text(Role::User, "weather in Paris?")]) }.boxed(),
+            load_input: async { Ok(vec![Message::text(Role::User, INPUT)]) }.boxed(),
             cancel: CancellationToken::new(),
         }
     }
@@ -185,7 +187,7 @@ impl World {
             scope: self.scope.clone(),
             root_key: RootKey::parse(root).unwrap(),
             operation_key: OperationKey::parse(key).unwrap(),
-            load_input: async { Ok(vec![Message::text(Role::User, "weather in Paris?")]) }.boxed(),
+            load_input: async { Ok(vec![Message::text(Role::User, INPUT)]) }.boxed(),
             cancel: CancellationToken::new(),
         }
     }

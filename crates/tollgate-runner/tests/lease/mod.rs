@@ -137,7 +137,10 @@ pub async fn assert_completed_untouched(
         .unwrap();
     assert_eq!(row.state, ExecutionState::Completed);
     assert_eq!(row.fence, FenceToken(1), "no fence was ever taken");
-    let audit = stores.audit_rows(&scope("acme"), 0, 100).await.unwrap();
+    let audit = stores
+        .audit_rows(&scope("acme"), tollgate_store::AuditPosition::START, 100)
+        .await
+        .unwrap();
     assert!(
         audit.iter().all(|r| r.event.kind != "fence_taken"),
         "no fence_taken in the audit log"

@@ -23,6 +23,7 @@ pub fn err_kind(e: &StoreError) -> &'static str {
         StoreError::NotFound(_) => "not_found",
         StoreError::Duplicate(_) => "duplicate",
         StoreError::Corrupt(_) => "corrupt",
+        StoreError::HoldGrows(_) => "hold_grows",
     }
 }
 
@@ -133,6 +134,15 @@ fn check_token(shared: &Shared, op: &str, fence: Fence) -> Vec<Row> {
         ));
     }
     rows
+}
+
+/// After a dispatch mark that shrank the hold: the model's hold follows (SC-122).
+pub fn on_hold_shrunk(shared: &Shared, fence: Fence, out: &StoreResult<ExecutionRecord>) {
+    if let Ok(record) = out {
+        if let Some(known) = shared.model().executions.get_mut(&fence.execution_id) {
+            known.hold = record.hold;
+        }
+    }
 }
 
 /// After a fenced journal transition.

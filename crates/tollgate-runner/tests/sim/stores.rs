@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tollgate_core::caps::SpendTotals;
 use tollgate_core::ids::*;
+use tollgate_core::money::Money;
 use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
 use tollgate_store::*;
 
@@ -129,6 +130,20 @@ impl ExecutionStore for SimStores {
         self.enter().await?;
         let out = self.inner().mark_dispatched(fence, now).await;
         self.fenced("mark_dispatched", fence, out).await
+    }
+    async fn mark_dispatched_with_hold(
+        &self,
+        fence: Fence,
+        hold: Money,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord> {
+        self.enter().await?;
+        let out = self
+            .inner()
+            .mark_dispatched_with_hold(fence, hold, now)
+            .await;
+        oracle::on_hold_shrunk(&self.shared, fence, &out);
+        self.fenced("mark_dispatched_with_hold", fence, out).await
     }
     async fn mark_not_dispatched(
         &self,

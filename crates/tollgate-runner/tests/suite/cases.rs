@@ -14,6 +14,11 @@ use tollgate_runner::Clock as _;
 use tollgate_runner::RunError;
 use tollgate_store::fault::FaultPoint;
 
+/// The hold a text call of `text` keeps once dispatched: its own worst case (SC-122).
+fn fitted_hold_of(text: &str) -> Money {
+    tollgate_core::hold::fitted_hold(&text_config(), &[Message::text(Role::User, text)]).unwrap()
+}
+
 fn key(s: &str) -> OperationKey {
     OperationKey::parse(s).unwrap()
 }
@@ -459,8 +464,8 @@ pub async fn st_23_cut_before_usage_needs_reconciliation(h: Harness) {
     assert!(h.stores.settlement(id).await.unwrap().is_none());
     assert_eq!(
         h.daily().await.held,
-        text_config().worst_case_hold().unwrap(),
-        "hold kept"
+        fitted_hold_of("x"),
+        "hold kept (as the dispatch mark fitted it, SC-122)"
     );
 }
 
@@ -499,8 +504,8 @@ pub async fn sc_95_inexact_provider_usage_needs_reconciliation(h: Harness) {
     );
     assert_eq!(
         h.daily().await.held,
-        text_config().worst_case_hold().unwrap(),
-        "hold kept"
+        fitted_hold_of("x"),
+        "hold kept (as the dispatch mark fitted it, SC-122)"
     );
     let evidence = h.stores.evidence_for(id).await.unwrap();
     assert_eq!(evidence.len(), 1);
@@ -596,8 +601,8 @@ pub async fn sc_96_ambiguous_status_goes_to_operators_with_its_reason(h: Harness
     );
     assert_eq!(
         h.daily().await.held,
-        text_config().worst_case_hold().unwrap(),
-        "hold kept"
+        fitted_hold_of("x"),
+        "hold kept (as the dispatch mark fitted it, SC-122)"
     );
     // The request id is kept as inexact evidence: it proves nothing about the cost.
     let evidence = h.stores.evidence_for(id).await.unwrap();
@@ -1038,4 +1043,56 @@ pub async fn sc_52_only_governed_settlement_writes_finance_rows(h: Harness) {
     for legacy in ["run_id", "turn_id", "attempt_id", "call_id"] {
         assert!(!audit.contains(legacy));
     }
+}
+
+/// The holds in the `claimed` and `dispatched` audit rows of `key`.
+async fn audited_holds(h: &Harness, key_: &str) -> Vec<(String, Money)> {
+    let rows = h
+        .stores
+        .audit_rows(&scope("acme"), tollgate_store::AuditPosition::START, 1000)
+        .await
+        .unwrap();
+    rows.into_iter()
+        .filter(|r| r.event.detail["operation_key"] == key_)
+        .filter(|r| matches!(r.event.kind.as_str(), "claimed" | "dispatched"))
+        .map(|r| {
+            let hold = r.event.detail["hold"].as_str().unwrap().to_string();
+            (r.event.kind, m(&hold))
+        })
+        .collect()
+}
+
+/// SC-120, SC-122: input in hand is claimed at its own worst case; loaded input is claimed at the
+/// profile's and shrunk to its own in the dispatch mark's unit; a loader that hands back more
+/// than the claim held for is not sent, and its hold is released.
+pub async fn sc_120_sc_122_holds_fit_the_request(h: Harness) {
+    let config = text_config();
+    let input = [Message::text(Role::User, "hello")];
+    let fitted = tollgate_core::hold::fitted_hold(&config, &input).unwrap();
+    let worst = config.worst_case_hold().unwrap();
+    assert!(fitted < worst);
+    let c = client(vec![ok_reply("a"), ok_reply("b")]);
+    let runner = h.runner(config, &c);
+    runner.run(h.request("loaded", "hello")).await.unwrap();
+    assert_eq!(
+        audited_holds(&h, "loaded").await,
+        vec![("claimed".into(), worst), ("dispatched".into(), fitted)]
+    );
+    runner
+        .run_inline(h.request("inline", "hello"), &input)
+        .await
+        .unwrap();
+    assert_eq!(
+        audited_holds(&h, "inline").await,
+        vec![("claimed".into(), fitted), ("dispatched".into(), fitted)]
+    );
+    let view = runner
+        .run_inline(h.request("bigger", "hello, and a longer text"), &input)
+        .await
+        .unwrap();
+    assert_eq!(view.state, ViewState::NotDispatched);
+    assert_eq!(view.not_dispatched_cause, Some(NotDispatchedCause::Invalid));
+    assert_eq!(c.sends(), 2);
+    let d = h.daily().await;
+    assert_eq!((d.settled, d.held), (m("0.00004"), Money::ZERO));
 }

@@ -1,5 +1,6 @@
 runner_suite!(fresh;
     sc_12_claim_happens_before_input_is_loaded,
+    sc_120_sc_122_holds_fit_the_request,
     sc_13_h_2_replay_loads_nothing_and_sends_nothing,
     sc_13_replay_racing_the_first_call_never_sends_twice,
     sc_14_changed_binding_conflicts_naming_fields,

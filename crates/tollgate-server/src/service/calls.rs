@@ -9,6 +9,7 @@ use crate::profiles::Profile;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tollgate_core::ids::{InputRevision, Intent, OperationKey, SessionId};
+use tollgate_core::message::Message;
 use tollgate_core::view::View;
 use tollgate_runner::single::RunRequest;
 use tollgate_runner::views;
@@ -69,13 +70,14 @@ async fn create_checked(app: &App, who: &Principal, body: &[u8]) -> Result<View,
         )));
     }
     let cancel = CancellationToken::new();
+    let messages = body.input.messages;
     let request = RunRequest {
         scope: who.scope.clone(),
         session_id: id(SessionId::parse, body.session_id)?,
         operation_key: caller_id(OperationKey::parse, body.operation_key)?,
         input_revision: id(InputRevision::parse, body.input_revision)?,
         intent: id(Intent::parse, body.intent)?,
-        load_input: checked_input(&loaded.profile.config, body.input.messages)?,
+        load_input: checked_input(&loaded.profile.config, messages.clone())?,
         cancel: cancel.clone(),
     };
     let span = tracing::info_span!(
@@ -90,7 +92,7 @@ async fn create_checked(app: &App, who: &Principal, body: &[u8]) -> Result<View,
     let single = matches!(loaded.runner, ProfileRunner::Single(_));
     let work = async move {
         if single {
-            run_single(&task_app, &name, request).await
+            run_single(&task_app, &name, request, &messages).await
         } else {
             run_structured(&task_app, &name, request).await
         }
@@ -98,11 +100,17 @@ async fn create_checked(app: &App, who: &Principal, body: &[u8]) -> Result<View,
     detached(work.instrument(span), cancel).await
 }
 
-async fn run_single(app: &App, profile: &str, request: RunRequest) -> Result<View, ApiError> {
+/// The input is in the request: the claim holds its own worst case (SC-120).
+async fn run_single(
+    app: &App,
+    profile: &str,
+    request: RunRequest,
+    messages: &[Message],
+) -> Result<View, ApiError> {
     let Some(ProfileRunner::Single(runner)) = app.profiles.get(profile).map(|l| &l.runner) else {
         return Err(ApiError::Internal);
     };
-    answered(runner.run(request).await?)
+    answered(runner.run_inline(request, messages).await?)
 }
 
 async fn run_structured(app: &App, profile: &str, request: RunRequest) -> Result<View, ApiError> {

@@ -143,11 +143,17 @@ async fn key_for(keys: &KeyStore, scope: &str, role: KeyRole) -> String {
 
 impl Server {
     pub async fn start(backend: Backend) -> Self {
+        Self::start_with(backend, "").await
+    }
+
+    /// Like [`Server::start`], with `extra` TOML (e.g. more profiles) after the base config.
+    pub async fn start_with(backend: Backend, extra: &str) -> Self {
         let mock = MockProvider::start(([127, 0, 0, 1], 0).into())
             .await
             .unwrap();
         let env = Env::new();
-        let settings = FileConfig::from_toml(&config_text(&mock.base_url()), &env)
+        let text = format!("{}{extra}", config_text(&mock.base_url()));
+        let settings = FileConfig::from_toml(&text, &env)
             .unwrap()
             .validate(&env)
             .unwrap();

@@ -462,7 +462,11 @@ pub async fn sc_101_stale_renewal_fails_and_changes_nothing<S: Stores>(s: Arc<S>
         .await
         .unwrap()
         .unwrap();
-    let audit_before = s.audit_rows(&scope("a"), 0, 100).await.unwrap().len();
+    let audit_before = s
+        .audit_rows(&scope("a"), AuditPosition::START, 100)
+        .await
+        .unwrap()
+        .len();
     let later = t0() + Duration::milliseconds(10_000);
     assert!(matches!(
         s.renew_lease(r.fence(), 60_000, later).await,
@@ -483,7 +487,11 @@ pub async fn sc_101_stale_renewal_fails_and_changes_nothing<S: Stores>(s: Arc<S>
     let stored = s.execution(&scope("a"), &key("k1")).await.unwrap().unwrap();
     assert_eq!(stored, done);
     // Renewals write no audit row: the settlement is the only new one.
-    let audit_after = s.audit_rows(&scope("a"), 0, 100).await.unwrap().len();
+    let audit_after = s
+        .audit_rows(&scope("a"), AuditPosition::START, 100)
+        .await
+        .unwrap()
+        .len();
     assert_eq!(audit_after, audit_before + 1);
     let missing = Fence {
         execution_id: ExecutionId::new(),

@@ -18,6 +18,7 @@ macro_rules! root_conformance {
             root_cap_never_overrun_by_concurrent_steps,
             st_36_st_33_no_claim_lands_under_a_reconciled_root,
             st_36_orphan_slot_never_holds_reconciliation_past_the_deadline,
+            sc_122_dispatch_mark_shrinks_the_hold_and_never_grows_it,
         );
     };
 }
@@ -408,4 +409,66 @@ pub async fn st_36_orphan_slot_never_holds_reconciliation_past_the_deadline<S: A
         RootState::Active
     );
     assert_eq!(root_of(&*s, "r2").await.held, Money::ZERO);
+}
+
+/// SC-122: the dispatch mark may shrink the hold to the loaded request's worst case, in its own
+/// unit: the difference leaves the session, day and root held totals; a hold never grows; a stale
+/// fence writes nothing; the ledger stays clean.
+pub async fn sc_122_dispatch_mark_shrinks_the_hold_and_never_grows_it<S: AllStores>(s: Arc<S>) {
+    let mut c = step_config();
+    c.caps.daily_block = Some(money("1"));
+    open_root(&*s, "r1", c.clone()).await;
+    let r = claimed(&*s, child("r1", "c1", c.clone(), "0.6")).await;
+    // 0.6 held: a second claim of 0.6 does not fit the daily cap of 1.
+    match s.claim(child("r1", "c2", c.clone(), "0.6")).await.unwrap() {
+        ClaimOutcome::Blocked(b) => assert_eq!(b.held, money("0.6")),
+        o => panic!("{o:?}"),
+    }
+    // Growing is refused, nothing written.
+    let grown = s
+        .mark_dispatched_with_hold(r.fence(), money("0.7"), t0())
+        .await;
+    assert_eq!(grown.unwrap_err(), StoreError::HoldGrows(r.id));
+    let still = s.execution(&scope("a"), &key("c1")).await.unwrap().unwrap();
+    assert_eq!(
+        (still.state, still.hold),
+        (ExecutionState::Prepared, money("0.6"))
+    );
+    // A stale fence is refused, nothing written.
+    let mut stale = r.fence();
+    stale.token = FenceToken(r.fence.0 + 1);
+    assert!(matches!(
+        s.mark_dispatched_with_hold(stale, money("0.1"), t0()).await,
+        Err(StoreError::StaleFence(_))
+    ));
+    assert_eq!(daily(&*s, &r).await.held, money("0.6"));
+    // Shrunk: the record, both spend rows and the root hold 0.1.
+    let d = s
+        .mark_dispatched_with_hold(r.fence(), money("0.1"), t0())
+        .await
+        .unwrap();
+    assert_eq!(
+        (d.state, d.hold),
+        (ExecutionState::Dispatched, money("0.1"))
+    );
+    assert_eq!(daily(&*s, &r).await.held, money("0.1"));
+    assert_eq!(session(&*s, &r).await.held, money("0.1"));
+    assert_eq!(root_of(&*s, "r1").await.held, money("0.1"));
+    // Only once: the row is no longer prepared.
+    assert!(matches!(
+        s.mark_dispatched_with_hold(d.fence(), money("0.05"), t0())
+            .await,
+        Err(StoreError::StaleFence(_))
+    ));
+    // The room freed admits the second claim now.
+    let r2 = claimed(&*s, child("r1", "c2", c, "0.6")).await;
+    assert_eq!(daily(&*s, &r2).await.held, money("0.7"));
+    // Settlement releases exactly the shrunk hold.
+    s.settle(settle_req(&d, "0.00002", "x")).await.unwrap();
+    let day = daily(&*s, &r).await;
+    assert_eq!((day.settled, day.held), (money("0.00002"), money("0.6")));
+    let root = root_of(&*s, "r1").await;
+    assert_eq!((root.charged, root.held), (money("0.00002"), money("0.6")));
+    let report = s.audit_ledger(None, 100).await.unwrap();
+    assert!(report.ok && report.violations.is_empty(), "{report:?}");
 }

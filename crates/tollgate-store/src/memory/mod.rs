@@ -208,6 +208,30 @@ impl ExecutionStore for MemoryStores {
             })
     }
 
+    async fn mark_dispatched_with_hold(
+        &self,
+        fence: Fence,
+        hold: tollgate_core::Money,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord> {
+        let mut t = self.lock()?;
+        let before = t
+            .executions
+            .get(&fence.execution_id)
+            .cloned()
+            .ok_or_else(|| StoreError::NotFound(fence.execution_id.to_string()))?;
+        rules::check_fence(&before, fence, &[ExecutionState::Prepared])?;
+        let shrink = rules::hold_shrink(&before, hold)?;
+        t.release(&ExecutionRecord {
+            hold: shrink,
+            ..before
+        });
+        t.transition(fence, &[ExecutionState::Prepared], now, "dispatched", |r| {
+            r.state = ExecutionState::Dispatched;
+            r.hold = hold;
+        })
+    }
+
     async fn mark_not_dispatched(
         &self,
         fence: Fence,
