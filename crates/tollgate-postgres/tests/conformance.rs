@@ -466,6 +466,7 @@ mod ledger_damage {
             Some(SpendRowKey::Session {
                 consumer: r.consumer().clone(),
                 session_id: r.session_id().clone(),
+                currency: r.binding.config.currency.clone(),
             })
         );
         assert_eq!(v.expected, Some(money("0.00002")));
