@@ -358,7 +358,10 @@ mod tests {
     fn sc_107_subtraction_below_zero_is_an_error_not_zero() {
         assert_eq!(m("1.5").checked_sub(m("0.5")), Ok(m("1")));
         assert_eq!(m("1").checked_sub(m("1")), Ok(Money::ZERO));
-        assert_eq!(m("1").checked_sub(m("1.000000000001")), Err(MoneyError::Underflow));
+        assert_eq!(
+            m("1").checked_sub(m("1.000000000001")),
+            Err(MoneyError::Underflow)
+        );
     }
 
     #[test]

@@ -141,7 +141,9 @@ impl PgStores {
                 tx.rollback().await.store_err()?;
                 return Ok(ClaimOutcome::RootRefused(root));
             }
-            if let Err(blocked) = caps.admit_root(currency, &rules::root_spend(&root), request.hold)? {
+            if let Err(blocked) =
+                caps.admit_root(currency, &rules::root_spend(&root), request.hold)?
+            {
                 tx.rollback().await.store_err()?;
                 return Ok(ClaimOutcome::Blocked(blocked));
             }

@@ -35,8 +35,7 @@ const SNAPSHOT: &str = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ON
 const SESSIONS: &str =
     "SELECT consumer, session_id, currency, settled, held FROM spend_sessions WHERE scope = $1";
 
-const DAYS: &str =
-    "SELECT consumer, day, currency, settled, held FROM spend_days WHERE scope = $1";
+const DAYS: &str = "SELECT consumer, day, currency, settled, held FROM spend_days WHERE scope = $1";
 
 const ROOTS: &str = "SELECT id, root_key, charged, held FROM roots WHERE scope = $1";
 

@@ -74,8 +74,7 @@ const RECEIPTS: &str = "SELECT r.root_id, r.execution_id, r.amount, r.currency, 
      ORDER BY r.created_at, r.execution_id LIMIT $3";
 
 /// The sum of a root's receipts (index `root_receipts_root_idx`).
-const RECEIPTS_SUM: &str =
-    "SELECT COALESCE(sum(amount), 0) FROM root_receipts WHERE root_id = $1";
+const RECEIPTS_SUM: &str = "SELECT COALESCE(sum(amount), 0) FROM root_receipts WHERE root_id = $1";
 
 /// Roots of a scope that may change state (index `roots_scope_state_deadline_idx`): active past
 /// their deadline, or closed/expired with no unfinished call and at least `reserved_calls` calls

@@ -148,11 +148,7 @@ async fn check_spend(shared: &Shared, row: &Row, settled: Money, held: Money) {
             let (s, c, n) = (id(s), id(c), id(n));
             truth.session_spend(&s, &c, &n, &currency()).await
         }
-        Row::Daily(s, c, day) => {
-            truth
-                .daily_spend(&id(s), &id(c), *day, &currency())
-                .await
-        }
+        Row::Daily(s, c, day) => truth.daily_spend(&id(s), &id(c), *day, &currency()).await,
         Row::Root(..) => return,
     };
     let Ok(totals) = totals else { return };

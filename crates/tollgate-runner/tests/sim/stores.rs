@@ -299,7 +299,10 @@ impl SpendStore for SimStores {
         day: NaiveDate,
         currency: &tollgate_core::money::Currency,
     ) -> StoreResult<SpendTotals> {
-        read!(self, self.inner().daily_spend(scope, consumer, day, currency))
+        read!(
+            self,
+            self.inner().daily_spend(scope, consumer, day, currency)
+        )
     }
 }
 

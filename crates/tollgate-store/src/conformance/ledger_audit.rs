@@ -236,7 +236,10 @@ pub async fn sc_109_ledger_audit_checks_spend_per_currency<S: AllStores>(s: Arc<
     dispatched(&*s, claim_req("a", "k3", euro, "0.25")).await;
     let report = audit(&*s, Some("a")).await;
     assert!(report.ok, "{:?}", report.violations);
-    assert_eq!(report.checked.spend_rows, 4, "a session and a day row per currency");
+    assert_eq!(
+        report.checked.spend_rows, 4,
+        "a session and a day row per currency"
+    );
     assert_eq!(
         daily(&*s, &d).await,
         tollgate_core::caps::SpendTotals {

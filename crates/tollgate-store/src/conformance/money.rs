@@ -126,9 +126,7 @@ pub async fn sc_105_each_currency_counts_only_against_its_own_cap<S: AllStores>(
 
 /// A root keeps its totals in its snapshot's currency: a call in another currency under it is
 /// refused with `CurrencyMismatch` instead of being added up, and nothing is written.
-pub async fn sc_106_a_call_under_a_root_in_another_currency_is_a_mismatch<S: AllStores>(
-    s: Arc<S>,
-) {
+pub async fn sc_106_a_call_under_a_root_in_another_currency_is_a_mismatch<S: AllStores>(s: Arc<S>) {
     let mut root_config = step();
     root_config.caps.root_block = Some(money("10"));
     let root = open_root(&*s, "r1", root_config).await;
@@ -144,8 +142,15 @@ pub async fn sc_106_a_call_under_a_root_in_another_currency_is_a_mismatch<S: All
             found: usd(),
         }
     );
-    assert!(s.execution(&scope("a"), &key("c1")).await.unwrap().is_none());
-    assert_eq!(s.root(&scope("a"), &root_key("r1")).await.unwrap(), Some(root));
+    assert!(s
+        .execution(&scope("a"), &key("c1"))
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        s.root(&scope("a"), &root_key("r1")).await.unwrap(),
+        Some(root)
+    );
     assert_eq!(spend_in(&*s, &eur()).await, Default::default());
     assert_eq!(audit_len(&*s).await, before);
     // A call in the root's currency is admitted as usual.

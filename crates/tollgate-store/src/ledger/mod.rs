@@ -345,8 +345,7 @@ impl LedgerChecker {
             ..v
         };
         if is_open(e.state) {
-            for key in Self::spend_keys(&e.consumer, &e.session_id, e.accounting_day, &e.currency)
-            {
+            for key in Self::spend_keys(&e.consumer, &e.session_id, e.accounting_day, &e.currency) {
                 self.spend_implied.entry(key).or_default().add_held(e.hold);
             }
             if let Some(root_key) = &e.root_key {

@@ -352,14 +352,24 @@ fn sc_109_spend_is_checked_per_currency() {
         Some(m("0.00002")),
         Some(m("0.00004")),
     );
-    let usd_held = (LedgerInvariant::SpendHeld, usd(), Some(m("0")), Some(m("0.5")));
+    let usd_held = (
+        LedgerInvariant::SpendHeld,
+        usd(),
+        Some(m("0")),
+        Some(m("0.5")),
+    );
     let eur_settled = (
         LedgerInvariant::SpendSettled,
         eur.clone(),
         Some(m("0.00002")),
         Some(m("0")),
     );
-    let eur_held = (LedgerInvariant::SpendHeld, eur, Some(m("0.5")), Some(m("0")));
+    let eur_held = (
+        LedgerInvariant::SpendHeld,
+        eur,
+        Some(m("0.5")),
+        Some(m("0")),
+    );
     assert_eq!(named.len(), 8, "{named:?}");
     for want in [usd_settled, usd_held, eur_settled, eur_held] {
         assert_eq!(named.iter().filter(|v| **v == want).count(), 2, "{want:?}");

@@ -185,7 +185,12 @@ mod tests {
         {
             let mut t = s.lock().unwrap();
             let currency = r.binding.config.currency.clone();
-            let key = (r.scope.clone(), r.consumer().clone(), r.accounting_day, currency);
+            let key = (
+                r.scope.clone(),
+                r.consumer().clone(),
+                r.accounting_day,
+                currency,
+            );
             let row = t.daily_spend.get_mut(&key).unwrap();
             row.settled = row.settled.checked_add(money("0.01")).unwrap();
         }

@@ -187,7 +187,9 @@ impl ExecutionStore for MemoryStores {
             if !rules::root_takes_claim(root, request.now) {
                 return Ok(ClaimOutcome::RootRefused(root.clone()));
             }
-            if let Err(blocked) = caps.admit_root(currency, &rules::root_spend(root), request.hold)? {
+            if let Err(blocked) =
+                caps.admit_root(currency, &rules::root_spend(root), request.hold)?
+            {
                 return Ok(ClaimOutcome::Blocked(blocked));
             }
             root.held = rules::add_hold(root.totals(), request.hold)?.held;
