@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tollgate_core::caps::SpendTotals;
 use tollgate_core::ids::{ConsumerId, ExecutionId, Scope, SessionId};
-use tollgate_core::money::Money;
+use tollgate_core::money::{Currency, Money};
 use tollgate_core::state::ExecutionState;
 use tollgate_mock_provider::MockProvider;
 use tollgate_postgres::{test_admin_url, PgStores, TestDatabase};
@@ -706,8 +706,8 @@ async fn ledger_audit_clean(db_url: &str, scope: &str) -> Result<(), Vec<String>
             .or_default()
             .push(s);
     }
-    let mut daily: BTreeMap<(ConsumerId, NaiveDate), SpendTotals> = BTreeMap::new();
-    let mut session: BTreeMap<(ConsumerId, SessionId), SpendTotals> = BTreeMap::new();
+    let mut daily: BTreeMap<(ConsumerId, NaiveDate, Currency), SpendTotals> = BTreeMap::new();
+    let mut session: BTreeMap<(ConsumerId, SessionId, Currency), SpendTotals> = BTreeMap::new();
     let known: BTreeSet<ExecutionId> = executions.iter().map(|e| e.id).collect();
     for e in &executions {
         let key = e.operation_key.as_str();
@@ -725,11 +725,12 @@ async fn ledger_audit_clean(db_url: &str, scope: &str) -> Result<(), Vec<String>
                 e.id, e.state, e.hold
             ));
         }
+        let currency = e.binding.config.currency.clone();
         let day = daily
-            .entry((e.consumer().clone(), e.accounting_day))
+            .entry((e.consumer().clone(), e.accounting_day, currency.clone()))
             .or_default();
         let sess = session
-            .entry((e.consumer().clone(), e.session_id().clone()))
+            .entry((e.consumer().clone(), e.session_id().clone(), currency))
             .or_default();
         for totals in [day, sess] {
             add(&mut totals.held, e.hold);
@@ -747,8 +748,11 @@ async fn ledger_audit_clean(db_url: &str, scope: &str) -> Result<(), Vec<String>
             ));
         }
     }
-    for ((consumer, day), expected) in &daily {
-        let stored = stores.daily_spend(&scope, consumer, *day).await.unwrap();
+    for ((consumer, day, currency), expected) in &daily {
+        let stored = stores
+            .daily_spend(&scope, consumer, *day, currency)
+            .await
+            .unwrap();
         if &stored != expected {
             problems.push(format!(
                 "daily spend of {} on {day}: stored {stored:?}, ledger {expected:?}",
@@ -756,8 +760,11 @@ async fn ledger_audit_clean(db_url: &str, scope: &str) -> Result<(), Vec<String>
             ));
         }
     }
-    for ((consumer, id), expected) in &session {
-        let stored = stores.session_spend(&scope, consumer, id).await.unwrap();
+    for ((consumer, id, currency), expected) in &session {
+        let stored = stores
+            .session_spend(&scope, consumer, id, currency)
+            .await
+            .unwrap();
         if &stored != expected {
             problems.push(format!(
                 "session spend of {} in {}: stored {stored:?}, ledger {expected:?}",

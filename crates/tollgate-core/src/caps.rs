@@ -6,8 +6,14 @@
 //! calls can never pass a block cap together. Settlement releases the hold and adds the actual
 //! cost; a post-call block (`settled > block`) is possible only when the actual cost exceeded the
 //! worst case (a provider that ignored the output cap).
+//!
+//! # Currencies
+//! Caps are in the currency of the snapshot that carries them (its price table's), and spend is
+//! kept per currency: every check takes the cap's currency and spend tagged with its own
+//! ([`CurrencySpend`]); spend in another currency is never added up with it but refused with
+//! [`MoneyError::CurrencyMismatch`] (SC-105, SC-106).
 
-use crate::money::{Currency, Money};
+use crate::money::{Currency, Money, MoneyError};
 use serde::{Deserialize, Serialize};
 
 /// Which spend a cap is measured against.
@@ -75,6 +81,37 @@ pub struct SpendTotals {
     pub held: Money,
 }
 
+/// The totals of one spend row (or root) and the currency they are kept in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CurrencySpend {
+    /// Currency of both totals.
+    pub currency: Currency,
+    /// Settled and held.
+    pub totals: SpendTotals,
+}
+
+impl CurrencySpend {
+    /// Totals in `currency`.
+    pub fn new(currency: Currency, totals: SpendTotals) -> Self {
+        Self { currency, totals }
+    }
+
+    /// The totals, for a cap in `cap_currency`.
+    ///
+    /// # Errors
+    /// [`MoneyError::CurrencyMismatch`] when the spend is in another currency.
+    pub fn totals_in(&self, cap_currency: &Currency) -> Result<SpendTotals, MoneyError> {
+        if &self.currency == cap_currency {
+            Ok(self.totals)
+        } else {
+            Err(MoneyError::CurrencyMismatch {
+                expected: cap_currency.clone(),
+                found: self.currency.clone(),
+            })
+        }
+    }
+}
+
 /// A block cap that refused a call before dispatch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[error("{} block cap {limit} would be exceeded", window.as_str())]
@@ -95,11 +132,13 @@ pub struct CapBlocked {
 }
 
 impl CapBlocked {
-    /// What the cap leaves for a new hold: `limit − settled − held`, floored at zero (SC-123).
+    /// What the cap leaves for a new hold: `limit − settled − held`, or zero when spend is
+    /// already past the limit (a post-call block); shown in the refusal, never accounted (SC-123).
     pub fn available(&self) -> Money {
         self.limit
-            .saturating_sub(self.settled)
-            .saturating_sub(self.held)
+            .checked_sub(self.settled)
+            .and_then(|left| left.checked_sub(self.held))
+            .unwrap_or(Money::ZERO)
     }
 
     /// The same refusal, naming the currency of its amounts.
@@ -141,29 +180,45 @@ impl Caps {
         }
     }
 
-    /// Preflight: may a call holding `hold` be admitted given the current totals?
+    /// Preflight: may a call holding `hold` (in `currency`, the caps' currency) be admitted
+    /// given the current totals? The outer result is the currency check, the inner the decision.
     ///
     /// # Errors
-    /// The first block cap (session before daily) that `settled + held + hold` would exceed.
+    /// [`MoneyError::CurrencyMismatch`] when a spend is in another currency than the caps
+    /// (nothing is compared); inside, the first block cap (session before daily) that
+    /// `settled + held + hold` would exceed.
     pub fn admit(
         &self,
-        session: SpendTotals,
-        daily: SpendTotals,
+        currency: &Currency,
+        session: &CurrencySpend,
+        daily: &CurrencySpend,
         hold: Money,
-    ) -> Result<(), CapBlocked> {
-        self.admit_windows(
-            &[(CapWindow::Session, session), (CapWindow::Daily, daily)],
-            hold,
-        )
+    ) -> Result<Result<(), CapBlocked>, MoneyError> {
+        let windows = [
+            (CapWindow::Session, session.totals_in(currency)?),
+            (CapWindow::Daily, daily.totals_in(currency)?),
+        ];
+        Ok(self
+            .admit_windows(&windows, hold)
+            .map_err(|b| b.in_currency(currency.clone())))
     }
 
     /// Preflight of a call under an operation root: the root block cap on the root's inclusive
     /// cost (`charged + held + hold`, ST-7).
     ///
     /// # Errors
-    /// The root block cap would be exceeded.
-    pub fn admit_root(&self, root: SpendTotals, hold: Money) -> Result<(), CapBlocked> {
-        self.admit_windows(&[(CapWindow::Root, root)], hold)
+    /// [`MoneyError::CurrencyMismatch`] when the root's totals are in another currency than the
+    /// call's caps; inside, the root block cap would be exceeded.
+    pub fn admit_root(
+        &self,
+        currency: &Currency,
+        root: &CurrencySpend,
+        hold: Money,
+    ) -> Result<Result<(), CapBlocked>, MoneyError> {
+        let windows = [(CapWindow::Root, root.totals_in(currency)?)];
+        Ok(self
+            .admit_windows(&windows, hold)
+            .map_err(|b| b.in_currency(currency.clone())))
     }
 
     fn admit_windows(
@@ -197,18 +252,34 @@ impl Caps {
         Ok(())
     }
 
-    /// After settlement: the warn caps crossed and the block caps exceeded, given settled spend.
-    /// A warn cap counts as crossed when `spent ≥ limit`; a block cap when `spent > limit`.
-    pub fn after_settle(&self, session_settled: Money, daily_settled: Money) -> Vec<CapWarning> {
-        self.crossed(&[
-            (CapWindow::Session, session_settled),
-            (CapWindow::Daily, daily_settled),
-        ])
+    /// After settlement: the warn caps crossed and the block caps exceeded, given settled spend
+    /// in `currency` (the caps' currency). A warn cap counts as crossed when `spent ≥ limit`; a
+    /// block cap when `spent > limit`.
+    ///
+    /// # Errors
+    /// [`MoneyError::CurrencyMismatch`] when a spend is in another currency.
+    pub fn after_settle(
+        &self,
+        currency: &Currency,
+        session: &CurrencySpend,
+        daily: &CurrencySpend,
+    ) -> Result<Vec<CapWarning>, MoneyError> {
+        Ok(self.crossed(&[
+            (CapWindow::Session, session.totals_in(currency)?.settled),
+            (CapWindow::Daily, daily.totals_in(currency)?.settled),
+        ]))
     }
 
     /// After settlement under a root: the root caps crossed by its inclusive charged cost.
-    pub fn after_settle_root(&self, root_charged: Money) -> Vec<CapWarning> {
-        self.crossed(&[(CapWindow::Root, root_charged)])
+    ///
+    /// # Errors
+    /// [`MoneyError::CurrencyMismatch`] when the root's totals are in another currency.
+    pub fn after_settle_root(
+        &self,
+        currency: &Currency,
+        root: &CurrencySpend,
+    ) -> Result<Vec<CapWarning>, MoneyError> {
+        Ok(self.crossed(&[(CapWindow::Root, root.totals_in(currency)?.settled)]))
     }
 
     fn crossed(&self, windows: &[(CapWindow, Money)]) -> Vec<CapWarning> {
@@ -250,23 +321,63 @@ mod tests {
         }
     }
 
+    fn usd() -> Currency {
+        Currency::parse("USD").unwrap_or_else(|_| unreachable!())
+    }
+
+    fn eur() -> Currency {
+        Currency::parse("EUR").unwrap_or_else(|_| unreachable!())
+    }
+
+    fn spend(currency: Currency, settled: &str, held: &str) -> CurrencySpend {
+        CurrencySpend::new(currency, totals(settled, held))
+    }
+
     #[test]
     fn sc_16_preflight_counts_settled_and_held() {
         let caps = Caps {
             daily_block: Some(m("1.00")),
             ..Caps::default()
         };
-        assert!(caps
-            .admit(SpendTotals::default(), totals("0.5", "0.3"), m("0.2"))
-            .is_ok());
-        let blocked = caps.admit(SpendTotals::default(), totals("0.5", "0.3"), m("0.21"));
+        let session = spend(usd(), "0", "0");
+        let daily = spend(usd(), "0.5", "0.3");
+        assert_eq!(caps.admit(&usd(), &session, &daily, m("0.2")), Ok(Ok(())));
+        let blocked = caps.admit(&usd(), &session, &daily, m("0.21"));
         assert!(matches!(
             blocked,
-            Err(CapBlocked {
+            Ok(Err(CapBlocked {
                 window: CapWindow::Daily,
                 ..
-            })
+            }))
         ));
+    }
+
+    #[test]
+    fn sc_106_a_cap_checked_against_spend_in_another_currency_is_a_mismatch() {
+        let caps = Caps {
+            daily_block: Some(m("1.00")),
+            root_block: Some(m("1.00")),
+            ..Caps::default()
+        };
+        // EUR spend far below the USD cap is still not compared with it, let alone added up.
+        let session = spend(usd(), "0", "0");
+        let daily = spend(eur(), "0.1", "0");
+        let mismatch = Err(MoneyError::CurrencyMismatch {
+            expected: usd(),
+            found: eur(),
+        });
+        assert_eq!(caps.admit(&usd(), &session, &daily, m("0.1")), mismatch);
+        assert_eq!(caps.admit_root(&usd(), &daily, m("0.1")), mismatch);
+        assert_eq!(
+            caps.after_settle(&usd(), &session, &daily),
+            Err(MoneyError::CurrencyMismatch {
+                expected: usd(),
+                found: eur(),
+            })
+        );
+        assert!(caps.after_settle_root(&usd(), &daily).is_err());
+        // The same spend in the cap's currency is compared as usual.
+        assert_eq!(caps.admit(&eur(), &daily, &daily, m("0.1")), Ok(Ok(())));
     }
 
     #[test]
@@ -276,10 +387,13 @@ mod tests {
             session_block: Some(m("1")),
             ..Caps::default()
         };
-        let at = caps.after_settle(m("1"), m("1"));
+        let one = spend(usd(), "1", "0");
+        let at = caps.after_settle(&usd(), &one, &one).unwrap_or_default();
         assert_eq!(at.len(), 1);
         assert_eq!(at[0].level, CapLevel::Warn);
-        let above = caps.after_settle(m("1.01"), m("0"));
+        let above = caps
+            .after_settle(&usd(), &spend(usd(), "1.01", "0"), &spend(usd(), "0", "0"))
+            .unwrap_or_default();
         assert!(above.iter().any(|w| w.level == CapLevel::Block));
     }
 }

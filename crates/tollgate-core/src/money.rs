@@ -89,9 +89,18 @@ pub enum MoneyError {
     /// Arithmetic overflow (never silently saturated).
     #[error("amount overflow")]
     Overflow,
-    /// Two amounts in different currencies.
-    #[error("currency mismatch")]
-    CurrencyMismatch,
+    /// An amount in one currency met a cap or total in another: nothing is added up across
+    /// currencies (SC-106).
+    #[error("currency mismatch: expected {expected}, found {found}")]
+    CurrencyMismatch {
+        /// The currency of the cap or total.
+        expected: Currency,
+        /// The currency of the spend or amount.
+        found: Currency,
+    },
+    /// A subtraction would go below zero (never floored, SC-107).
+    #[error("amount underflow")]
+    Underflow,
     /// The price table has no entry for the model.
     #[error("price version {version} has no prices for model {model}")]
     Unpriced {
@@ -110,7 +119,7 @@ pub enum MoneyError {
 pub struct Money(#[serde(with = "rust_decimal::serde::str")] Decimal);
 
 impl Money {
-    /// Zero: what a proven refusal settles for and where `saturating_sub` floors.
+    /// Zero: what a proven refusal settles for.
     pub const ZERO: Money = Money(Decimal::ZERO);
 
     /// Wraps a decimal, checking sign and scale.
@@ -158,13 +167,18 @@ impl Money {
             .ok_or(MoneyError::Overflow)
     }
 
-    /// Difference, floored at zero (used only to release holds, which never go negative).
-    pub fn saturating_sub(self, other: Money) -> Money {
-        if other.0 >= self.0 {
-            Money::ZERO
-        } else {
-            Money((self.0 - other.0).normalize())
+    /// Checked difference: never floored at zero (SC-107).
+    ///
+    /// # Errors
+    /// [`MoneyError::Underflow`] when `other` is more than `self`.
+    pub fn checked_sub(self, other: Money) -> Result<Money, MoneyError> {
+        if other.0 > self.0 {
+            return Err(MoneyError::Underflow);
         }
+        self.0
+            .checked_sub(other.0)
+            .map(|d| Money(d.normalize()))
+            .ok_or(MoneyError::Underflow)
     }
 }
 
@@ -338,6 +352,16 @@ mod tests {
     fn negative_money_is_rejected() {
         assert_eq!(Money::parse("-1", "cap"), Err(MoneyError::Negative("cap")));
         assert!(Money::parse("abc", "cap").is_err());
+    }
+
+    #[test]
+    fn sc_107_subtraction_below_zero_is_an_error_not_zero() {
+        assert_eq!(m("1.5").checked_sub(m("0.5")), Ok(m("1")));
+        assert_eq!(m("1").checked_sub(m("1")), Ok(Money::ZERO));
+        assert_eq!(
+            m("1").checked_sub(m("1.000000000001")),
+            Err(MoneyError::Underflow)
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@ use crate::PgStores;
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::PgConnection;
+use tollgate_core::caps::CurrencySpend;
 use tollgate_core::ids::{ExecutionId, OperationKey, Scope};
 use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
 use tollgate_store::rows::*;
@@ -149,7 +150,16 @@ impl PgStores {
         let keys = SpendKeys::of(&record);
         let (session, daily) = spend::lock(&mut tx, &keys).await?;
         let caps = &request.binding.config.caps;
-        if let Err(blocked) = caps.admit(session, daily, request.hold) {
+        // The spend rows are the snapshot's currency's (SC-105); a mismatch returns before the
+        // commit, so the dropped transaction writes nothing (SC-106).
+        let currency = rules::currency_of(&record);
+        let admitted = caps.admit(
+            currency,
+            &CurrencySpend::new(currency.clone(), session),
+            &CurrencySpend::new(currency.clone(), daily),
+            request.hold,
+        )?;
+        if let Err(blocked) = admitted {
             tx.rollback().await.store_err()?;
             return Ok(ClaimOutcome::Blocked(blocked));
         }
@@ -163,7 +173,9 @@ impl PgStores {
                 tx.rollback().await.store_err()?;
                 return Ok(ClaimOutcome::RootRefused(root));
             }
-            if let Err(blocked) = caps.admit_root(root.totals(), request.hold) {
+            if let Err(blocked) =
+                caps.admit_root(currency, &rules::root_spend(&root), request.hold)?
+            {
                 tx.rollback().await.store_err()?;
                 return Ok(ClaimOutcome::Blocked(blocked));
             }
@@ -228,14 +240,16 @@ impl PgStores {
         if let Some(root_key) = &before.root_key {
             if let Some(root) = locks::lock_root(&mut tx, &before.scope, root_key).await? {
                 // Like the in-memory store: the hold goes, `updated_at` stays.
-                let totals = rules::release_hold(root.totals(), before.hold);
+                let totals = rules::release_hold(root.totals(), before.hold)?;
                 locks::write_totals(&mut tx, root.id, totals, None).await?;
             }
         }
         let keys = SpendKeys::of(&before);
         let (session, daily) = spend::lock(&mut tx, &keys).await?;
-        let session = rules::release_hold(session, before.hold);
-        let daily = rules::release_hold(daily, before.hold);
+        // An over-release returns before the commit: the dropped transaction writes nothing
+        // (SC-107).
+        let session = rules::release_hold(session, before.hold)?;
+        let daily = rules::release_hold(daily, before.hold)?;
         spend::write(&mut tx, &keys, session, daily).await?;
         let row: ExecutionRow = sqlx::query_as(NOT_DISPATCHED)
             .bind(before.id.0)
@@ -270,14 +284,14 @@ impl PgStores {
         let shrink = rules::hold_shrink(&before, hold)?;
         if let Some(root_key) = &before.root_key {
             if let Some(root) = locks::lock_root(&mut tx, &before.scope, root_key).await? {
-                let totals = rules::release_hold(root.totals(), shrink);
+                let totals = rules::release_hold(root.totals(), shrink)?;
                 locks::write_totals(&mut tx, root.id, totals, None).await?;
             }
         }
         let keys = SpendKeys::of(&before);
         let (session, daily) = spend::lock(&mut tx, &keys).await?;
-        let session = rules::release_hold(session, shrink);
-        let daily = rules::release_hold(daily, shrink);
+        let session = rules::release_hold(session, shrink)?;
+        let daily = rules::release_hold(daily, shrink)?;
         spend::write(&mut tx, &keys, session, daily).await?;
         let row: ExecutionRow = sqlx::query_as(DISPATCHED_WITH_HOLD)
             .bind(before.id.0)

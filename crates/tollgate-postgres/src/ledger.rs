@@ -33,9 +33,9 @@ const SCOPES: &str = "SELECT scope FROM executions UNION SELECT scope FROM cost_
 const SNAPSHOT: &str = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY";
 
 const SESSIONS: &str =
-    "SELECT consumer, session_id, settled, held FROM spend_sessions WHERE scope = $1";
+    "SELECT consumer, session_id, currency, settled, held FROM spend_sessions WHERE scope = $1";
 
-const DAYS: &str = "SELECT consumer, day, settled, held FROM spend_days WHERE scope = $1";
+const DAYS: &str = "SELECT consumer, day, currency, settled, held FROM spend_days WHERE scope = $1";
 
 const ROOTS: &str = "SELECT id, root_key, charged, held FROM roots WHERE scope = $1";
 
@@ -126,6 +126,7 @@ fn usage(columns: [Option<i64>; 5]) -> StoreResult<Option<Usage>> {
 struct SessionRow {
     consumer: String,
     session_id: String,
+    currency: String,
     settled: Decimal,
     held: Decimal,
 }
@@ -134,6 +135,7 @@ struct SessionRow {
 struct DayRow {
     consumer: String,
     day: NaiveDate,
+    currency: String,
     settled: Decimal,
     held: Decimal,
 }
@@ -334,6 +336,7 @@ async fn audit_scope(
         let key = SpendRowKey::Session {
             consumer: text_id(Some(row.consumer), "consumer", ConsumerId::parse)?,
             session_id: text_id(Some(row.session_id), "session_id", SessionId::parse)?,
+            currency: currency(Some(row.currency), "currency")?,
         };
         checker.spend_row(key, totals(row.settled, row.held)?);
     }
@@ -346,6 +349,7 @@ async fn audit_scope(
         let key = SpendRowKey::Day {
             consumer: text_id(Some(row.consumer), "consumer", ConsumerId::parse)?,
             day: row.day,
+            currency: currency(Some(row.currency), "currency")?,
         };
         checker.spend_row(key, totals(row.settled, row.held)?);
     }

@@ -9,6 +9,7 @@ use crate::rows::{receipt_columns, root_columns, ReceiptRow, RootRow};
 use crate::PgStores;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
 use sqlx::types::Json;
 use sqlx::PgConnection;
 use tollgate_core::ids::{ExecutionId, RootId, RootKey, Scope};
@@ -71,6 +72,9 @@ const RECEIPTS: &str = "SELECT r.root_id, r.execution_id, r.amount, r.currency, 
      FROM root_receipts r JOIN roots o ON o.id = r.root_id \
      WHERE o.scope = $1 AND o.root_key = $2 \
      ORDER BY r.created_at, r.execution_id LIMIT $3";
+
+/// The sum of a root's receipts (index `root_receipts_root_idx`).
+const RECEIPTS_SUM: &str = "SELECT COALESCE(sum(amount), 0) FROM root_receipts WHERE root_id = $1";
 
 /// Roots of a scope that may change state (index `roots_scope_state_deadline_idx`): active past
 /// their deadline, or closed/expired with no unfinished call and at least `reserved_calls` calls
@@ -332,13 +336,19 @@ impl RootStore for PgStores {
         let Some(root) = locks::lock_root(&mut tx, scope, &root_key).await? else {
             return Ok(None);
         };
-        let mut totals = root.totals();
-        totals.settled = totals
-            .settled
-            .checked_add(settlement.amount)
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        locks::write_totals(&mut tx, root.id, totals, Some(now)).await?;
+        rules::check_root_currency(&root, &settlement.currency)?;
         let receipt = insert_receipt(&mut tx, &rules::root_receipt(&root, &settlement)).await?;
+        // The root's charged total is the sum of its receipts: recomputed with the repaired one
+        // under the root lock, never added to, so a charge the root already counted is not
+        // counted twice (SC-108).
+        let charged: Decimal = sqlx::query_scalar(RECEIPTS_SUM)
+            .bind(root.id.0)
+            .fetch_one(&mut *tx)
+            .await
+            .store_err()?;
+        let mut totals = root.totals();
+        totals.settled = crate::rows::money(charged, "charged")?;
+        locks::write_totals(&mut tx, root.id, totals, Some(now)).await?;
         let repaired = RootRecord {
             charged: totals.settled,
             ..root

@@ -12,6 +12,7 @@ use crate::spend::{self, SpendKeys};
 use crate::PgStores;
 use sqlx::types::Json;
 use sqlx::PgConnection;
+use tollgate_core::caps::CurrencySpend;
 use tollgate_store::rows::*;
 use tollgate_store::rules;
 use tollgate_store::{StoreError, StoreResult};
@@ -95,12 +96,16 @@ impl PgStores {
         let settlement = rules::settlement_row(&record, &request);
         let settlement = settlements::insert(&mut tx, &settlement).await?;
         spend::write(&mut tx, &keys, session, daily).await?;
-        let mut result = rules::settled_result(&record, &request, session, daily);
+        let mut result = rules::settled_result(&record, &request, session, daily)?;
         let mut root_receipt = None;
         if let Some(root) = root {
+            // An over-release or a currency mismatch returns before the commit: the dropped
+            // transaction writes nothing (SC-106, SC-107).
+            rules::check_root_currency(&root, rules::currency_of(&record))?;
             let totals = rules::apply_settlement(root.totals(), record.hold, request.amount)?;
             locks::write_totals(&mut tx, root.id, totals, Some(request.now)).await?;
-            rules::apply_root_caps(&record, &mut result, totals.settled);
+            let after = CurrencySpend::new(rules::root_currency(&root).clone(), totals);
+            rules::apply_root_caps(&record, &mut result, &after)?;
             let receipt = rules::root_receipt(&root, &settlement);
             root_receipt = Some(roots::insert_receipt(&mut tx, &receipt).await?);
         }

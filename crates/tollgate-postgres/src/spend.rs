@@ -1,5 +1,6 @@
-//! Spend totals: settled charges and in-flight holds per (scope, consumer, session) and per
-//! (scope, consumer, day). Writers lock the session row, then the day row.
+//! Spend totals: settled charges and in-flight holds per (scope, consumer, session, currency)
+//! and per (scope, consumer, day, currency) (SC-105). Writers lock the session row, then the day
+//! row.
 
 use crate::error::DbResultExt;
 use crate::rows::SpendRow;
@@ -9,26 +10,30 @@ use chrono::NaiveDate;
 use sqlx::PgConnection;
 use tollgate_core::caps::SpendTotals;
 use tollgate_core::ids::{ConsumerId, Scope, SessionId};
+use tollgate_core::money::Currency;
 use tollgate_store::rows::ExecutionRecord;
+use tollgate_store::rules;
 use tollgate_store::traits::SpendStore;
 use tollgate_store::StoreResult;
 
 /// Creates the session row if missing and locks it, returning its totals.
 const LOCK_SESSION: &str =
-    "INSERT INTO spend_sessions (scope, consumer, session_id) VALUES ($1, $2, $3) \
-     ON CONFLICT (scope, consumer, session_id) DO UPDATE SET held = spend_sessions.held \
+    "INSERT INTO spend_sessions (scope, consumer, session_id, currency) VALUES ($1, $2, $3, $4) \
+     ON CONFLICT (scope, consumer, session_id, currency) \
+     DO UPDATE SET held = spend_sessions.held \
      RETURNING settled, held";
 
 /// Creates the day row if missing and locks it, returning its totals.
-const LOCK_DAY: &str = "INSERT INTO spend_days (scope, consumer, day) VALUES ($1, $2, $3) \
-     ON CONFLICT (scope, consumer, day) DO UPDATE SET held = spend_days.held \
+const LOCK_DAY: &str =
+    "INSERT INTO spend_days (scope, consumer, day, currency) VALUES ($1, $2, $3, $4) \
+     ON CONFLICT (scope, consumer, day, currency) DO UPDATE SET held = spend_days.held \
      RETURNING settled, held";
 
 /// Writes both (already locked) rows.
 const WRITE: &str = "WITH s AS (UPDATE spend_sessions SET settled = $4, held = $5 \
-         WHERE scope = $1 AND consumer = $2 AND session_id = $3) \
+         WHERE scope = $1 AND consumer = $2 AND session_id = $3 AND currency = $9) \
      UPDATE spend_days SET settled = $7, held = $8 \
-     WHERE scope = $1 AND consumer = $2 AND day = $6";
+     WHERE scope = $1 AND consumer = $2 AND day = $6 AND currency = $9";
 
 /// The two spend rows an execution is charged to.
 pub(crate) struct SpendKeys<'a> {
@@ -36,6 +41,7 @@ pub(crate) struct SpendKeys<'a> {
     consumer: &'a str,
     session: &'a str,
     day: NaiveDate,
+    currency: &'a str,
 }
 
 impl<'a> SpendKeys<'a> {
@@ -46,6 +52,7 @@ impl<'a> SpendKeys<'a> {
             consumer: record.consumer().as_str(),
             session: record.session_id().as_str(),
             day: record.accounting_day,
+            currency: rules::currency_of(record).as_str(),
         }
     }
 }
@@ -63,6 +70,7 @@ pub(crate) async fn lock(
         .bind(keys.scope)
         .bind(keys.consumer)
         .bind(keys.session)
+        .bind(keys.currency)
         .fetch_one(&mut *conn)
         .await
         .store_err()?;
@@ -70,6 +78,7 @@ pub(crate) async fn lock(
         .bind(keys.scope)
         .bind(keys.consumer)
         .bind(keys.day)
+        .bind(keys.currency)
         .fetch_one(&mut *conn)
         .await
         .store_err()?;
@@ -95,6 +104,7 @@ pub(crate) async fn write(
         .bind(keys.day)
         .bind(daily.settled.decimal())
         .bind(daily.held.decimal())
+        .bind(keys.currency)
         .execute(&mut *conn)
         .await
         .store_err()?;
@@ -108,14 +118,16 @@ impl SpendStore for PgStores {
         scope: &Scope,
         consumer: &ConsumerId,
         session: &SessionId,
+        currency: &Currency,
     ) -> StoreResult<SpendTotals> {
         let row: Option<SpendRow> = sqlx::query_as(
             "SELECT settled, held FROM spend_sessions \
-             WHERE scope = $1 AND consumer = $2 AND session_id = $3",
+             WHERE scope = $1 AND consumer = $2 AND session_id = $3 AND currency = $4",
         )
         .bind(scope.as_str())
         .bind(consumer.as_str())
         .bind(session.as_str())
+        .bind(currency.as_str())
         .fetch_optional(self.pool())
         .await
         .store_err()?;
@@ -127,13 +139,16 @@ impl SpendStore for PgStores {
         scope: &Scope,
         consumer: &ConsumerId,
         day: NaiveDate,
+        currency: &Currency,
     ) -> StoreResult<SpendTotals> {
         let row: Option<SpendRow> = sqlx::query_as(
-            "SELECT settled, held FROM spend_days WHERE scope = $1 AND consumer = $2 AND day = $3",
+            "SELECT settled, held FROM spend_days \
+             WHERE scope = $1 AND consumer = $2 AND day = $3 AND currency = $4",
         )
         .bind(scope.as_str())
         .bind(consumer.as_str())
         .bind(day)
+        .bind(currency.as_str())
         .fetch_optional(self.pool())
         .await
         .store_err()?;

@@ -421,3 +421,36 @@ impl TestDatabase {
         Ok((chain, seq))
     }
 }
+
+/// Damage for the money conformance cases (SC-107, SC-108), done with SQL behind the stores'
+/// back.
+#[async_trait::async_trait]
+impl tollgate_store::conformance::StoreDamage for PgStores {
+    async fn lose_holds(&self, scope: &tollgate_core::ids::Scope) -> Result<(), StoreError> {
+        let mut tx = self.pool().begin().await.store_err()?;
+        for sql in [
+            "UPDATE spend_sessions SET held = 0 WHERE scope = $1",
+            "UPDATE spend_days SET held = 0 WHERE scope = $1",
+            "UPDATE roots SET held = 0 WHERE scope = $1",
+        ] {
+            sqlx::query(sql)
+                .bind(scope.as_str())
+                .execute(&mut *tx)
+                .await
+                .store_err()?;
+        }
+        tx.commit().await.store_err()
+    }
+
+    async fn drop_root_receipt(
+        &self,
+        execution_id: tollgate_core::ids::ExecutionId,
+    ) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM root_receipts WHERE execution_id = $1")
+            .bind(execution_id.0)
+            .execute(self.pool())
+            .await
+            .store_err()?;
+        Ok(())
+    }
+}

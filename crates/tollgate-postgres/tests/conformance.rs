@@ -472,6 +472,7 @@ mod ledger_damage {
             Some(SpendRowKey::Session {
                 consumer: r.consumer().clone(),
                 session_id: r.session_id().clone(),
+                currency: r.binding.config.currency.clone(),
             })
         );
         assert_eq!(v.expected, Some(money("0.00002")));
@@ -601,4 +602,76 @@ fn session_timeouts_have_bounded_defaults() {
     let d = SessionTimeouts::default();
     assert!(d.statement_timeout_ms > 0 && d.lock_timeout_ms > 0);
     assert!(d.idle_in_transaction_timeout_ms > 0);
+}
+
+/// SC-105 on existing data: the spend-currency migration gives each spend row the currency of
+/// the settlements and executions that fed it; a row fed in USD and EUR becomes one row per
+/// currency holding that currency's settlements and open holds; a row nothing names gets `USD`.
+#[tokio::test]
+async fn sc_105_spend_currency_migration_splits_rows_fed_in_two_currencies() {
+    let database = TestDatabase::create(&test_admin_url()).await.unwrap();
+    let s = database.stores(2).await.unwrap();
+    let before = sqlx::migrate::Migrator {
+        migrations: std::borrow::Cow::Owned(
+            tollgate_postgres::MIGRATOR
+                .migrations
+                .iter()
+                .filter(|m| m.version < 20261201002001)
+                .cloned()
+                .collect(),
+        ),
+        ignore_missing: false,
+        locking: true,
+        no_tx: false,
+    };
+    before.run(s.pool()).await.unwrap();
+    // team-a: USD 0.3 settled, EUR 0.2 settled and 0.5 held, all added up in one row per window;
+    // team-b: one USD hold; team-c: a session row nothing names.
+    sqlx::raw_sql(include_str!("spend_currency_seed.sql"))
+        .execute(s.pool())
+        .await
+        .unwrap();
+    s.migrate().await.unwrap();
+    let rows = |table: &'static str| {
+        let s = &s;
+        async move {
+            let sql = format!(
+                "SELECT consumer, currency, settled::text, held::text FROM {table} \
+                 ORDER BY consumer, currency"
+            );
+            let rows: Vec<(String, String, String, String)> =
+                sqlx::query_as(&sql).fetch_all(s.pool()).await.unwrap();
+            rows.into_iter()
+                .map(|(c, cur, settled, held)| {
+                    let n = |t: String| tollgate_store::conformance::money(&t).to_string();
+                    (c, cur, n(settled), n(held))
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let row = |c: &str, cur: &str, settled: &str, held: &str| {
+        (
+            c.to_string(),
+            cur.to_string(),
+            settled.to_string(),
+            held.to_string(),
+        )
+    };
+    assert_eq!(
+        rows("spend_sessions").await,
+        [
+            row("team-a", "EUR", "0.2", "0.5"),
+            row("team-a", "USD", "0.3", "0"),
+            row("team-b", "USD", "0", "0.1"),
+            row("team-c", "USD", "0", "0"),
+        ]
+    );
+    assert_eq!(
+        rows("spend_days").await,
+        [
+            row("team-a", "EUR", "0.2", "0.5"),
+            row("team-a", "USD", "0.3", "0"),
+            row("team-b", "USD", "0", "0.1"),
+        ]
+    );
 }

@@ -10,6 +10,7 @@ use crate::single::RunRequest;
 use crate::step::{GovernedStepRunner, OpenRoot, StepRequest};
 use crate::views;
 use std::sync::Arc;
+use tollgate_core::caps::CurrencySpend;
 use tollgate_core::digest::domain_digest;
 use tollgate_core::ids::{OperationKey, RootKey, Scope, SessionId};
 use tollgate_core::state::{CallKind, Outcome};
@@ -138,12 +139,14 @@ impl StructuredCallRunner {
         let config = &engine.config;
         let stores = &engine.ctx.stores;
         let day = engine.ctx.clock.now().date_naive();
+        // Caps and spend rows are in the snapshot's currency (SC-105).
+        let currency = &config.currency;
         let session = stores
-            .session_spend(scope, &config.consumer, session_id)
+            .session_spend(scope, &config.consumer, session_id, currency)
             .await
             .map_err(|e| RunError::store(key, e))?;
         let daily = stores
-            .daily_spend(scope, &config.consumer, day)
+            .daily_spend(scope, &config.consumer, day, currency)
             .await
             .map_err(|e| RunError::store(key, e))?;
         let hold = config
@@ -151,8 +154,14 @@ impl StructuredCallRunner {
             .map_err(|e| RunError::InvalidConfig(e.to_string()))?;
         config
             .caps
-            .admit(session, daily, hold)
-            .map_err(|b| RunError::CapBlocked(b.in_currency(config.currency.clone())))
+            .admit(
+                currency,
+                &CurrencySpend::new(currency.clone(), session),
+                &CurrencySpend::new(currency.clone(), daily),
+                hold,
+            )
+            .map_err(|e| RunError::InvalidConfig(e.to_string()))?
+            .map_err(RunError::CapBlocked)
     }
 
     /// SR-8: a failed close never hides a completed result; the unclosed root expires and is

@@ -501,6 +501,7 @@ async fn sc_96_gateway_and_server_errors_over_http_go_to_operators_holding() {
             &scope("acme"),
             &ConsumerId::parse("team-a").unwrap(),
             t0().date_naive(),
+            &tollgate_core::money::Currency::parse("USD").unwrap(),
         )
         .await
         .unwrap();

@@ -151,16 +151,23 @@ async fn sc_124_parallel_calls_on_two_servers_fill_the_cap_before_refusals() {
     let scope = Scope::parse("acme").unwrap();
     let consumer = ConsumerId::parse("team-f").unwrap();
     let day = chrono::Utc::now().date_naive();
+    let usd = tollgate_core::money::Currency::parse("USD").unwrap();
     let (cap, fitted) = (m(CAP), m(FITTED_HOLD));
 
     // The sampler reads the day's spend row while the calls run.
     let done = Arc::new(AtomicBool::new(false));
     let sampler = {
-        let (done, scope, consumer) = (done.clone(), scope.clone(), consumer.clone());
+        let (done, scope, consumer, usd) =
+            (done.clone(), scope.clone(), consumer.clone(), usd.clone());
         tokio::spawn(async move {
             let mut samples: Vec<SpendTotals> = Vec::new();
             while !done.load(Ordering::SeqCst) {
-                samples.push(reader.daily_spend(&scope, &consumer, day).await.unwrap());
+                samples.push(
+                    reader
+                        .daily_spend(&scope, &consumer, day, &usd)
+                        .await
+                        .unwrap(),
+                );
                 tokio::task::yield_now().await;
             }
             samples
@@ -213,7 +220,7 @@ async fn sc_124_parallel_calls_on_two_servers_fill_the_cap_before_refusals() {
     let end = servers[0]
         .backend
         .stores()
-        .daily_spend(&scope, &consumer, day)
+        .daily_spend(&scope, &consumer, day, &usd)
         .await
         .unwrap();
     assert!(end.settled <= cap);

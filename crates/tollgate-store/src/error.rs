@@ -1,6 +1,7 @@
 //! Store errors.
 
 use tollgate_core::ids::ExecutionId;
+use tollgate_core::money::{Currency, Money, MoneyError};
 
 /// What every store method returns; a failure never carries content.
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -28,6 +29,35 @@ pub enum StoreError {
     /// one (SC-122). Nothing was written.
     #[error("the hold of execution {0} may only shrink")]
     HoldGrows(ExecutionId),
+    /// A release of more than is held (a spend row's or a root's `held` below the execution's
+    /// hold): never floored at zero; the unit changed nothing (SC-107).
+    #[error("hold underflow: releasing {release} of {held} held")]
+    HoldUnderflow {
+        /// What the row holds.
+        held: Money,
+        /// What was to be released.
+        release: Money,
+    },
+    /// A cap or total in one currency met spend in another: nothing is added up across
+    /// currencies; the unit changed nothing (SC-106).
+    #[error("currency mismatch: expected {expected}, found {found}")]
+    CurrencyMismatch {
+        /// The currency of the cap or total.
+        expected: Currency,
+        /// The currency of the spend or amount.
+        found: Currency,
+    },
+}
+
+impl From<MoneyError> for StoreError {
+    fn from(error: MoneyError) -> Self {
+        match error {
+            MoneyError::CurrencyMismatch { expected, found } => {
+                Self::CurrencyMismatch { expected, found }
+            }
+            other => Self::Corrupt(other.to_string()),
+        }
+    }
 }
 
 impl StoreError {

@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::watch;
 use tollgate_core::caps::SpendTotals;
 use tollgate_core::ids::*;
+use tollgate_core::money::Currency;
 use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
 
 /// Whether a store operation changes stored state.
@@ -523,9 +524,14 @@ fault_wrapper! {
             scope: &Scope,
             consumer: &ConsumerId,
             session: &SessionId,
+            currency: &Currency,
         ) -> SpendTotals;
-        read DailySpend = fn daily_spend(scope: &Scope, consumer: &ConsumerId, day: NaiveDate)
-            -> SpendTotals;
+        read DailySpend = fn daily_spend(
+            scope: &Scope,
+            consumer: &ConsumerId,
+            day: NaiveDate,
+            currency: &Currency,
+        ) -> SpendTotals;
     }
     impl AuditLog via stores {
         write AppendAudit = fn append_audit(event: AuditEvent) -> AuditRow;

@@ -5,9 +5,9 @@ use crate::error::{StoreError, StoreResult};
 use crate::rows::*;
 use chrono::{DateTime, Duration, Utc};
 use serde_json::json;
-use tollgate_core::caps::{CapLevel, SpendTotals};
+use tollgate_core::caps::{CapLevel, CurrencySpend, SpendTotals};
 use tollgate_core::ids::{ExecutionId, FenceToken, Scope, SettlementId};
-use tollgate_core::money::Money;
+use tollgate_core::money::{Currency, Money};
 use tollgate_core::state::{ExecutionState, Outcome};
 
 /// The lease end of a fence taken at `now`.
@@ -55,12 +55,22 @@ pub fn add_hold(totals: SpendTotals, hold: Money) -> StoreResult<SpendTotals> {
     })
 }
 
-/// Releases a hold (never below zero).
-pub fn release_hold(totals: SpendTotals, hold: Money) -> SpendTotals {
-    SpendTotals {
+/// Releases a hold. Releasing more than is held is an error, never floored at zero (SC-107).
+///
+/// # Errors
+/// `HoldUnderflow` when `hold` is more than `totals.held`.
+pub fn release_hold(totals: SpendTotals, hold: Money) -> StoreResult<SpendTotals> {
+    let held = totals
+        .held
+        .checked_sub(hold)
+        .map_err(|_| StoreError::HoldUnderflow {
+            held: totals.held,
+            release: hold,
+        })?;
+    Ok(SpendTotals {
         settled: totals.settled,
-        held: totals.held.saturating_sub(hold),
-    }
+        held,
+    })
 }
 
 /// How much a hold shrinks when `record`'s hold becomes `hold` before dispatch (SC-122).
@@ -71,19 +81,19 @@ pub fn hold_shrink(record: &ExecutionRecord, hold: Money) -> StoreResult<Money> 
     if hold > record.hold {
         return Err(StoreError::HoldGrows(record.id));
     }
-    Ok(record.hold.saturating_sub(hold))
+    Ok(record.hold.checked_sub(hold)?)
 }
 
 /// Releases a hold and adds a settled amount.
 ///
 /// # Errors
-/// Overflow.
+/// `HoldUnderflow` (see [`release_hold`]); overflow.
 pub fn apply_settlement(
     totals: SpendTotals,
     hold: Money,
     amount: Money,
 ) -> StoreResult<SpendTotals> {
-    let released = release_hold(totals, hold);
+    let released = release_hold(totals, hold)?;
     Ok(SpendTotals {
         settled: released
             .settled
@@ -91,6 +101,31 @@ pub fn apply_settlement(
             .map_err(|e| StoreError::Corrupt(e.to_string()))?,
         held: released.held,
     })
+}
+
+/// The currency an execution is charged in: its snapshot's (price table's), which is also the
+/// currency of its caps and of the spend rows it counts against (SC-105).
+pub fn currency_of(record: &ExecutionRecord) -> &Currency {
+    &record.binding.config.currency
+}
+
+/// The currency of a root's totals: its binding snapshot's (SC-106).
+pub fn root_currency(root: &RootRecord) -> &Currency {
+    &root.binding.config.currency
+}
+
+/// A root's totals tagged with its currency.
+pub fn root_spend(root: &RootRecord) -> CurrencySpend {
+    CurrencySpend::new(root_currency(root).clone(), root.totals())
+}
+
+/// Checks that a call in `currency` may count against `root`'s totals.
+///
+/// # Errors
+/// `CurrencyMismatch` when the root keeps its totals in another currency.
+pub fn check_root_currency(root: &RootRecord, currency: &Currency) -> StoreResult<()> {
+    root_spend(root).totals_in(currency)?;
+    Ok(())
 }
 
 /// Checks that `fence` is current on `record` and the state is one of `allowed`.
@@ -143,22 +178,27 @@ pub fn settlement_row(record: &ExecutionRecord, request: &SettleRequest) -> Sett
 
 /// The stored result, after the post-call block check on the settled totals (SC-15, SC-16):
 /// warnings keep the output; an exceeded block cap turns the outcome into `blocked` and drops
-/// output and step. The cost is settled either way.
+/// output and step. The cost is settled either way. `session` and `daily` are the totals of the
+/// execution's own spend rows, which are kept in its currency.
+///
+/// # Errors
+/// `CurrencyMismatch` (never on rows picked by the execution's currency).
 pub fn settled_result(
     record: &ExecutionRecord,
     request: &SettleRequest,
     session: SpendTotals,
     daily: SpendTotals,
-) -> ResultRecord {
-    let warnings = record
-        .binding
-        .config
-        .caps
-        .after_settle(session.settled, daily.settled);
+) -> StoreResult<ResultRecord> {
+    let currency = currency_of(record);
+    let warnings = record.binding.config.caps.after_settle(
+        currency,
+        &CurrencySpend::new(currency.clone(), session),
+        &CurrencySpend::new(currency.clone(), daily),
+    )?;
     let blocked = warnings.iter().any(|w| w.level == CapLevel::Block)
         && request.outcome != Outcome::Unavailable;
     let retention = i64::try_from(record.binding.config.result_retention_secs).unwrap_or(i64::MAX);
-    ResultRecord {
+    Ok(ResultRecord {
         execution_id: record.id,
         outcome: if blocked {
             Outcome::Blocked
@@ -178,7 +218,7 @@ pub fn settled_result(
             .checked_add_signed(Duration::seconds(retention))
             .unwrap_or(DateTime::<Utc>::MAX_UTC),
         erased_at: None,
-    }
+    })
 }
 
 /// The completed journal row.
@@ -325,9 +365,21 @@ pub fn root_receipt(root: &RootRecord, settlement: &SettlementRecord) -> RootRec
 }
 
 /// Applies the root caps to a settled result: warnings kept, an exceeded root block cap
-/// suppresses the output after the known cost is settled (ST-7, SC-16).
-pub fn apply_root_caps(record: &ExecutionRecord, result: &mut ResultRecord, root_charged: Money) {
-    let crossed = record.binding.config.caps.after_settle_root(root_charged);
+/// suppresses the output after the known cost is settled (ST-7, SC-16). `root` carries the
+/// root's totals after the settlement.
+///
+/// # Errors
+/// `CurrencyMismatch` when the root keeps its totals in another currency than the call.
+pub fn apply_root_caps(
+    record: &ExecutionRecord,
+    result: &mut ResultRecord,
+    root: &CurrencySpend,
+) -> StoreResult<()> {
+    let crossed = record
+        .binding
+        .config
+        .caps
+        .after_settle_root(currency_of(record), root)?;
     let blocked = crossed.iter().any(|w| w.level == CapLevel::Block);
     result.warnings.extend(crossed);
     if blocked && result.outcome != Outcome::Unavailable {
@@ -335,6 +387,7 @@ pub fn apply_root_caps(record: &ExecutionRecord, result: &mut ResultRecord, root
         result.output = None;
         result.step = None;
     }
+    Ok(())
 }
 
 /// Audit event of a root change (metadata only).
@@ -386,5 +439,35 @@ pub fn root_receipt_repaired_event(
             "charged": root.charged.to_string(),
         }),
         at,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(s: &str) -> Money {
+        Money::parse(s, "t").unwrap_or(Money::ZERO)
+    }
+
+    #[test]
+    fn sc_107_releasing_more_than_is_held_is_an_error() {
+        let totals = SpendTotals {
+            settled: m("1"),
+            held: m("0.5"),
+        };
+        assert_eq!(
+            release_hold(totals, m("0.5")),
+            Ok(SpendTotals {
+                settled: m("1"),
+                held: Money::ZERO
+            })
+        );
+        let over = StoreError::HoldUnderflow {
+            held: m("0.5"),
+            release: m("0.6"),
+        };
+        assert_eq!(release_hold(totals, m("0.6")), Err(over.clone()));
+        assert_eq!(apply_settlement(totals, m("0.6"), m("0.1")), Err(over));
     }
 }

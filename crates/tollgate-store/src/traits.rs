@@ -15,6 +15,7 @@ use tollgate_core::caps::SpendTotals;
 use tollgate_core::ids::{
     ConsumerId, EvidenceId, ExecutionId, OperationKey, RootKey, Scope, SessionId,
 };
+use tollgate_core::money::Currency;
 use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
 
 /// The journal.
@@ -26,10 +27,12 @@ pub trait ExecutionStore: Send + Sync {
     /// refuses with nothing written, or inserts the `prepared` row with a new fence, adds `hold`
     /// to both spend rows' held totals, and audits `claimed`. A claim under a root takes the root
     /// lock in the same unit and is refused (`RootRefused`, nothing written) when the root is
-    /// `reconciled` or past its deadline (ST-36); a missing root is `NotFound`.
+    /// `reconciled` or past its deadline (ST-36); a missing root is `NotFound`. Caps and spend
+    /// rows are in the snapshot's currency (SC-105); a root keeping its totals in another
+    /// currency is `CurrencyMismatch` (SC-106).
     ///
     /// # Errors
-    /// Store failure (nothing written).
+    /// Store failure; `CurrencyMismatch` (nothing written).
     async fn claim(&self, request: ClaimRequest) -> StoreResult<ClaimOutcome>;
 
     /// `prepared → dispatched`, durable before the first byte is sent. Audits `dispatched`.
@@ -59,7 +62,9 @@ pub trait ExecutionStore: Send + Sync {
     /// `prepared → not_dispatched(cause)`, releasing the hold. Audits `not_dispatched`.
     ///
     /// # Errors
-    /// `StaleFence` when the fence is not current or the row is not `prepared`.
+    /// `StaleFence` when the fence is not current or the row is not `prepared`;
+    /// `HoldUnderflow` when a spend row or the root holds less than the hold (nothing written,
+    /// SC-107).
     async fn mark_not_dispatched(
         &self,
         fence: Fence,
@@ -88,7 +93,8 @@ pub trait ExecutionStore: Send + Sync {
     /// not acknowledged here: `reconcile_usage` compares it with the durable settlement.
     ///
     /// # Errors
-    /// `StaleFence`; `Duplicate` if a settlement exists.
+    /// `StaleFence`; `Duplicate` if a settlement exists; `HoldUnderflow` when a spend row or the
+    /// root holds less than the hold (nothing written, SC-107).
     async fn settle(&self, request: SettleRequest) -> StoreResult<SettleOutcome>;
 
     /// Takes a new fence on `(scope, key)` when its state is one of `states` and either its lease
@@ -258,10 +264,11 @@ pub trait SettlementStore: Send + Sync {
     ) -> StoreResult<Vec<SettlementRecord>>;
 }
 
-/// Spend totals.
+/// Spend totals, kept per currency (SC-105): a consumer charged in two currencies has one
+/// session row and one day row in each, and a cap counts only the rows in its own currency.
 #[async_trait]
 pub trait SpendStore: Send + Sync {
-    /// The consumer's totals in a session.
+    /// The consumer's totals in a session, in `currency` (zero when there is no such row).
     ///
     /// # Errors
     /// Store failure.
@@ -270,9 +277,10 @@ pub trait SpendStore: Send + Sync {
         scope: &Scope,
         consumer: &ConsumerId,
         session: &SessionId,
+        currency: &Currency,
     ) -> StoreResult<SpendTotals>;
 
-    /// The consumer's totals on a day.
+    /// The consumer's totals on a day, in `currency` (zero when there is no such row).
     ///
     /// # Errors
     /// Store failure.
@@ -281,6 +289,7 @@ pub trait SpendStore: Send + Sync {
         scope: &Scope,
         consumer: &ConsumerId,
         day: NaiveDate,
+        currency: &Currency,
     ) -> StoreResult<SpendTotals>;
 }
 
@@ -403,9 +412,10 @@ pub trait RootStore: Send + Sync {
     ) -> StoreResult<Vec<RootReceipt>>;
 
     /// Repairs a completed call under a root whose root receipt is missing (ST-31): in one unit,
-    /// writes the receipt from the call's governed charge and adds it to the root's charged
-    /// total, and audits `root_receipt_repaired`. Idempotent: an existing receipt is returned
-    /// untouched. `None` when the execution is not a completed, settled call under a root in
+    /// writes the receipt from the call's governed charge, sets the root's charged total to the
+    /// sum of its receipts (so a charge the root already counted is never added again, SC-108),
+    /// and audits `root_receipt_repaired`. Idempotent: an existing receipt is returned
+    /// untouched. A charge in another currency than the root's is `CurrencyMismatch`. `None` when the execution is not a completed, settled call under a root in
     /// `scope`.
     ///
     /// # Errors

@@ -321,10 +321,25 @@ async fn ledger(tour: &Tour) -> Result<(), CommandError> {
         .filter(|r| r.scope == scope && r.operation_key.as_str().ends_with(&tour.suffix))
         .collect();
     let mut spend = Vec::new();
+    let demo_currency = Currency::parse("USD").map_err(|e| CommandError::Demo(e.to_string()))?;
     for consumer in ["team-a", "team-b", "team-c", "team-d"] {
         let consumer = id(ConsumerId::parse, consumer)?;
-        let totals = tour.stores.daily_spend(&scope, &consumer, today).await?;
-        spend.push(json!({"consumer": consumer, "day": today, "settled": totals.settled, "held": totals.held}));
+        // Spend is kept per currency: one line for each currency the consumer was charged in.
+        let mut currencies: std::collections::BTreeSet<Currency> = mine
+            .iter()
+            .filter(|r| r.consumer == consumer)
+            .map(|r| r.currency.clone())
+            .collect();
+        if currencies.is_empty() {
+            currencies.insert(demo_currency.clone());
+        }
+        for currency in currencies {
+            let totals = tour
+                .stores
+                .daily_spend(&scope, &consumer, today, &currency)
+                .await?;
+            spend.push(json!({"consumer": consumer, "day": today, "currency": currency, "settled": totals.settled, "held": totals.held}));
+        }
     }
     if tour.json {
         print::json(&json!({"steps": tour.steps, "settlements": mine, "spend": spend}));
@@ -348,10 +363,11 @@ async fn ledger(tour: &Tour) -> Result<(), CommandError> {
     for s in &spend {
         let text = |k: &str| s[k].as_str().unwrap_or_default().to_string();
         print::line(&format!(
-            "  {:<8} {} / {}",
+            "  {:<8} {} / {} {}",
             text("consumer"),
             text("settled"),
-            text("held")
+            text("held"),
+            text("currency")
         ));
     }
     Ok(())

@@ -4,7 +4,7 @@ use chrono::{Duration, NaiveDate};
 use std::collections::BTreeMap;
 use tollgate_core::caps::SpendTotals;
 use tollgate_core::ids::{ConsumerId, ExecutionId, RootKey, Scope, SessionId};
-use tollgate_core::money::Money;
+use tollgate_core::money::{Currency, Money};
 use tollgate_core::state::ExecutionState;
 use tollgate_store::audit::verify_chain;
 use tollgate_store::{AllStores, EvidenceSource, ExecutionRecord, RootState, SettlementRecord};
@@ -150,8 +150,8 @@ pub async fn violations(stores: &dyn AllStores, scope: &Scope, roots: &[RootKey]
     for s in &settlements {
         charges.entry(s.execution_id).or_default().push(s);
     }
-    let mut daily: BTreeMap<(ConsumerId, NaiveDate), SpendTotals> = BTreeMap::new();
-    let mut session: BTreeMap<(ConsumerId, SessionId), SpendTotals> = BTreeMap::new();
+    let mut daily: BTreeMap<(ConsumerId, NaiveDate, Currency), SpendTotals> = BTreeMap::new();
+    let mut session: BTreeMap<(ConsumerId, SessionId, Currency), SpendTotals> = BTreeMap::new();
     for row in &rows {
         let key = row.operation_key.as_str();
         let charged = charges.get(&row.id).map_or(0, Vec::len);
@@ -170,11 +170,12 @@ pub async fn violations(stores: &dyn AllStores, scope: &Scope, roots: &[RootKey]
         if !open && row.hold != Money::ZERO {
             out.push(format!("{key}: {} still holds {}", row.state, row.hold));
         }
+        let currency = row.binding.config.currency.clone();
         let d = daily
-            .entry((row.consumer().clone(), row.accounting_day))
+            .entry((row.consumer().clone(), row.accounting_day, currency.clone()))
             .or_default();
         let s = session
-            .entry((row.consumer().clone(), row.session_id().clone()))
+            .entry((row.consumer().clone(), row.session_id().clone(), currency))
             .or_default();
         if open {
             d.held = add(d.held, row.hold);
@@ -185,25 +186,36 @@ pub async fn violations(stores: &dyn AllStores, scope: &Scope, roots: &[RootKey]
         if !rows.iter().any(|r| r.id == charge.execution_id) {
             out.push(format!("a charge of {} has no execution", charge.amount));
         }
+        let currency = charge.currency.clone();
         let d = daily
-            .entry((charge.consumer.clone(), charge.accounting_day))
+            .entry((
+                charge.consumer.clone(),
+                charge.accounting_day,
+                currency.clone(),
+            ))
             .or_default();
         d.settled = add(d.settled, charge.amount);
         let s = session
-            .entry((charge.consumer.clone(), charge.session_id.clone()))
+            .entry((charge.consumer.clone(), charge.session_id.clone(), currency))
             .or_default();
         s.settled = add(s.settled, charge.amount);
     }
-    for ((consumer, day), expected) in &daily {
-        let stored = stores.daily_spend(scope, consumer, *day).await.unwrap();
+    for ((consumer, day, currency), expected) in &daily {
+        let stored = stores
+            .daily_spend(scope, consumer, *day, currency)
+            .await
+            .unwrap();
         if stored != *expected {
             out.push(format!(
                 "daily spend of {consumer} on {day} is {stored:?}, the journal says {expected:?}"
             ));
         }
     }
-    for ((consumer, id), expected) in &session {
-        let stored = stores.session_spend(scope, consumer, id).await.unwrap();
+    for ((consumer, id, currency), expected) in &session {
+        let stored = stores
+            .session_spend(scope, consumer, id, currency)
+            .await
+            .unwrap();
         if stored != *expected {
             out.push(format!(
                 "session spend of {consumer} in {id} is {stored:?}, the journal says {expected:?}"

@@ -18,7 +18,7 @@
 use super::oracle::check_rows;
 use super::provider::SimProvider;
 use super::shared::{Row, Shared};
-use super::universe::{id, scope, SCOPES};
+use super::universe::{currency, id, scope, SCOPES};
 use chrono::NaiveDate;
 use std::collections::BTreeMap;
 use tollgate_core::ids::{ExecutionId, OperationKey, Scope};
@@ -146,9 +146,9 @@ async fn check_spend(shared: &Shared, row: &Row, settled: Money, held: Money) {
     let totals = match row {
         Row::Session(s, c, n) => {
             let (s, c, n) = (id(s), id(c), id(n));
-            truth.session_spend(&s, &c, &n).await
+            truth.session_spend(&s, &c, &n, &currency()).await
         }
-        Row::Daily(s, c, day) => truth.daily_spend(&id(s), &id(c), *day).await,
+        Row::Daily(s, c, day) => truth.daily_spend(&id(s), &id(c), *day, &currency()).await,
         Row::Root(..) => return,
     };
     let Ok(totals) = totals else { return };

@@ -9,7 +9,7 @@
 //! - SC-13, ST-6: at most one settlement commits per execution.
 
 use super::shared::{root_row, Known, Row, Shared};
-use super::universe::{caps, id, CONSUMERS};
+use super::universe::{caps, currency, id, CONSUMERS};
 use std::sync::Arc;
 use tollgate_core::ids::{ExecutionId, OperationKey, Scope};
 use tollgate_core::money::Money;
@@ -24,6 +24,8 @@ pub fn err_kind(e: &StoreError) -> &'static str {
         StoreError::Duplicate(_) => "duplicate",
         StoreError::Corrupt(_) => "corrupt",
         StoreError::HoldGrows(_) => "hold_grows",
+        StoreError::HoldUnderflow { .. } => "hold_underflow",
+        StoreError::CurrencyMismatch { .. } => "currency_mismatch",
     }
 }
 
@@ -189,7 +191,8 @@ pub async fn on_settle(
                 (k.settlements, k.hold)
             })
             .unwrap_or((1, Money::ZERO));
-        let excess = amount.saturating_sub(hold);
+        // What was settled above the call's worst case (zero when it stayed within it).
+        let excess = amount.checked_sub(hold).unwrap_or(Money::ZERO);
         for row in &rows {
             let total = model.excess.entry(row.clone()).or_insert(Money::ZERO);
             *total = total.checked_add(excess).unwrap_or(*total);
@@ -271,12 +274,14 @@ async fn row_state(shared: &Shared, row: &Row) -> Option<(Money, Money, Money)> 
         Row::Session(scope, consumer, session) => {
             let limit = consumer_cap(consumer)?.session_block?;
             let (s, c, n) = (id::<Scope>(scope), id(consumer), id(session));
-            (limit, truth.session_spend(&s, &c, &n).await.ok()?)
+            let totals = truth.session_spend(&s, &c, &n, &currency()).await;
+            (limit, totals.ok()?)
         }
         Row::Daily(scope, consumer, day) => {
             let limit = consumer_cap(consumer)?.daily_block?;
             let (s, c) = (id::<Scope>(scope), id(consumer));
-            (limit, truth.daily_spend(&s, &c, *day).await.ok()?)
+            let totals = truth.daily_spend(&s, &c, *day, &currency()).await;
+            (limit, totals.ok()?)
         }
         Row::Root(scope, key) => {
             let root = truth.root(&id::<Scope>(scope), &id(key)).await.ok()??;

@@ -309,16 +309,25 @@ impl SpendStore for SimStores {
         scope: &Scope,
         consumer: &ConsumerId,
         session: &SessionId,
+        currency: &tollgate_core::money::Currency,
     ) -> StoreResult<SpendTotals> {
-        read!(self, self.inner().session_spend(scope, consumer, session))
+        read!(
+            self,
+            self.inner()
+                .session_spend(scope, consumer, session, currency)
+        )
     }
     async fn daily_spend(
         &self,
         scope: &Scope,
         consumer: &ConsumerId,
         day: NaiveDate,
+        currency: &tollgate_core::money::Currency,
     ) -> StoreResult<SpendTotals> {
-        read!(self, self.inner().daily_spend(scope, consumer, day))
+        read!(
+            self,
+            self.inner().daily_spend(scope, consumer, day, currency)
+        )
     }
 }
 

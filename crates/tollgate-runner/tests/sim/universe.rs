@@ -117,6 +117,11 @@ pub fn config(kind: Kind, consumer: usize) -> CallConfig {
 }
 
 /// Parsed ids.
+/// The one currency of every profile in the universe (the fixtures' price table's).
+pub fn currency() -> tollgate_core::money::Currency {
+    fixtures::text_config().currency
+}
+
 pub fn scope(i: usize) -> Scope {
     Scope::parse(SCOPES[i]).unwrap()
 }

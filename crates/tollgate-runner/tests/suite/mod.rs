@@ -103,6 +103,7 @@ impl Harness {
                 &scope("acme"),
                 &ConsumerId::parse("team-a").unwrap(),
                 t0().date_naive(),
+                &tollgate_core::money::Currency::parse("USD").unwrap(),
             )
             .await
             .unwrap()

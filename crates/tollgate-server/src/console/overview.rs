@@ -126,22 +126,23 @@ fn stricter(a: Option<Money>, b: Option<Money>) -> Option<Money> {
 
 /// Consumers with their currency and strictest daily caps: every profile's, then every open
 /// execution's (a binding made under an older configuration).
+/// Each consumer's caps per currency (caps and spend are per currency).
 fn consumers<'a>(
     app: &App,
     open: impl Iterator<Item = &'a ExecutionRecord>,
-) -> BTreeMap<ConsumerId, (Currency, Caps)> {
+) -> BTreeMap<(ConsumerId, Currency), Caps> {
     let configs = app
         .profiles
         .values()
         .map(|l| &l.profile.config)
         .chain(open.map(|r| &r.binding.config));
-    let mut out: BTreeMap<ConsumerId, (Currency, Caps)> = BTreeMap::new();
+    let mut out: BTreeMap<(ConsumerId, Currency), Caps> = BTreeMap::new();
     for config in configs {
         let entry = out
-            .entry(config.consumer.clone())
-            .or_insert_with(|| (config.currency.clone(), Caps::default()));
-        entry.1.daily_warn = stricter(entry.1.daily_warn, config.caps.daily_warn);
-        entry.1.daily_block = stricter(entry.1.daily_block, config.caps.daily_block);
+            .entry((config.consumer.clone(), config.currency.clone()))
+            .or_default();
+        entry.daily_warn = stricter(entry.daily_warn, config.caps.daily_warn);
+        entry.daily_block = stricter(entry.daily_block, config.caps.daily_block);
     }
     out
 }
@@ -247,8 +248,8 @@ pub async fn overview(app: &App, who: &Principal) -> Result<OverviewView, ApiErr
         *sum = sum.checked_add(r.hold).map_err(|_| ApiError::Internal)?;
     }
     let mut spend = Vec::new();
-    for (consumer, (currency, caps)) in consumers(app, open.iter()) {
-        let totals = stores.daily_spend(scope, &consumer, day).await?;
+    for ((consumer, currency), caps) in consumers(app, open.iter()) {
+        let totals = stores.daily_spend(scope, &consumer, day, &currency).await?;
         spend.push(ConsumerSpend {
             level: level(totals.settled, totals.held, &caps),
             consumer,

@@ -1,7 +1,7 @@
 //! The ledger-audit part of the conformance suite (instantiated by [`crate::store_conformance!`]
 //! through [`crate::ledger_conformance!`]): after the flows the runners drive, the audit is
-//! clean; a settlement the store was handed unpriced, or one spend row in two currencies, is
-//! reported by name.
+//! clean (also for one consumer charged in two currencies); a settlement the store was handed
+//! unpriced is reported by name.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use super::*;
@@ -15,7 +15,7 @@ macro_rules! ledger_conformance {
             sc_90_ledger_audit_is_clean_after_the_runners_flows,
             sc_90_ledger_audit_is_clean_after_concurrent_calls,
             sc_91_ledger_audit_names_an_unpriced_settlement,
-            sc_91_ledger_audit_names_a_spend_row_in_two_currencies,
+            sc_109_ledger_audit_checks_spend_per_currency,
         );
     };
 }
@@ -223,28 +223,28 @@ pub async fn sc_91_ledger_audit_names_an_unpriced_settlement<S: AllStores>(s: Ar
     assert_eq!(v.found, Some(money("0.1")));
 }
 
-/// One consumer charged through snapshots in two currencies: the spend rows add the amounts up
-/// regardless, and the audit says so.
-pub async fn sc_91_ledger_audit_names_a_spend_row_in_two_currencies<S: AllStores>(s: Arc<S>) {
+/// One consumer charged through snapshots in two currencies: each currency has its own session
+/// and day rows, and the audit checks each against its own currency's settlements and holds.
+pub async fn sc_109_ledger_audit_checks_spend_per_currency<S: AllStores>(s: Arc<S>) {
     let d = dispatched(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
     s.settle(priced(&d, usage(10, 5))).await.unwrap();
     let mut euro = text_config();
     euro.currency = tollgate_core::money::Currency::parse("EUR").unwrap();
     euro.price_version = VersionId::parse("prices-eur").unwrap();
-    let d = dispatched(&*s, claim_req("a", "k2", euro, "0.5")).await;
+    let d = dispatched(&*s, claim_req("a", "k2", euro.clone(), "0.5")).await;
     s.settle(priced(&d, usage(10, 5))).await.unwrap();
+    dispatched(&*s, claim_req("a", "k3", euro, "0.25")).await;
     let report = audit(&*s, Some("a")).await;
-    let named: Vec<_> = report
-        .violations
-        .iter()
-        .map(|v| (v.invariant, v.spend.is_some()))
-        .collect();
+    assert!(report.ok, "{:?}", report.violations);
     assert_eq!(
-        named,
-        [
-            (LedgerInvariant::SpendCurrency, true),
-            (LedgerInvariant::SpendCurrency, true)
-        ],
-        "the session row and the day row"
+        report.checked.spend_rows, 4,
+        "a session and a day row per currency"
+    );
+    assert_eq!(
+        daily(&*s, &d).await,
+        tollgate_core::caps::SpendTotals {
+            settled: money("0.00002"),
+            held: money("0.25"),
+        }
     );
 }

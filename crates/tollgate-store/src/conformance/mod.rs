@@ -52,6 +52,7 @@ macro_rules! store_conformance {
             concurrent_claims_of_one_key_insert_once,
         );
         $crate::ledger_conformance!($factory);
+        $crate::money_conformance!($factory);
     };
     (@tests $factory:expr; $($name:ident),+ $(,)?) => {
         $(
@@ -66,6 +67,10 @@ macro_rules! store_conformance {
 
 pub fn money(s: &str) -> Money {
     Money::parse(s, "test").unwrap()
+}
+
+pub fn usd() -> tollgate_core::money::Currency {
+    tollgate_core::money::Currency::parse("USD").unwrap()
 }
 
 pub fn scope(s: &str) -> Scope {
@@ -144,15 +149,25 @@ pub fn settle_req(record: &ExecutionRecord, amount: &str, text: &str) -> SettleR
 }
 
 async fn daily<S: Stores>(s: &S, r: &ExecutionRecord) -> tollgate_core::caps::SpendTotals {
-    s.daily_spend(&r.scope, r.consumer(), r.accounting_day)
-        .await
-        .unwrap()
+    s.daily_spend(
+        &r.scope,
+        r.consumer(),
+        r.accounting_day,
+        &r.binding.config.currency,
+    )
+    .await
+    .unwrap()
 }
 
 async fn session<S: Stores>(s: &S, r: &ExecutionRecord) -> tollgate_core::caps::SpendTotals {
-    s.session_spend(&r.scope, r.consumer(), r.session_id())
-        .await
-        .unwrap()
+    s.session_spend(
+        &r.scope,
+        r.consumer(),
+        r.session_id(),
+        &r.binding.config.currency,
+    )
+    .await
+    .unwrap()
 }
 
 fn capped(block: &str) -> CallConfig {
@@ -399,10 +414,11 @@ pub async fn sc_40_take_fence_only_after_lease_expiry<S: Stores>(s: Arc<S>) {
         .unwrap();
     assert!(taken.fence > r.fence);
     // The old holder is now stale (H-3).
-    assert!(matches!(
-        s.settle(settle_req(&r, "0.1", "x")).await,
-        Err(StoreError::StaleFence(_))
-    ));
+    let settled = s.settle(settle_req(&r, "0.1", "x")).await;
+    assert!(
+        matches!(settled, Err(StoreError::StaleFence(_))),
+        "{settled:?}"
+    );
     // A second recoverer cannot take the fresh fence.
     assert!(s
         .take_fence(&scope("a"), &key("k1"), &states, true, 1000, later)
@@ -752,7 +768,7 @@ pub async fn no_overspend_under_concurrent_claims<S: Stores + 'static>(s: Arc<S>
             let mut samples = 0u32;
             while !done.load(std::sync::atomic::Ordering::SeqCst) {
                 let d = s
-                    .daily_spend(&scope("a"), &consumer, t0().date_naive())
+                    .daily_spend(&scope("a"), &consumer, t0().date_naive(), &usd())
                     .await
                     .unwrap();
                 let total = d.settled.checked_add(d.held).unwrap();
@@ -795,7 +811,7 @@ pub async fn no_overspend_under_concurrent_claims<S: Stores + 'static>(s: Arc<S>
     done.store(true, std::sync::atomic::Ordering::SeqCst);
     assert!(sampler.await.unwrap() > 0, "the sampler observed the run");
     let d = s
-        .daily_spend(&scope("a"), &consumer, t0().date_naive())
+        .daily_spend(&scope("a"), &consumer, t0().date_naive(), &usd())
         .await
         .unwrap();
     let total = d.settled.checked_add(d.held).unwrap();
@@ -855,3 +871,6 @@ pub use service::*;
 
 mod ledger_audit;
 pub use ledger_audit::*;
+
+mod money;
+pub use money::*;

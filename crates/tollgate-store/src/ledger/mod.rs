@@ -7,12 +7,13 @@
 //!
 //! What the runners write, and so what the rules expect:
 //!
-//! - a claim adds its hold to the session and day spend rows of the snapshot's consumer (the day
-//!   is the UTC date of the claim, the execution's accounting day) and, under a root, to the
+//! - a claim adds its hold to the session and day spend rows of the snapshot's consumer in the
+//!   snapshot's currency (the day is the UTC date of the claim, the execution's accounting day;
+//!   spend is kept per currency, SC-105, SC-109) and, under a root, to the
 //!   root's `held`; `not_dispatched` and settlement take exactly that hold off again, and
 //!   `reconciliation_required` keeps it until an operator settles;
 //! - a settlement copies scope, key, consumer, session and accounting day from its execution,
-//!   adds its amount to the same two spend rows (and to the root's `charged`, with a root
+//!   adds its amount to the spend rows of its consumer, session and day in its currency (and to the root's `charged`, with a root
 //!   receipt of the same amount and currency), and its amount is its usage priced with the
 //!   execution's snapshot — zero usage at zero for refusal proofs and rejected requests;
 //! - reconcile usage acknowledges only exact evidence equal to the settlement's usage of a
@@ -214,7 +215,6 @@ struct Implied {
     settled: Money,
     held: Money,
     overflow: bool,
-    currencies: BTreeSet<Currency>,
 }
 
 impl Implied {
@@ -307,27 +307,31 @@ impl LedgerChecker {
         consumer: &ConsumerId,
         session_id: &SessionId,
         day: NaiveDate,
+        currency: &Currency,
     ) -> [SpendRowKey; 2] {
         [
             SpendRowKey::Session {
                 consumer: consumer.clone(),
                 session_id: session_id.clone(),
+                currency: currency.clone(),
             },
             SpendRowKey::Day {
                 consumer: consumer.clone(),
                 day,
+                currency: currency.clone(),
             },
         ]
     }
 
     /// Adds a settlement to the spend rows it names (rule 1: the settlement's own consumer,
-    /// session and accounting day, as the finance view shows it).
+    /// session, accounting day and currency, as the finance view shows it).
     fn charge(&mut self, s: &SettlementFacts) {
         self.checked.settlements += 1;
-        for key in Self::spend_keys(&s.consumer, &s.session_id, s.accounting_day) {
-            let implied = self.spend_implied.entry(key).or_default();
-            implied.add_settled(s.amount);
-            implied.currencies.insert(s.currency.clone());
+        for key in Self::spend_keys(&s.consumer, &s.session_id, s.accounting_day, &s.currency) {
+            self.spend_implied
+                .entry(key)
+                .or_default()
+                .add_settled(s.amount);
         }
     }
 
@@ -341,10 +345,8 @@ impl LedgerChecker {
             ..v
         };
         if is_open(e.state) {
-            for key in Self::spend_keys(&e.consumer, &e.session_id, e.accounting_day) {
-                let implied = self.spend_implied.entry(key).or_default();
-                implied.add_held(e.hold);
-                implied.currencies.insert(e.currency.clone());
+            for key in Self::spend_keys(&e.consumer, &e.session_id, e.accounting_day, &e.currency) {
+                self.spend_implied.entry(key).or_default().add_held(e.hold);
             }
             if let Some(root_key) = &e.root_key {
                 match e.root_id {
@@ -592,10 +594,6 @@ impl LedgerChecker {
                 let v = self
                     .violation(LedgerInvariant::SpendHeld, "mismatch")
                     .amounts(want.held, stored.held);
-                self.report(of_row(v));
-            }
-            if want.currencies.len() > 1 {
-                let v = self.violation(LedgerInvariant::SpendCurrency, "mixed");
                 self.report(of_row(v));
             }
         }

@@ -9,7 +9,7 @@ use tollgate_core::ids::{
     ConsumerId, EvidenceId, ExecutionId, OperationKey, RootId, RootKey, Scope, SessionId,
     SettlementId,
 };
-use tollgate_core::money::Money;
+use tollgate_core::money::{Currency, Money};
 
 /// Violations a report carries by default.
 pub const LEDGER_LIMIT_DEFAULT: u32 = 100;
@@ -25,8 +25,6 @@ pub enum LedgerInvariant {
     /// A spend row's `held` equals the holds of the open executions that count against it
     /// (rule 2).
     SpendHeld,
-    /// Everything counted in a spend row is in one currency.
-    SpendCurrency,
     /// A `completed` or `not_dispatched` execution holds nothing (rule 3).
     FinalHoldsNothing,
     /// A `completed` execution has exactly one settlement, any other none (rule 4).
@@ -50,10 +48,9 @@ pub enum LedgerInvariant {
 
 impl LedgerInvariant {
     /// Every invariant, in report order.
-    pub const ALL: [LedgerInvariant; 11] = [
+    pub const ALL: [LedgerInvariant; 10] = [
         Self::SpendSettled,
         Self::SpendHeld,
-        Self::SpendCurrency,
         Self::FinalHoldsNothing,
         Self::SettledExactlyOnce,
         Self::SettlementMatchesExecution,
@@ -69,7 +66,6 @@ impl LedgerInvariant {
         match self {
             Self::SpendSettled => "spend_settled",
             Self::SpendHeld => "spend_held",
-            Self::SpendCurrency => "spend_currency",
             Self::FinalHoldsNothing => "final_holds_nothing",
             Self::SettledExactlyOnce => "settled_exactly_once",
             Self::SettlementMatchesExecution => "settlement_matches_execution",
@@ -88,23 +84,27 @@ impl fmt::Display for LedgerInvariant {
     }
 }
 
-/// Which spend row: a consumer's session row or day row.
+/// Which spend row: a consumer's session row or day row, in one currency (SC-105).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(tag = "window", rename_all = "snake_case")]
 pub enum SpendRowKey {
-    /// `spend_sessions (scope, consumer, session_id)`.
+    /// `spend_sessions (scope, consumer, session_id, currency)`.
     Session {
         /// Consumer charged.
         consumer: ConsumerId,
         /// Session.
         session_id: SessionId,
+        /// Currency of the row.
+        currency: Currency,
     },
-    /// `spend_days (scope, consumer, day)`.
+    /// `spend_days (scope, consumer, day, currency)`.
     Day {
         /// Consumer charged.
         consumer: ConsumerId,
         /// Accounting day.
         day: NaiveDate,
+        /// Currency of the row.
+        currency: Currency,
     },
 }
 
@@ -114,8 +114,16 @@ impl fmt::Display for SpendRowKey {
             Self::Session {
                 consumer,
                 session_id,
-            } => write!(f, "consumer={consumer} session_id={session_id}"),
-            Self::Day { consumer, day } => write!(f, "consumer={consumer} day={day}"),
+                currency,
+            } => write!(
+                f,
+                "consumer={consumer} session_id={session_id} currency={currency}"
+            ),
+            Self::Day {
+                consumer,
+                day,
+                currency,
+            } => write!(f, "consumer={consumer} day={day} currency={currency}"),
         }
     }
 }

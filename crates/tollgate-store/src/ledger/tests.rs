@@ -84,6 +84,10 @@ fn completed(key: &str) -> ExecutionFacts {
 }
 
 fn rows(checker: &mut LedgerChecker, settled: &str, held: &str) {
+    rows_in(checker, usd(), settled, held);
+}
+
+fn rows_in(checker: &mut LedgerChecker, currency: Currency, settled: &str, held: &str) {
     let totals = SpendTotals {
         settled: m(settled),
         held: m(held),
@@ -92,6 +96,7 @@ fn rows(checker: &mut LedgerChecker, settled: &str, held: &str) {
         SpendRowKey::Session {
             consumer: consumer(),
             session_id: session(),
+            currency: currency.clone(),
         },
         totals,
     );
@@ -99,6 +104,7 @@ fn rows(checker: &mut LedgerChecker, settled: &str, held: &str) {
         SpendRowKey::Day {
             consumer: consumer(),
             day: day(),
+            currency,
         },
         totals,
     );
@@ -297,25 +303,77 @@ fn sc_91_root_totals_and_receipts() {
     );
 }
 
-#[test]
-fn sc_91_mixed_currencies_in_one_spend_row_are_reported() {
-    let mut c = LedgerChecker::new(scope(), 10);
-    rows(&mut c, "0.00004", "0");
-    c.execution(completed("k1"));
-    let mut eur = completed("k2");
-    eur.currency = Currency::parse("EUR").unwrap();
-    if let Some(s) = eur.settlement.as_mut() {
-        s.currency = eur.currency.clone();
+fn in_euro(mut e: ExecutionFacts) -> ExecutionFacts {
+    e.currency = Currency::parse("EUR").unwrap();
+    if let Some(s) = e.settlement.as_mut() {
+        s.currency = e.currency.clone();
     }
-    c.execution(eur);
+    e
+}
+
+#[test]
+fn sc_109_spend_is_checked_per_currency() {
+    // One consumer charged in USD and in EUR: one pair of rows per currency, each equal to its
+    // own currency's settlements and holds.
+    let mut c = LedgerChecker::new(scope(), 10);
+    rows(&mut c, "0.00002", "0");
+    rows_in(&mut c, Currency::parse("EUR").unwrap(), "0.00002", "0.5");
+    c.execution(completed("k1"));
+    c.execution(in_euro(completed("k2")));
+    c.execution(in_euro(execution("k3", ExecutionState::Dispatched, "0.5")));
     let report = c.finish();
-    assert_eq!(
-        invariants(&report),
-        [
-            (LedgerInvariant::SpendCurrency, "mixed".into()),
-            (LedgerInvariant::SpendCurrency, "mixed".into()),
-        ]
+    assert!(report.ok, "{:?}", report.violations);
+    assert_eq!(report.checked.spend_rows, 4);
+
+    // The same amounts added up in the USD rows (as one row for both currencies would hold
+    // them) disagree with both currencies' rows.
+    let mut c = LedgerChecker::new(scope(), 10);
+    rows(&mut c, "0.00004", "0.5");
+    c.execution(completed("k1"));
+    c.execution(in_euro(completed("k2")));
+    c.execution(in_euro(execution("k3", ExecutionState::Dispatched, "0.5")));
+    let report = c.finish();
+    let eur = Currency::parse("EUR").unwrap();
+    let named: Vec<_> = report
+        .violations
+        .iter()
+        .map(|v| {
+            let currency = match v.spend.as_ref().unwrap() {
+                SpendRowKey::Session { currency, .. } | SpendRowKey::Day { currency, .. } => {
+                    currency.clone()
+                }
+            };
+            (v.invariant, currency, v.expected, v.found)
+        })
+        .collect();
+    let usd_settled = (
+        LedgerInvariant::SpendSettled,
+        usd(),
+        Some(m("0.00002")),
+        Some(m("0.00004")),
     );
+    let usd_held = (
+        LedgerInvariant::SpendHeld,
+        usd(),
+        Some(m("0")),
+        Some(m("0.5")),
+    );
+    let eur_settled = (
+        LedgerInvariant::SpendSettled,
+        eur.clone(),
+        Some(m("0.00002")),
+        Some(m("0")),
+    );
+    let eur_held = (
+        LedgerInvariant::SpendHeld,
+        eur,
+        Some(m("0.5")),
+        Some(m("0")),
+    );
+    assert_eq!(named.len(), 8, "{named:?}");
+    for want in [usd_settled, usd_held, eur_settled, eur_held] {
+        assert_eq!(named.iter().filter(|v| **v == want).count(), 2, "{want:?}");
+    }
 }
 
 #[test]

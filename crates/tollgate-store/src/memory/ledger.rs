@@ -35,20 +35,22 @@ impl Tables {
 
     fn audit_scope(&self, scope: &Scope, limit: u32) -> LedgerReport {
         let mut checker = LedgerChecker::new(scope.clone(), limit);
-        for ((s, consumer, session_id), totals) in &self.session_spend {
+        for ((s, consumer, session_id, currency), totals) in &self.session_spend {
             if s == scope {
                 let key = SpendRowKey::Session {
                     consumer: consumer.clone(),
                     session_id: session_id.clone(),
+                    currency: currency.clone(),
                 };
                 checker.spend_row(key, *totals);
             }
         }
-        for ((s, consumer, day), totals) in &self.daily_spend {
+        for ((s, consumer, day, currency), totals) in &self.daily_spend {
             if s == scope {
                 let key = SpendRowKey::Day {
                     consumer: consumer.clone(),
                     day: *day,
+                    currency: currency.clone(),
                 };
                 checker.spend_row(key, *totals);
             }
@@ -182,7 +184,13 @@ mod tests {
         assert!(s.audit_ledger(None, 10).await.unwrap().ok);
         {
             let mut t = s.lock().unwrap();
-            let key = (r.scope.clone(), r.consumer().clone(), r.accounting_day);
+            let currency = r.binding.config.currency.clone();
+            let key = (
+                r.scope.clone(),
+                r.consumer().clone(),
+                r.accounting_day,
+                currency,
+            );
             let row = t.daily_spend.get_mut(&key).unwrap();
             row.settled = row.settled.checked_add(money("0.01")).unwrap();
         }
@@ -192,7 +200,8 @@ mod tests {
             v.spend,
             Some(SpendRowKey::Day {
                 consumer: r.consumer().clone(),
-                day: r.accounting_day
+                day: r.accounting_day,
+                currency: r.binding.config.currency.clone(),
             })
         );
         assert_eq!(

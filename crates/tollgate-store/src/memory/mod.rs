@@ -10,9 +10,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
-use tollgate_core::caps::SpendTotals;
+use tollgate_core::caps::{CurrencySpend, SpendTotals};
 use tollgate_core::digest::Digest256;
 use tollgate_core::ids::*;
+use tollgate_core::money::Currency;
 use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
 
 #[derive(Default)]
@@ -23,8 +24,8 @@ struct Tables {
     evidence: Vec<Evidence>,
     settlements: Vec<SettlementRecord>,
     settlement_by_execution: HashMap<ExecutionId, usize>,
-    session_spend: HashMap<(Scope, ConsumerId, SessionId), SpendTotals>,
-    daily_spend: HashMap<(Scope, ConsumerId, NaiveDate), SpendTotals>,
+    session_spend: HashMap<SessionSpendKey, SpendTotals>,
+    daily_spend: HashMap<DaySpendKey, SpendTotals>,
     audit: HashMap<Scope, BTreeMap<AuditChain, Vec<AuditRow>>>,
     roots: HashMap<(Scope, RootKey), RootRecord>,
     root_receipts: HashMap<ExecutionId, RootReceipt>,
@@ -50,22 +51,27 @@ impl MemoryStores {
     }
 }
 
-type SpendKeys = (
-    (Scope, ConsumerId, SessionId),
-    (Scope, ConsumerId, NaiveDate),
-);
+/// A session spend row: `(scope, consumer, session, currency)` (SC-105).
+type SessionSpendKey = (Scope, ConsumerId, SessionId, Currency);
+/// A day spend row: `(scope, consumer, day, currency)` (SC-105).
+type DaySpendKey = (Scope, ConsumerId, NaiveDate, Currency);
+type SpendKeys = (SessionSpendKey, DaySpendKey);
 
+/// The two spend rows of an execution, in its snapshot's currency.
 fn spend_keys(record: &ExecutionRecord) -> SpendKeys {
+    let currency = rules::currency_of(record).clone();
     (
         (
             record.scope.clone(),
             record.consumer().clone(),
             record.session_id().clone(),
+            currency.clone(),
         ),
         (
             record.scope.clone(),
             record.consumer().clone(),
             record.accounting_day,
+            currency,
         ),
     )
 }
@@ -118,17 +124,22 @@ impl Tables {
         self.roots.get_mut(&(record.scope.clone(), key))
     }
 
-    fn release(&mut self, record: &ExecutionRecord) {
-        if let Some(root) = self.root_of(record) {
-            root.held = rules::release_hold(root.totals(), record.hold).held;
-        }
+    /// Releases an execution's hold from its spend rows and root: all computed first, so an
+    /// over-release (`HoldUnderflow`) changes nothing (SC-107).
+    fn release(&mut self, record: &ExecutionRecord) -> StoreResult<()> {
+        let root_held = match self.root_of(record) {
+            Some(root) => Some(rules::release_hold(root.totals(), record.hold)?.held),
+            None => None,
+        };
         let keys = spend_keys(record);
         let (s, d) = self.spend(&keys);
-        self.set_spend(
-            keys,
-            rules::release_hold(s, record.hold),
-            rules::release_hold(d, record.hold),
-        );
+        let session = rules::release_hold(s, record.hold)?;
+        let daily = rules::release_hold(d, record.hold)?;
+        if let (Some(held), Some(root)) = (root_held, self.root_of(record)) {
+            root.held = held;
+        }
+        self.set_spend(keys, session, daily);
+        Ok(())
     }
 
     /// Applies a fenced transition and audits it.
@@ -166,12 +177,14 @@ impl ExecutionStore for MemoryStores {
         let record = rules::new_execution(&request);
         let keys = spend_keys(&record);
         let (session, daily) = t.spend(&keys);
-        if let Err(blocked) = request
-            .binding
-            .config
-            .caps
-            .admit(session, daily, request.hold)
-        {
+        let currency = rules::currency_of(&record);
+        let caps = &request.binding.config.caps;
+        if let Err(blocked) = caps.admit(
+            currency,
+            &CurrencySpend::new(currency.clone(), session),
+            &CurrencySpend::new(currency.clone(), daily),
+            request.hold,
+        )? {
             return Ok(ClaimOutcome::Blocked(blocked));
         }
         if let Some(root_key) = &request.root_key {
@@ -181,8 +194,9 @@ impl ExecutionStore for MemoryStores {
             if !rules::root_takes_claim(root, request.now) {
                 return Ok(ClaimOutcome::RootRefused(root.clone()));
             }
-            let caps = &request.binding.config.caps;
-            if let Err(blocked) = caps.admit_root(root.totals(), request.hold) {
+            if let Err(blocked) =
+                caps.admit_root(currency, &rules::root_spend(root), request.hold)?
+            {
                 return Ok(ClaimOutcome::Blocked(blocked));
             }
             root.held = rules::add_hold(root.totals(), request.hold)?.held;
@@ -225,7 +239,7 @@ impl ExecutionStore for MemoryStores {
         t.release(&ExecutionRecord {
             hold: shrink,
             ..before
-        });
+        })?;
         t.transition(fence, &[ExecutionState::Prepared], now, "dispatched", |r| {
             r.state = ExecutionState::Dispatched;
             r.hold = hold;
@@ -245,7 +259,7 @@ impl ExecutionStore for MemoryStores {
             .cloned()
             .ok_or_else(|| StoreError::NotFound(fence.execution_id.to_string()))?;
         rules::check_fence(&before, fence, &[ExecutionState::Prepared])?;
-        t.release(&before);
+        t.release(&before)?;
         t.transition(
             fence,
             &[ExecutionState::Prepared],
@@ -307,18 +321,30 @@ impl ExecutionStore for MemoryStores {
         let session = rules::apply_settlement(s, record.hold, request.amount)?;
         let daily = rules::apply_settlement(d, record.hold, request.amount)?;
         let settlement = rules::settlement_row(&record, &request);
-        let mut result = rules::settled_result(&record, &request, session, daily);
-        let mut root_receipt = None;
+        let mut result = rules::settled_result(&record, &request, session, daily)?;
+        // Everything is computed before anything is written: an over-release or a currency
+        // mismatch changes nothing (SC-106, SC-107).
+        let mut root_update = None;
         if let Some(root) = t.root_of(&record) {
+            rules::check_root_currency(root, rules::currency_of(&record))?;
             let totals = rules::apply_settlement(root.totals(), record.hold, request.amount)?;
-            root.charged = totals.settled;
-            root.held = totals.held;
-            root.updated_at = request.now;
-            rules::apply_root_caps(&record, &mut result, root.charged);
-            root_receipt = Some(rules::root_receipt(root, &settlement));
+            let after = RootRecord {
+                charged: totals.settled,
+                held: totals.held,
+                updated_at: request.now,
+                ..root.clone()
+            };
+            rules::apply_root_caps(&record, &mut result, &rules::root_spend(&after))?;
+            root_update = Some(after);
         }
-        if let Some(receipt) = &root_receipt {
+        let mut root_receipt = None;
+        if let Some(after) = root_update {
+            let receipt = rules::root_receipt(&after, &settlement);
+            if let Some(root) = t.root_of(&record) {
+                *root = after;
+            }
             t.root_receipts.insert(record.id, receipt.clone());
+            root_receipt = Some(receipt);
         }
         let done = rules::completed(&record, &request, result.outcome);
         t.set_spend(keys, session, daily);
@@ -608,11 +634,17 @@ impl SpendStore for MemoryStores {
         scope: &Scope,
         consumer: &ConsumerId,
         session: &SessionId,
+        currency: &Currency,
     ) -> StoreResult<SpendTotals> {
         Ok(self
             .lock()?
             .session_spend
-            .get(&(scope.clone(), consumer.clone(), session.clone()))
+            .get(&(
+                scope.clone(),
+                consumer.clone(),
+                session.clone(),
+                currency.clone(),
+            ))
             .copied()
             .unwrap_or_default())
     }
@@ -622,11 +654,12 @@ impl SpendStore for MemoryStores {
         scope: &Scope,
         consumer: &ConsumerId,
         day: NaiveDate,
+        currency: &Currency,
     ) -> StoreResult<SpendTotals> {
         Ok(self
             .lock()?
             .daily_spend
-            .get(&(scope.clone(), consumer.clone(), day))
+            .get(&(scope.clone(), consumer.clone(), day, currency.clone()))
             .copied()
             .unwrap_or_default())
     }

@@ -159,14 +159,25 @@ impl RootStore for MemoryStores {
             .get(&execution_id)
             .and_then(|i| t.settlements.get(*i))
             .cloned();
-        let (Some(settlement), Some(root)) = (settlement, t.root_of(&record)) else {
+        let (Some(settlement), Some(root)) = (settlement, t.root_of(&record).cloned()) else {
             return Ok(None);
         };
-        root.charged =
-            rules::apply_settlement(root.totals(), Money::ZERO, settlement.amount)?.settled;
-        root.updated_at = now;
-        let root = root.clone();
+        rules::check_root_currency(&root, &settlement.currency)?;
         let receipt = rules::root_receipt(&root, &settlement);
+        // The root's charged total is the sum of its receipts: recomputed with the repaired one,
+        // never added to, so a charge the root already counted is not counted twice (SC-108).
+        let mut charged = receipt.amount;
+        for other in t.root_receipts.values().filter(|r| r.root_id == root.id) {
+            charged = charged.checked_add(other.amount)?;
+        }
+        let root = RootRecord {
+            charged,
+            updated_at: now,
+            ..root
+        };
+        if let Some(stored) = t.root_of(&record) {
+            *stored = root.clone();
+        }
         t.root_receipts.insert(execution_id, receipt.clone());
         t.append(rules::root_receipt_repaired_event(&root, &receipt, now));
         Ok(Some(receipt))
@@ -220,8 +231,49 @@ impl MemoryStores {
             return Ok(());
         };
         if let Some(root) = t.roots.values_mut().find(|r| r.id == receipt.root_id) {
-            root.charged = root.charged.saturating_sub(receipt.amount);
+            root.charged = root.charged.checked_sub(receipt.amount)?;
         }
         Ok(())
+    }
+
+    /// Drops a root receipt and leaves its amount on the root, as a partial write might have
+    /// left it: for tests of the SC-108 repair.
+    #[cfg(feature = "test-support")]
+    pub fn drop_root_receipt(&self, execution_id: ExecutionId) -> StoreResult<()> {
+        self.lock()?.root_receipts.remove(&execution_id);
+        Ok(())
+    }
+
+    /// Sets the `held` of every spend row and root of `scope` to zero behind the stores' back,
+    /// so that releasing a hold is an over-release: for tests of SC-107.
+    #[cfg(feature = "test-support")]
+    pub fn lose_holds(&self, scope: &Scope) -> StoreResult<()> {
+        let mut t = self.lock()?;
+        for (key, totals) in t.session_spend.iter_mut() {
+            if &key.0 == scope {
+                totals.held = Money::ZERO;
+            }
+        }
+        for (key, totals) in t.daily_spend.iter_mut() {
+            if &key.0 == scope {
+                totals.held = Money::ZERO;
+            }
+        }
+        for root in t.roots.values_mut().filter(|r| &r.scope == scope) {
+            root.held = Money::ZERO;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(feature = "test-support")]
+#[async_trait]
+impl crate::conformance::StoreDamage for MemoryStores {
+    async fn lose_holds(&self, scope: &Scope) -> StoreResult<()> {
+        MemoryStores::lose_holds(self, scope)
+    }
+
+    async fn drop_root_receipt(&self, execution_id: ExecutionId) -> StoreResult<()> {
+        MemoryStores::drop_root_receipt(self, execution_id)
     }
 }
