@@ -2,13 +2,17 @@
 //! the scopes that have work and runs, in bounded batches, `reconcile_expired` (executions, then
 //! roots: expiry and reconciliation), `reconcile_usage`, and retention erasure. Every
 //! `ledger_audit_interval_ms` it also audits the ledger of the pass's scopes (read-only) and
-//! reports drift as metrics and warnings naming invariants and ids only.
+//! reports drift as metrics and warnings naming invariants and ids only. With
+//! `[scheduler] fetch_evidence = true` (default off) it also fetches usage of finished responses
+//! for executions awaiting an operator into the inbox as `late` evidence (SC-113); that never
+//! settles anything.
 //!
 //! Many instances may run at once (inside each `serve` and as `tollgate scheduler`): every
 //! finishing write goes through a fence, so two instances can never finish one execution twice —
 //! the loser of a race finds no eligible fence and skips. A failed task is logged and counted;
 //! the pass goes on with the next one. Shutdown is checked between tasks and during the sleep.
 
+use crate::app::Fetchers;
 use crate::backend::Backend;
 use crate::config::SchedulerSettings;
 use crate::metrics::{Metrics, PassCounts};
@@ -47,6 +51,8 @@ pub struct Scheduler {
     ledger_audit_every: Option<Duration>,
     /// When the last ledger audit ran.
     last_ledger_audit: Option<Instant>,
+    /// Usage fetchers when the evidence fetch is on; `None` = off.
+    fetchers: Option<Arc<Fetchers>>,
 }
 
 impl Scheduler {
@@ -69,7 +75,15 @@ impl Scheduler {
                 crate::config::LEDGER_AUDIT_INTERVAL_MS_DEFAULT,
             )),
             last_ledger_audit: None,
+            fetchers: None,
         }
+    }
+
+    /// Fetches usage of finished responses for `reconciliation_required` executions with a
+    /// provider reference each pass, at most `batch` per scope (SC-113); `None` turns it off.
+    pub fn with_evidence_fetch(mut self, fetchers: Option<Arc<Fetchers>>) -> Self {
+        self.fetchers = fetchers;
+        self
     }
 
     /// Audits the ledger of the scopes with work every `interval_ms` (0 = never); the first pass
@@ -204,6 +218,20 @@ impl Scheduler {
                 }
             }
             Err(e) => failed(counts, "reconcile_usage", &e),
+        }
+        if let Some(fetchers) = &self.fetchers {
+            let fetcher_for = |name: &str| fetchers.get(name).cloned();
+            match self
+                .reconciler
+                .fetch_evidence(scope, batch, &fetcher_for)
+                .await
+            {
+                Ok(report) if report.stored > 0 => {
+                    tracing::info!(scope = %scope, stored = report.stored, "late evidence fetched");
+                }
+                Ok(_) => {}
+                Err(e) => failed(counts, "fetch_evidence", &e),
+            }
         }
         match self
             .stores
