@@ -77,6 +77,9 @@
 //! - Reasoning loop: the role chunk / `response.created` + a reasoning item / `message_start` +
 //!   a thinking block, then one reasoning delta per millisecond.
 //!
+//! `GET /v1/responses/{id}` answers the kept response of a Responses request sent with
+//! `store: true` (id, status, usage, no output; finished even when its stream was cut), else 404.
+//!
 //! `GET /mock/requests` → `{"count": n, "by_prompt": {"<prompt>": n, …}, "untracked": n}`:
 //! `count` counts every POST received on the three paths (counted on arrival, before any
 //! behaviour, errors included); once a body is read, the request is also counted under its
