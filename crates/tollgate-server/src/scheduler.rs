@@ -33,6 +33,9 @@ pub const ERASE_BATCHES_PER_PASS_MAX: u32 = 10;
 pub const BACKLOG_COUNT_PER_SCOPE_MAX: u32 = 100;
 /// Violations listed (and logged) per scope by a scheduled ledger audit; all are counted.
 pub const LEDGER_AUDIT_LIMIT: u32 = 20;
+/// Shortest time between two evidence fetches of one scheduler: executions whose response
+/// cannot be fetched stay in the backlog and would otherwise be asked for every pass.
+pub const FETCH_EVIDENCE_INTERVAL_MS: u64 = 60_000;
 /// Jitter of the period, in percent either way.
 const JITTER_PERCENT: u64 = 20;
 
@@ -53,6 +56,10 @@ pub struct Scheduler {
     last_ledger_audit: Option<Instant>,
     /// Usage fetchers when the evidence fetch is on; `None` = off.
     fetchers: Option<Arc<Fetchers>>,
+    /// When the last pass with an evidence fetch started.
+    last_fetch: Option<Instant>,
+    /// Whether this pass fetches evidence.
+    fetch_now: bool,
 }
 
 impl Scheduler {
@@ -76,11 +83,14 @@ impl Scheduler {
             )),
             last_ledger_audit: None,
             fetchers: None,
+            last_fetch: None,
+            fetch_now: false,
         }
     }
 
     /// Fetches usage of finished responses for `reconciliation_required` executions with a
-    /// provider reference each pass, at most `batch` per scope (SC-113); `None` turns it off.
+    /// provider reference, at most `batch` per scope, in at most one pass every
+    /// [`FETCH_EVIDENCE_INTERVAL_MS`] (SC-113); `None` turns it off.
     pub fn with_evidence_fetch(mut self, fetchers: Option<Arc<Fetchers>>) -> Self {
         self.fetchers = fetchers;
         self
@@ -136,6 +146,13 @@ impl Scheduler {
             Some(last) if scopes.len() >= SCOPES_PER_PASS_MAX as usize => Some(last.clone()),
             _ => None,
         };
+        self.fetch_now = self.fetchers.is_some()
+            && self.last_fetch.is_none_or(|last| {
+                last.elapsed() >= Duration::from_millis(FETCH_EVIDENCE_INTERVAL_MS)
+            });
+        if self.fetch_now {
+            self.last_fetch = Some(Instant::now());
+        }
         for scope in &scopes {
             if shutdown.is_cancelled() {
                 return counts;
@@ -219,7 +236,7 @@ impl Scheduler {
             }
             Err(e) => failed(counts, "reconcile_usage", &e),
         }
-        if let Some(fetchers) = &self.fetchers {
+        if let Some(fetchers) = self.fetchers.as_ref().filter(|_| self.fetch_now) {
             let fetcher_for = |name: &str| fetchers.get(name).cloned();
             match self
                 .reconciler
