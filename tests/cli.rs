@@ -776,3 +776,251 @@ async fn sc_97_audit_verify_notices_a_lost_tail() {
         stderr(&broken)
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Postgres: the reconciliation backlog (SC-110, SC-111, SC-112)
+// ---------------------------------------------------------------------------------------------
+
+/// A `tollgate serve` child, killed (SIGKILL) and reaped on drop.
+struct ServeChild(std::process::Child);
+
+impl Drop for ServeChild {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn backlog_config(mock_url: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+
+[[providers]]
+name = "mock"
+kind = "openai-responses"
+base_url = "{mock_url}"
+
+[[prices]]
+version = "prices-cli"
+currency = "USD"
+[prices.models."mock-cut-before-usage"]
+input = "1.00"
+output = "2.00"
+cache_read = "0.10"
+cache_write = "1.25"
+reasoning = "2.00"
+
+[[profiles]]
+name = "cut"
+kind = "text"
+provider = "mock"
+model = "mock-cut-before-usage"
+policy_version = "policy-1"
+price_version = "prices-cli"
+consumer = "team-a"
+max_tokens = 64
+max_input_chars = 200
+run_timeout_ms = 10000
+"#
+    )
+}
+
+/// Starts `tollgate serve` and returns it with its base URL once it answers `/readyz`.
+async fn serve_on(config: &Path, db_url: &str) -> (ServeChild, String) {
+    use std::io::{BufRead, BufReader};
+    let mut child = tollgate()
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .env("DATABASE_URL", db_url)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let child = ServeChild(child);
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().into());
+            }
+        }
+    });
+    let base =
+        tokio::task::spawn_blocking(move || rx.recv_timeout(std::time::Duration::from_secs(60)))
+            .await
+            .unwrap()
+            .expect("serve starts listening");
+    let http = reqwest::Client::new();
+    for _ in 0..3000 {
+        let ready = http.get(format!("{base}/readyz")).send().await;
+        if ready.is_ok_and(|r| r.status().is_success()) {
+            return (child, base);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("serve never became ready");
+}
+
+fn reconcile(db_url: &str, args: &[&str]) -> Value {
+    json_ok(&run(tollgate()
+        .arg("reconcile")
+        .args(args)
+        .env("DATABASE_URL", db_url)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_110_sc_111_sc_112_backlog_fetch_and_resolve_from_the_command_line() {
+    let db = fresh_database().await;
+    let url = db.url().to_string();
+    let mock = tollgate_mock_provider::MockProvider::start(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    let config = TempFile::new("backlog.toml", &backlog_config(&mock.base_url()));
+    let created = json_ok(&run(tollgate()
+        .args([
+            "--json", "keys", "create", "--scope", "acme", "--role", "caller",
+        ])
+        .env("DATABASE_URL", &url)));
+    let caller = created["key"].as_str().unwrap().to_string();
+
+    // A Responses call whose stream is cut after the response id: it awaits an operator.
+    let (server, base) = serve_on(&config.0, &url).await;
+    let body = serde_json::json!({
+        "profile": "cut", "operation_key": "cli-cut", "session_id": "s-1",
+        "input_revision": "r-1", "intent": "summarize",
+        "input": {"messages": [{"role": "user", "content": "hello"}]}
+    });
+    let view: Value = reqwest::Client::new()
+        .post(format!("{base}/v1/calls"))
+        .bearer_auth(&caller)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(view["state"], "reconciliation_required", "{view}");
+    drop(server);
+
+    // SC-112: the backlog, of the scope and of every scope.
+    let listed = reconcile(&url, &["backlog", "--scope", "acme"]);
+    assert_eq!(keys(&listed), BTreeSet::from(["backlog"]));
+    let entry = &listed["backlog"][0];
+    assert_eq!(listed["backlog"].as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(entry["operation_key"], "cli-cut");
+    assert_eq!(entry["reconciliation_reason"], "no_exact_usage");
+    assert_eq!(entry["evidence"], "none");
+    assert!(entry["provider_ref"].as_str().unwrap().starts_with("resp_"));
+    assert!(entry["held"].as_str().is_some_and(|h| h != "0"), "{entry}");
+    assert!(entry["age_ms"].as_i64().is_some_and(|a| a >= 0), "{entry}");
+    let every = reconcile(&url, &["backlog"]);
+    assert_eq!(every["backlog"].as_array().unwrap().len(), 1, "{every}");
+    assert_eq!(every["backlog"][0]["execution_id"], entry["execution_id"]);
+
+    // SC-110: fetch twice, one late row.
+    let config_path = config.0.to_str().unwrap();
+    let first = reconcile(&url, &["fetch-evidence", "--config", config_path]);
+    assert_eq!(
+        (first["scanned"].as_u64(), first["stored"].as_u64()),
+        (Some(1), Some(1)),
+        "{first}"
+    );
+    let second = reconcile(
+        &url,
+        &["fetch-evidence", "--scope", "acme", "--config", config_path],
+    );
+    assert_eq!(second["stored"], 0, "{second}");
+    assert_eq!(
+        second["skipped"][0]["reason"], "has_exact_evidence",
+        "{second}"
+    );
+    let listed = reconcile(&url, &["backlog", "--scope", "acme"]);
+    let entry = &listed["backlog"][0];
+    assert_eq!(entry["evidence"], "late_exact");
+    // The mock's usage: ceil(5 / 4) input and output tokens, at 1 and 2 per million.
+    assert_eq!(entry["usage"]["input"], 2);
+    assert_eq!(entry["usage"]["output"], 2);
+    let amount = entry["amount"].as_str().unwrap().to_string();
+    assert_eq!(normalized(&amount), "0.000006");
+
+    // SC-111: the dry run lists the amount and changes nothing.
+    let dry = reconcile(
+        &url,
+        &[
+            "resolve",
+            "--from-evidence",
+            "--scope",
+            "acme",
+            "--all",
+            "--dry-run",
+        ],
+    );
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(dry["items"][0]["action"], "would_settle");
+    assert_eq!(dry["items"][0]["amount"], amount.as_str());
+    assert_eq!(
+        reconcile(&url, &["backlog"])["backlog"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // Settling charges it once; a replay does nothing.
+    let args = [
+        "resolve",
+        "--from-evidence",
+        "--scope",
+        "acme",
+        "--key",
+        "cli-cut",
+    ];
+    let done = reconcile(&url, &args);
+    assert_eq!(done["items"][0]["action"], "settled", "{done}");
+    assert_eq!(done["items"][0]["amount"], amount.as_str());
+    let again = reconcile(&url, &args);
+    assert_eq!(again["items"][0]["action"], "skipped");
+    assert_eq!(again["items"][0]["reason"], "not_awaiting_operator");
+    assert_eq!(
+        reconcile(&url, &["backlog"])["backlog"],
+        serde_json::json!([])
+    );
+    let day = chrono::Utc::now().date_naive().to_string();
+    let export = json_ok(&run(tollgate()
+        .args([
+            "finance", "export", "--from", &day, "--to", &day, "--format", "json",
+        ])
+        .env("DATABASE_URL", &url)));
+    let rows = export.as_array().unwrap();
+    assert_eq!(rows.len(), 1, "one settlement: {export}");
+    assert_eq!(rows[0]["amount"], amount.as_str());
+    assert_eq!(rows[0]["source"], "operator");
+    let inspected = json_ok(&run(tollgate()
+        .args(["inspect", "--scope", "acme", "--key", "cli-cut"])
+        .env("DATABASE_URL", &url)));
+    let settled = inspected["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["event"]["kind"] == "settled")
+        .count();
+    assert_eq!(settled, 1, "one settled audit row");
+    let ledger = run(tollgate()
+        .args(["audit", "ledger", "--scope", "acme"])
+        .env("DATABASE_URL", &url));
+    assert!(ledger.status.success(), "{}", stderr(&ledger));
+
+    // Neither --all nor --key: refused by the argument parser, nothing changes.
+    let refused = run(tollgate()
+        .args(["reconcile", "resolve", "--from-evidence", "--scope", "acme"])
+        .env("DATABASE_URL", &url));
+    assert!(!refused.status.success());
+    mock.shutdown().await;
+}

@@ -77,6 +77,9 @@
 //! - Reasoning loop: the role chunk / `response.created` + a reasoning item / `message_start` +
 //!   a thinking block, then one reasoning delta per millisecond.
 //!
+//! `GET /v1/responses/{id}` answers the kept response of a Responses request sent with
+//! `store: true` (id, status, usage, no output; finished even when its stream was cut), else 404.
+//!
 //! `GET /mock/requests` → `{"count": n, "by_prompt": {"<prompt>": n, …}, "untracked": n}`:
 //! `count` counts every POST received on the three paths (counted on arrival, before any
 //! behaviour, errors included); once a body is read, the request is also counted under its
@@ -92,13 +95,14 @@
 
 mod protocols;
 mod scenario;
+mod stored;
 mod wire;
 
 #[cfg(test)]
 mod tests;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -165,6 +169,8 @@ struct Shared {
     active_streams: Arc<AtomicU64>,
     /// Cancelled at shutdown: every writer stops (with a cut) and every hang ends.
     cancel: CancellationToken,
+    /// Responses kept for `GET /v1/responses/{id}`.
+    stored: stored::StoredResponses,
 }
 
 /// A running mock provider bound to a local address.
@@ -288,6 +294,7 @@ fn router(shared: Shared) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/responses", post(responses))
+        .route("/v1/responses/{id}", get(stored_response))
         .route("/v1/messages", post(messages))
         .route("/mock/requests", get(requests))
         .route("/mock/reset", post(reset))
@@ -304,6 +311,20 @@ async fn responses(State(shared): State<Shared>, body: Body) -> Response {
 
 async fn messages(State(shared): State<Shared>, body: Body) -> Response {
     answer(shared, Protocol::Anthropic, body).await
+}
+
+/// `GET /v1/responses/{id}`: the kept response of a `store: true` Responses request, or 404 in
+/// OpenAI's error shape. Not counted as a request.
+async fn stored_response(State(shared): State<Shared>, Path(id): Path<String>) -> Response {
+    match shared.stored.get(&id) {
+        Some(response) => Json(response).into_response(),
+        None => error_response(
+            Protocol::OpenAiResponses,
+            404,
+            "invalid_request",
+            "no stored response with this id",
+        ),
+    }
 }
 
 impl Shared {
@@ -332,6 +353,7 @@ async fn requests(State(shared): State<Shared>) -> Json<serde_json::Value> {
 async fn reset(State(shared): State<Shared>) -> Json<serde_json::Value> {
     shared.requests.store(0, Ordering::SeqCst);
     *shared.prompts() = PromptCounts::default();
+    shared.stored.clear();
     Json(serde_json::json!({ "count": 0, "by_prompt": {}, "untracked": 0 }))
 }
 
@@ -402,7 +424,8 @@ fn stream_response(shared: Shared, protocol: Protocol, plan: Plan) -> Response {
     tokio::spawn(async move {
         let _guard = guard;
         let sink = Sink::new(tx, cancel.clone());
-        if protocols::render(protocol, &plan, &sink).await.is_err() && cancel.is_cancelled() {
+        let rendered = protocols::render(protocol, &plan, &sink, &shared.stored).await;
+        if rendered.is_err() && cancel.is_cancelled() {
             // Shutting down: end the body as a cut, not as a clean end.
             sink.cut().await;
         }

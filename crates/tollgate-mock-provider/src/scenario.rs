@@ -90,6 +90,9 @@ pub(crate) struct Plan {
     pub tokens: Tokens,
     /// Whether a Responses request asked for `reasoning.encrypted_content`.
     pub encrypted_reasoning: bool,
+    /// Whether a Responses request asked the provider to keep the response (`store: true`), so
+    /// that `GET /v1/responses/{id}` finds it.
+    pub store: bool,
 }
 
 /// What the mock answers.
@@ -187,6 +190,8 @@ struct Request {
     choice: Option<String>,
     /// Responses `include: ["reasoning.encrypted_content"]`.
     encrypted_reasoning: bool,
+    /// `store: true`.
+    store: bool,
 }
 
 /// The text of the last user message of a request body (the text the echo uses), or `None`
@@ -243,6 +248,7 @@ pub(crate) fn decide(protocol: Protocol, body: &[u8]) -> Behaviour {
                 delay_ms,
                 shape,
                 encrypted_reasoning: request.encrypted_reasoning,
+                store: request.store,
             });
         }
     };
@@ -400,6 +406,7 @@ fn inspect(protocol: Protocol, body: &Value) -> Option<Request> {
         tools,
         choice,
         encrypted_reasoning,
+        store: body.get("store").and_then(Value::as_bool) == Some(true),
     })
 }
 

@@ -969,3 +969,65 @@ async fn mock_reasoning_loop_trips_the_collector_loop_check() {
     }
     mock.shutdown().await;
 }
+
+/// SC-110: a `store: true` Responses request is kept; `GET /v1/responses/{id}` answers the
+/// finished response with its usage even after the stream was cut, and nothing (404) for a
+/// request without `store` or an unknown id.
+#[tokio::test]
+async fn sc_110_stored_responses_are_fetchable_after_a_cut() {
+    let mock = start().await;
+    let p = Protocol::OpenAiResponses;
+    let mut body = request(p, "mock-cut-before-usage");
+    body["store"] = json!(true);
+    let reply = post(&mock, p, &body).await;
+    assert!(reply.body_error, "the stream is cut");
+    let id = reply.data_of("response.created")[0]["response"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let get = |id: String| {
+        let url = format!("{}/v1/responses/{id}", mock.base_url());
+        async move { client().get(url).send().await.unwrap() }
+    };
+    let found = get(id.clone()).await;
+    assert_eq!(found.status().as_u16(), 200);
+    let stored: Value = found.json().await.unwrap();
+    assert_eq!(stored["id"], json!(id));
+    assert_eq!(stored["status"], json!("completed"));
+    let input = (SYSTEM.chars().count() + USER.chars().count()).div_ceil(4) as u64;
+    let output = USER.chars().count().div_ceil(4) as u64;
+    assert_eq!(stored["usage"]["input_tokens"], json!(input));
+    assert_eq!(stored["usage"]["output_tokens"], json!(output));
+    assert_eq!(stored["output"], json!([]), "no content is kept");
+    // Through the provider crate's fetch: the same usage, exact.
+    let fetcher =
+        tollgate_provider::http::HttpClient::new(tollgate_provider::http::HttpClientConfig {
+            protocol: p,
+            base_url: mock.base_url(),
+            api_key: None,
+            connect_timeout_ms: 2_000,
+            read_timeout_ms: 5_000,
+            max_attempts: 1,
+        })
+        .unwrap();
+    use tollgate_provider::fetch::{FetchError, UsageFetcher};
+    let fetched = fetcher.fetch_usage(&id).await.unwrap();
+    assert!(fetched.exact);
+    assert_eq!((fetched.usage.input, fetched.usage.output), (input, output));
+    assert_eq!(
+        fetcher.fetch_usage("resp_unknown").await,
+        Err(FetchError::NotFound)
+    );
+    assert_eq!(
+        fetcher.fetch_usage("../x").await,
+        Err(FetchError::InvalidRef)
+    );
+    // Without `store: true` nothing is kept.
+    let reply = post(&mock, p, &request(p, "mock-echo")).await;
+    let id = reply.data_of("response.created")[0]["response"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(get(id).await.status().as_u16(), 404);
+    mock.shutdown().await;
+}

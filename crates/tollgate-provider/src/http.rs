@@ -2,6 +2,7 @@
 //! (SC-7). The request is checked against the support matrix before any network access.
 
 use crate::client::{ClientDescriptor, EventStream, ProviderClient, ProviderRequest, SendError};
+use crate::fetch::{self, FetchError, FetchedUsage, UsageFetcher, FETCH_BODY_BYTES_MAX};
 use crate::parse::StreamDecoder;
 use crate::sse::decode::error;
 use crate::status::{classify, is_provider_error_body};
@@ -250,17 +251,69 @@ impl ProviderClient for HttpClient {
     }
 }
 
+#[async_trait]
+impl UsageFetcher for HttpClient {
+    fn protocol(&self) -> Protocol {
+        self.config.protocol
+    }
+
+    /// `GET {base}/v1/responses/{id}` on OpenAI Responses (SC-110): one attempt, the client's
+    /// timeouts, `Accept: application/json`. Only the status and the usage are read.
+    async fn fetch_usage(&self, provider_ref: &str) -> Result<FetchedUsage, FetchError> {
+        if self.config.protocol != Protocol::OpenAiResponses {
+            return Err(FetchError::Unsupported(self.config.protocol));
+        }
+        if !fetch::is_response_id(provider_ref) {
+            return Err(FetchError::InvalidRef);
+        }
+        let url = reqwest::Url::parse(&format!("{}/{provider_ref}", self.url))
+            .map_err(|_| FetchError::InvalidRef)?;
+        let pending = self
+            .client
+            .get(url)
+            .header(ACCEPT, HeaderValue::from_static("application/json"))
+            .send();
+        let response = match tokio::time::timeout(self.read_timeout(), pending).await {
+            Err(_) => {
+                return Err(FetchError::NoResponse(
+                    "no response headers within read_timeout_ms".into(),
+                ))
+            }
+            Ok(Err(e)) => return Err(FetchError::NoResponse(e.to_string())),
+            Ok(Ok(response)) => response,
+        };
+        match response.status().as_u16() {
+            200 => {}
+            404 => return Err(FetchError::NotFound),
+            other => return Err(FetchError::Status(other)),
+        }
+        let body = read_body(response, self.read_timeout(), FETCH_BODY_BYTES_MAX)
+            .await
+            .ok_or_else(|| FetchError::NoResponse("the answer body was not read whole".into()))?;
+        let value: serde_json::Value =
+            serde_json::from_slice(&body).map_err(|_| FetchError::Malformed("not JSON".into()))?;
+        fetch::responses_usage(provider_ref, &value)
+    }
+}
+
 /// Reads an error body of at most [`ERROR_BODY_BYTES_MAX`] bytes, only to classify it (it is
 /// never logged or stored: it may echo the request). `None` when it is longer, fails or stalls.
-async fn read_error_body(
+async fn read_error_body(response: reqwest::Response, read_timeout: Duration) -> Option<Vec<u8>> {
+    read_body(response, read_timeout, ERROR_BODY_BYTES_MAX).await
+}
+
+/// Reads a body of at most `bytes_max` bytes, each chunk within `read_timeout`; `None` when it
+/// is longer, fails or stalls.
+async fn read_body(
     mut response: reqwest::Response,
     read_timeout: Duration,
+    bytes_max: usize,
 ) -> Option<Vec<u8>> {
     let mut body = Vec::new();
     loop {
         match tokio::time::timeout(read_timeout, response.chunk()).await {
             Ok(Ok(Some(chunk))) => {
-                if body.len() + chunk.len() > ERROR_BODY_BYTES_MAX {
+                if body.len() + chunk.len() > bytes_max {
                     return None;
                 }
                 body.extend_from_slice(&chunk);

@@ -8,6 +8,7 @@
 
 pub mod anthropic;
 pub mod client;
+pub mod fetch;
 pub mod http;
 pub mod openai_chat;
 pub mod openai_responses;
@@ -20,5 +21,6 @@ pub mod support;
 mod usage;
 
 pub use client::{ClientDescriptor, EventStream, ProviderClient, ProviderRequest, SendError};
+pub use fetch::{FetchError, FetchedUsage, UsageFetcher};
 pub use protocol::Protocol;
 pub use status::StatusClass;

@@ -19,8 +19,10 @@ use tollgate_core::message::{Part, Role, ToolChoice};
 
 /// The streaming request body for `req`.
 ///
-/// Nothing is stored at the provider (`store: false`); reasoning models are asked for their
-/// encrypted reasoning (`include: ["reasoning.encrypted_content"]`), which other models reject.
+/// The response is stored at the provider (`store: true`) so that its usage can be fetched
+/// later when the stream is lost (`GET /v1/responses/{id}`, SC-110); reasoning models are asked
+/// for their encrypted reasoning (`include: ["reasoning.encrypted_content"]`), which other
+/// models reject.
 /// Function tools are sent with `strict: false` (the Responses default is strict, which demands
 /// a restricted schema dialect).
 pub fn request_body(req: &ProviderRequest) -> Value {
@@ -28,7 +30,7 @@ pub fn request_body(req: &ProviderRequest) -> Value {
     body.insert("model".into(), json!(req.model));
     body.insert("input".into(), Value::Array(input(req)));
     body.insert("stream".into(), json!(true));
-    body.insert("store".into(), json!(false));
+    body.insert("store".into(), json!(true));
     body.insert("max_output_tokens".into(), json!(req.max_tokens));
     if let Some(system) = &req.system {
         body.insert("instructions".into(), json!(system));

@@ -7,6 +7,7 @@
 //! view (H-1).
 #![warn(missing_docs)]
 
+pub mod backlog;
 pub mod claimed;
 pub mod clock;
 mod dispatched;

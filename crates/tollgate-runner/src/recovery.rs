@@ -51,7 +51,7 @@ pub struct Reconciler {
 
 /// The single exact, consistent piece of usage among `evidence`, or none when there is none or
 /// when exact pieces disagree (conflicting evidence is never chosen automatically).
-fn exact_usage(evidence: &[Evidence]) -> Option<&Evidence> {
+pub(crate) fn exact_usage(evidence: &[Evidence]) -> Option<&Evidence> {
     let mut exact = evidence.iter().filter(|e| e.exact);
     let first = exact.next()?;
     exact.all(|e| e.usage == first.usage).then_some(first)
@@ -330,7 +330,24 @@ impl Reconciler {
             })
             .await?;
         let settled = self
-            .stores
+            .settle_by_operator(&fenced, usage, amount, None, evidence.id, now)
+            .await?;
+        views::view_of(self.stores.as_ref(), &settled.record, now).await
+    }
+
+    /// The operator's settlement of a fenced `reconciliation_required` execution (source
+    /// `operator`, output `unavailable`), backed by the evidence `evidence_id`: one fenced unit
+    /// that charges `amount`, releases the hold and audits `settled`.
+    pub(crate) async fn settle_by_operator(
+        &self,
+        fenced: &ExecutionRecord,
+        usage: Usage,
+        amount: tollgate_core::money::Money,
+        provider_ref: Option<String>,
+        evidence_id: tollgate_core::ids::EvidenceId,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> StoreResult<tollgate_store::SettleOutcome> {
+        self.stores
             .settle(SettleRequest {
                 fence: fenced.fence(),
                 usage,
@@ -340,12 +357,21 @@ impl Reconciler {
                 stop: None,
                 output: None,
                 step: None,
-                provider_ref: None,
-                evidence_id: Some(evidence.id),
+                provider_ref,
+                evidence_id: Some(evidence_id),
                 now,
             })
-            .await?;
-        views::view_of(self.stores.as_ref(), &settled.record, now).await
+            .await
+    }
+
+    /// The stores this reconciler works on.
+    pub(crate) fn stores(&self) -> &dyn Stores {
+        self.stores.as_ref()
+    }
+
+    /// The reconciler's clock.
+    pub(crate) fn clock(&self) -> &dyn Clock {
+        self.clock.as_ref()
     }
 
     /// Erases results whose retention ended (SC-71, SC-73).

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use tollgate_core::config::CallConfig;
 use tollgate_core::state::CallKind;
+use tollgate_provider::fetch::UsageFetcher;
 use tollgate_provider::http::{HttpClient, HttpClientConfig};
 use tollgate_runner::recovery::Reconciler;
 use tollgate_runner::step::GovernedStepRunner;
@@ -54,6 +55,36 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Fence lease for operator recovery passes.
     pub lease_ms: u64,
+    /// Usage fetchers by provider name (SC-110).
+    pub fetchers: Arc<Fetchers>,
+}
+
+/// Longest wait for a fetch's response headers and for each body chunk.
+pub const FETCH_READ_TIMEOUT_MS: u64 = 30_000;
+
+/// Usage fetchers by provider name: one single-shot client per configured provider (a protocol
+/// that cannot fetch answers `Unsupported`).
+pub type Fetchers = BTreeMap<String, Arc<dyn UsageFetcher>>;
+
+/// The usage fetchers of `settings`' providers (SC-110).
+///
+/// # Errors
+/// A provider client that cannot be built.
+pub fn fetchers(settings: &Settings) -> Result<Fetchers, StartError> {
+    let mut out = Fetchers::new();
+    for provider in settings.providers.values() {
+        let client = HttpClient::new(HttpClientConfig {
+            protocol: provider.protocol,
+            base_url: provider.base_url.clone(),
+            api_key: provider.api_key.as_ref().map(|k| k.expose().to_string()),
+            connect_timeout_ms: provider.connect_timeout_ms,
+            read_timeout_ms: FETCH_READ_TIMEOUT_MS,
+            max_attempts: 1,
+        })
+        .map_err(|e| StartError(format!("provider {:?}: {e}", provider.name)))?;
+        out.insert(provider.name.clone(), Arc::new(client));
+    }
+    Ok(out)
 }
 
 /// The application, cheap to clone.
@@ -150,6 +181,7 @@ impl App {
             keys,
             metrics,
             lease_ms: settings.lease_ms,
+            fetchers: Arc::new(fetchers(settings)?),
         })))
     }
 }

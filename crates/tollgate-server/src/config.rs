@@ -179,6 +179,9 @@ pub struct Settings {
     pub scheduler: SchedulerSettings,
     /// Period of the scheduler's ledger audit; 0 = off.
     pub ledger_audit_interval_ms: u64,
+    /// Whether the scheduler fetches usage of finished responses for executions awaiting an
+    /// operator (`[scheduler] fetch_evidence`, default false; SC-113).
+    pub fetch_evidence: bool,
     /// Fence lease.
     pub lease_ms: u64,
     /// Providers by name.
@@ -287,6 +290,7 @@ impl FileConfig {
             session_timeouts,
             scheduler: SchedulerSettings { interval_ms, batch },
             ledger_audit_interval_ms,
+            fetch_evidence: self.scheduler.fetch_evidence.unwrap_or(false),
             lease_ms,
             providers,
             profiles,

@@ -5,6 +5,7 @@ use crate::app::App;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::service::admin::{self, ExecutionList, ExecutionsQuery, LedgerQuery};
+use crate::service::backlog::{self, Backlog, BacklogQuery};
 use crate::service::calls::{self, ProfileList};
 use crate::service::roots::{self, RootView};
 use axum::body::Bytes;
@@ -16,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 use tollgate_core::view::View;
+use tollgate_runner::backlog::{FetchReport, ResolveReport};
 use tollgate_runner::recovery::{ExpiredCounts, UsageCounts};
 use tollgate_store::{Evidence, LedgerReport};
 
@@ -134,6 +136,35 @@ pub async fn audit_ledger(
     query: Result<Query<LedgerQuery>, QueryRejection>,
 ) -> Answer<LedgerReport> {
     admin::audit_ledger(&app, &who, query?.0).await.map(Json)
+}
+
+/// `GET /v1/admin/backlog`.
+pub async fn backlog(
+    State(app): State<App>,
+    who: Principal,
+    query: Result<Query<BacklogQuery>, QueryRejection>,
+) -> Answer<Backlog> {
+    backlog::backlog(&app, &who, query?.0).await.map(Json)
+}
+
+/// `POST /v1/admin/reconcile/fetch-evidence`.
+pub async fn fetch_evidence(
+    State(app): State<App>,
+    who: Principal,
+    body: Body,
+) -> Answer<FetchReport> {
+    backlog::fetch_evidence(&app, &who, &body?).await.map(Json)
+}
+
+/// `POST /v1/admin/reconcile/resolve-from-evidence`.
+pub async fn resolve_from_evidence(
+    State(app): State<App>,
+    who: Principal,
+    body: Body,
+) -> Answer<ResolveReport> {
+    backlog::resolve_from_evidence(&app, &who, &body?)
+        .await
+        .map(Json)
 }
 
 /// `GET /healthz`: the process is up.

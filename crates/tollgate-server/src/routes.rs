@@ -28,6 +28,15 @@ pub fn router(app: App) -> Router {
         .route("/v1/admin/recover", post(h::recover))
         .route("/v1/admin/reconcile/expired", post(h::reconcile_expired))
         .route("/v1/admin/reconcile/usage", post(h::reconcile_usage))
+        .route(
+            "/v1/admin/reconcile/fetch-evidence",
+            post(h::fetch_evidence),
+        )
+        .route(
+            "/v1/admin/reconcile/resolve-from-evidence",
+            post(h::resolve_from_evidence),
+        )
+        .route("/v1/admin/backlog", get(h::backlog))
         .route("/v1/admin/usage-evidence", post(h::usage_evidence))
         .route("/v1/admin/executions", get(h::executions))
         .route(

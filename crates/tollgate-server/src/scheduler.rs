@@ -2,13 +2,17 @@
 //! the scopes that have work and runs, in bounded batches, `reconcile_expired` (executions, then
 //! roots: expiry and reconciliation), `reconcile_usage`, and retention erasure. Every
 //! `ledger_audit_interval_ms` it also audits the ledger of the pass's scopes (read-only) and
-//! reports drift as metrics and warnings naming invariants and ids only.
+//! reports drift as metrics and warnings naming invariants and ids only. With
+//! `[scheduler] fetch_evidence = true` (default off) it also fetches usage of finished responses
+//! for executions awaiting an operator into the inbox as `late` evidence (SC-113); that never
+//! settles anything.
 //!
 //! Many instances may run at once (inside each `serve` and as `tollgate scheduler`): every
 //! finishing write goes through a fence, so two instances can never finish one execution twice —
 //! the loser of a race finds no eligible fence and skips. A failed task is logged and counted;
 //! the pass goes on with the next one. Shutdown is checked between tasks and during the sleep.
 
+use crate::app::Fetchers;
 use crate::backend::Backend;
 use crate::config::SchedulerSettings;
 use crate::metrics::{Metrics, PassCounts};
@@ -29,6 +33,9 @@ pub const ERASE_BATCHES_PER_PASS_MAX: u32 = 10;
 pub const BACKLOG_COUNT_PER_SCOPE_MAX: u32 = 100;
 /// Violations listed (and logged) per scope by a scheduled ledger audit; all are counted.
 pub const LEDGER_AUDIT_LIMIT: u32 = 20;
+/// Shortest time between two evidence fetches of one scheduler: executions whose response
+/// cannot be fetched stay in the backlog and would otherwise be asked for every pass.
+pub const FETCH_EVIDENCE_INTERVAL_MS: u64 = 60_000;
 /// Jitter of the period, in percent either way.
 const JITTER_PERCENT: u64 = 20;
 
@@ -47,6 +54,12 @@ pub struct Scheduler {
     ledger_audit_every: Option<Duration>,
     /// When the last ledger audit ran.
     last_ledger_audit: Option<Instant>,
+    /// Usage fetchers when the evidence fetch is on; `None` = off.
+    fetchers: Option<Arc<Fetchers>>,
+    /// When the last pass with an evidence fetch started.
+    last_fetch: Option<Instant>,
+    /// Whether this pass fetches evidence.
+    fetch_now: bool,
 }
 
 impl Scheduler {
@@ -69,7 +82,18 @@ impl Scheduler {
                 crate::config::LEDGER_AUDIT_INTERVAL_MS_DEFAULT,
             )),
             last_ledger_audit: None,
+            fetchers: None,
+            last_fetch: None,
+            fetch_now: false,
         }
+    }
+
+    /// Fetches usage of finished responses for `reconciliation_required` executions with a
+    /// provider reference, at most `batch` per scope, in at most one pass every
+    /// [`FETCH_EVIDENCE_INTERVAL_MS`] (SC-113); `None` turns it off.
+    pub fn with_evidence_fetch(mut self, fetchers: Option<Arc<Fetchers>>) -> Self {
+        self.fetchers = fetchers;
+        self
     }
 
     /// Audits the ledger of the scopes with work every `interval_ms` (0 = never); the first pass
@@ -122,6 +146,13 @@ impl Scheduler {
             Some(last) if scopes.len() >= SCOPES_PER_PASS_MAX as usize => Some(last.clone()),
             _ => None,
         };
+        self.fetch_now = self.fetchers.is_some()
+            && self.last_fetch.is_none_or(|last| {
+                last.elapsed() >= Duration::from_millis(FETCH_EVIDENCE_INTERVAL_MS)
+            });
+        if self.fetch_now {
+            self.last_fetch = Some(Instant::now());
+        }
         for scope in &scopes {
             if shutdown.is_cancelled() {
                 return counts;
@@ -204,6 +235,20 @@ impl Scheduler {
                 }
             }
             Err(e) => failed(counts, "reconcile_usage", &e),
+        }
+        if let Some(fetchers) = self.fetchers.as_ref().filter(|_| self.fetch_now) {
+            let fetcher_for = |name: &str| fetchers.get(name).cloned();
+            match self
+                .reconciler
+                .fetch_evidence(scope, batch, &fetcher_for)
+                .await
+            {
+                Ok(report) if report.stored > 0 => {
+                    tracing::info!(scope = %scope, stored = report.stored, "late evidence fetched");
+                }
+                Ok(_) => {}
+                Err(e) => failed(counts, "fetch_evidence", &e),
+            }
         }
         match self
             .stores

@@ -46,6 +46,8 @@ pub struct SchedulerSection {
     pub batch: Option<u32>,
     /// Period of the ledger audit of the scopes with work; 0 turns it off.
     pub ledger_audit_interval_ms: Option<u64>,
+    /// Fetch usage of finished responses for executions awaiting an operator (default off).
+    pub fetch_evidence: Option<bool>,
 }
 
 /// `[runner]`.

@@ -48,6 +48,17 @@ fn notice(line: &str) {
     let _ = writeln!(stderr, "{line}");
 }
 
+/// The usage fetchers of the configured providers, by provider name (SC-110), for
+/// `tollgate reconcile fetch-evidence`.
+///
+/// # Errors
+/// Invalid configuration, a provider client that cannot be built.
+pub fn fetchers(options: &Options) -> Result<crate::app::Fetchers, StartError> {
+    let file = FileConfig::load(options.config.as_deref(), &options.env).map_err(start_error)?;
+    let settings = file.validate(&options.env).map_err(start_error)?;
+    crate::app::fetchers(&settings)
+}
+
 /// Connects to Postgres and applies pending migrations.
 ///
 /// # Errors
@@ -130,8 +141,10 @@ async fn serve_app(
         "tollgate: listening on http://{addr} (stores: {})",
         backend.name()
     ));
+    let fetch = settings.fetch_evidence.then(|| app.fetchers.clone());
     let scheduler = Scheduler::new(backend, settings.scheduler, settings.lease_ms, metrics)
-        .with_ledger_audit_interval(settings.ledger_audit_interval_ms);
+        .with_ledger_audit_interval(settings.ledger_audit_interval_ms)
+        .with_evidence_fetch(fetch);
     let stop_scheduler = shutdown.child_token();
     let scheduler = tokio::spawn(scheduler.run(stop_scheduler.clone()));
     let served = crate::run(listener, app, shutdown.cancelled_owned()).await;
@@ -162,7 +175,11 @@ pub async fn scheduler(options: Options, shutdown: CancellationToken) -> Result<
         settings.lease_ms,
         Arc::new(Metrics::default()),
     )
-    .with_ledger_audit_interval(settings.ledger_audit_interval_ms);
+    .with_ledger_audit_interval(settings.ledger_audit_interval_ms)
+    .with_evidence_fetch(match settings.fetch_evidence {
+        true => Some(Arc::new(crate::app::fetchers(&settings)?)),
+        false => None,
+    });
     scheduler.run(shutdown).await;
     Ok(())
 }

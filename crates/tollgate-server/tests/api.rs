@@ -662,3 +662,236 @@ async fn sc_93_ledger_audit_route_and_scheduled_drift() {
     assert_eq!(again.ledger_audited, 0);
     s.stop().await;
 }
+
+/// SC-111, SC-112, SC-114 over HTTP: a cut call awaits an operator; the backlog lists it; the
+/// fetch says the chat protocol cannot fetch; late evidence (the operator's route) makes it
+/// settleable; the dry run shows the amount and changes nothing; the settlement charges it once;
+/// a replay does nothing; callers are refused every backlog route.
+async fn backlog_routes(s: Server) {
+    let (status, cut, _) = s
+        .post("/v1/calls", &s.caller, &call("cut", "bk-cut", "r", "hello"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{cut}");
+    assert_eq!(cut["state"], "reconciliation_required");
+    let id = cut["execution_id"].clone();
+
+    // SC-114: the caller's key is refused, nothing changes.
+    let (status, _, _) = s.get("/v1/admin/backlog", &s.caller).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _, _) = s
+        .post("/v1/admin/reconcile/fetch-evidence", &s.caller, &json!({}))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let all = json!({"all": true});
+    let (status, _, _) = s
+        .post("/v1/admin/reconcile/resolve-from-evidence", &s.caller, &all)
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+
+    // SC-112: the backlog.
+    let (status, list, _) = s.get("/v1/admin/backlog", &s.operator).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let entry = &list["backlog"][0];
+    assert_eq!(list["backlog"].as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(entry["operation_key"], "bk-cut");
+    assert_eq!(entry["execution_id"], id);
+    assert_eq!(entry["reconciliation_reason"], "no_exact_usage");
+    assert_eq!(entry["evidence"], "none");
+    assert!(entry["provider_ref"].is_string(), "{entry}");
+    assert!(entry["held"].is_string(), "{entry}");
+    assert!(entry["age_ms"].is_i64(), "{entry}");
+
+    // SC-110: the chat protocol cannot fetch (typed, per execution).
+    let (status, fetched, _) = s
+        .post(
+            "/v1/admin/reconcile/fetch-evidence",
+            &s.operator,
+            &json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{fetched}");
+    assert_eq!(fetched["stored"], 0);
+    assert_eq!(fetched["skipped"][0]["reason"], "unsupported");
+
+    // Neither or both of keys and all: 422, nothing changes.
+    for bad in [json!({}), json!({"all": true, "keys": ["bk-cut"]})] {
+        let (status, _, _) = s
+            .post(
+                "/v1/admin/reconcile/resolve-from-evidence",
+                &s.operator,
+                &bad,
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
+    }
+    // Without exact evidence it is skipped, never charged.
+    let keys = json!({"keys": ["bk-cut"]});
+    let (status, none, _) = s
+        .post(
+            "/v1/admin/reconcile/resolve-from-evidence",
+            &s.operator,
+            &keys,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{none}");
+    assert_eq!(none["items"][0]["action"], "skipped");
+    assert_eq!(none["items"][0]["reason"], "no_evidence");
+
+    let evidence = json!({"execution_id": id, "usage": {"input": 10, "output": 20}});
+    let (status, _, _) = s
+        .post("/v1/admin/usage-evidence", &s.operator, &evidence)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, list, _) = s.get("/v1/admin/backlog", &s.operator).await;
+    assert_eq!(list["backlog"][0]["evidence"], "late_exact");
+    assert_eq!(list["backlog"][0]["amount"], "0.00005");
+
+    let dry = json!({"keys": ["bk-cut"], "dry_run": true});
+    let (status, report, _) = s
+        .post(
+            "/v1/admin/reconcile/resolve-from-evidence",
+            &s.operator,
+            &dry,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(report["dry_run"], true);
+    assert_eq!(report["items"][0]["action"], "would_settle");
+    assert_eq!(report["items"][0]["amount"], "0.00005");
+    let (_, view, _) = s.get("/v1/calls/bk-cut", &s.caller).await;
+    assert_eq!(
+        view["state"], "reconciliation_required",
+        "a dry run changes nothing"
+    );
+
+    let (status, report, _) = s
+        .post(
+            "/v1/admin/reconcile/resolve-from-evidence",
+            &s.operator,
+            &all,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(report["items"][0]["action"], "settled");
+    assert_eq!(report["items"][0]["amount"], "0.00005");
+    let (_, view, _) = s.get("/v1/calls/bk-cut", &s.caller).await;
+    assert_eq!(view["state"], "completed");
+    assert_eq!(view["receipt"]["amount"], "0.00005");
+
+    // Replays change nothing.
+    let (status, replay, _) = s
+        .post(
+            "/v1/admin/reconcile/resolve-from-evidence",
+            &s.operator,
+            &keys,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(replay["items"][0]["reason"], "not_awaiting_operator");
+    let (_, all_again, _) = s
+        .post(
+            "/v1/admin/reconcile/resolve-from-evidence",
+            &s.operator,
+            &all,
+        )
+        .await;
+    assert_eq!(all_again["items"], json!([]));
+    let (_, list, _) = s.get("/v1/admin/backlog", &s.operator).await;
+    assert_eq!(list["backlog"], json!([]));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn sc_111_sc_112_sc_114_backlog_routes_on_memory() {
+    backlog_routes(Server::memory().await).await;
+}
+
+#[tokio::test]
+async fn sc_111_sc_112_sc_114_backlog_routes_on_postgres() {
+    let stores = Arc::new(fresh_test_database(&admin_url()).await.unwrap());
+    backlog_routes(Server::start(Backend::Postgres(stores)).await).await;
+}
+
+/// SC-113: off by default, the scheduler fetches nothing; on, a pass stores the finished
+/// response's usage once as late evidence and settles nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_113_the_scheduler_fetches_evidence_only_when_on() {
+    use futures::FutureExt;
+    use tollgate_provider::http::{HttpClient, HttpClientConfig};
+    use tollgate_provider::Protocol;
+    use tollgate_runner::{RunRequest, RunnerSettings, SingleCallRunner};
+    use tollgate_store::EvidenceSource;
+    let s = Server::memory().await;
+    let responses = Arc::new(
+        HttpClient::new(HttpClientConfig {
+            protocol: Protocol::OpenAiResponses,
+            base_url: s.mock.base_url(),
+            api_key: None,
+            connect_timeout_ms: 2_000,
+            read_timeout_ms: 10_000,
+            max_attempts: 1,
+        })
+        .unwrap(),
+    );
+    let mut config = tollgate_core::config::fixtures::text_config();
+    config.model = "mock-cut-before-usage".into();
+    config.provider = "mock".into();
+    let runner = SingleCallRunner::new(
+        s.backend.stores(),
+        responses.clone(),
+        RunnerSettings::new(config),
+    )
+    .unwrap();
+    let acme = Scope::parse("acme").unwrap();
+    let view = runner
+        .run(RunRequest {
+            scope: acme.clone(),
+            session_id: tollgate_core::ids::SessionId::parse("s-1").unwrap(),
+            operation_key: tollgate_core::ids::OperationKey::parse("sched-cut").unwrap(),
+            input_revision: tollgate_core::ids::InputRevision::parse("r").unwrap(),
+            intent: tollgate_core::ids::Intent::parse("summarize").unwrap(),
+            load_input: async {
+                Ok(vec![tollgate_core::message::Message::text(
+                    tollgate_core::message::Role::User,
+                    "hello",
+                )])
+            }
+            .boxed(),
+            cancel: CancellationToken::new(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        view.state,
+        tollgate_core::view::ViewState::ReconciliationRequired
+    );
+    let id = view.execution_id.unwrap();
+    let settings = tollgate_server::config::SchedulerSettings {
+        interval_ms: 1000,
+        batch: 10,
+    };
+    let metrics = Arc::new(Metrics::default());
+    let mut off = Scheduler::new(s.backend.clone(), settings, 60_000, metrics.clone());
+    assert_eq!(off.pass(&CancellationToken::new()).await.errors, 0);
+    assert!(s
+        .backend
+        .stores()
+        .evidence_for(id)
+        .await
+        .unwrap()
+        .is_empty());
+    let mut fetchers = tollgate_server::app::Fetchers::new();
+    fetchers.insert("mock".into(), responses);
+    let mut on = Scheduler::new(s.backend.clone(), settings, 60_000, metrics)
+        .with_evidence_fetch(Some(Arc::new(fetchers)));
+    for _ in 0..2 {
+        assert_eq!(on.pass(&CancellationToken::new()).await.errors, 0);
+    }
+    let evidence = s.backend.stores().evidence_for(id).await.unwrap();
+    assert_eq!(evidence.len(), 1, "{evidence:?}");
+    assert_eq!(evidence[0].source, EvidenceSource::Late);
+    assert!(evidence[0].exact);
+    let (_, read, _) = s.get("/v1/calls/sched-cut", &s.caller).await;
+    assert_eq!(read["state"], "reconciliation_required", "never settled");
+    s.stop().await;
+}

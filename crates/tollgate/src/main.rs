@@ -128,6 +128,52 @@ enum Reconcile {
         #[arg(long)]
         after: Option<i64>,
     },
+    /// Executions awaiting an operator with age, hold, provider reference, reason and evidence
+    /// status; prints {"backlog": [...]}.
+    Backlog {
+        /// Scope (default: every scope with work).
+        #[arg(long)]
+        scope: Option<String>,
+        /// Executions listed per scope at most (default 100, at most 1000).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Fetch usage of finished responses from the provider into the inbox as late evidence
+    /// (never settles); prints {"scanned", "stored", "duplicate", "skipped"}.
+    FetchEvidence {
+        /// Scope (default: every scope with work).
+        #[arg(long)]
+        scope: Option<String>,
+        /// Executions looked at per scope at most (default 50, at most 100).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Configuration file naming the providers (default: tollgate.toml when present).
+        #[arg(long)]
+        config: Option<std::path::PathBuf>,
+    },
+    /// Settle executions awaiting an operator from their stored exact evidence; prints
+    /// {"dry_run", "items"}.
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["all", "key"])))]
+    Resolve {
+        /// Settle from stored evidence (the only mode).
+        #[arg(long, required = true)]
+        from_evidence: bool,
+        /// Scope (tenant) of the executions.
+        #[arg(long)]
+        scope: String,
+        /// Every execution awaiting an operator (oldest first, at most --limit).
+        #[arg(long)]
+        all: bool,
+        /// An operation key (repeatable).
+        #[arg(long)]
+        key: Vec<String>,
+        /// List what would be charged; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// With --all: executions looked at most (default 100, at most 1000).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
 }
 
 #[derive(Subcommand)]
@@ -228,6 +274,28 @@ fn main() -> ExitCode {
                         after,
                     },
             } => operator::reconcile_usage(&scope, limit, after).await,
+            Command::Reconcile {
+                what: Reconcile::Backlog { scope, limit },
+            } => operator::backlog(scope.as_deref(), limit).await,
+            Command::Reconcile {
+                what:
+                    Reconcile::FetchEvidence {
+                        scope,
+                        limit,
+                        config,
+                    },
+            } => operator::fetch_evidence(scope.as_deref(), limit, config).await,
+            Command::Reconcile {
+                what:
+                    Reconcile::Resolve {
+                        from_evidence: _,
+                        scope,
+                        all,
+                        key,
+                        dry_run,
+                        limit,
+                    },
+            } => operator::resolve_from_evidence(&scope, all, &key, dry_run, limit).await,
             Command::Inspect {
                 scope,
                 key,

@@ -10,15 +10,18 @@ use serde_json::json;
 use std::sync::Arc;
 use tollgate_core::ids::{OperationKey, Scope};
 use tollgate_postgres::PgStores;
+use tollgate_runner::backlog::{FetchReport, Selection};
 use tollgate_runner::recovery::Reconciler;
 use tollgate_runner::{views, SystemClock};
 use tollgate_store::audit::{ChainBroken, ChainVerifier};
 use tollgate_store::ledger::{ledger_limit, LedgerReport};
 use tollgate_store::{
     AllStores, AuditChain, AuditHead, AuditLog, AuditPosition, ExecutionStore, LedgerAudit,
-    ResultStore, SettlementStore, UsageInbox,
+    ResultStore, SettlementStore, UsageInbox, WorkScan,
 };
 
+/// Scopes read per page when a command runs over every scope with work.
+const SCOPES_PAGE: u32 = 1_000;
 /// Audit rows read per page when verifying or inspecting.
 const AUDIT_PAGE_ROWS: u32 = 1_000;
 /// Settlement rows exported at most.
@@ -81,6 +84,97 @@ pub async fn reconcile_usage(
     print::json(
         &json!({"scanned": counts.scanned, "acknowledged": counts.acknowledged, "cursor": counts.cursor}),
     );
+    Ok(())
+}
+
+/// `scope`, or every scope with work (in name order) when `None`.
+async fn scopes_of(stores: &PgStores, scope_: Option<&str>) -> Result<Vec<Scope>, CommandError> {
+    if let Some(text) = scope_ {
+        return Ok(vec![scope(text)?]);
+    }
+    let mut all: Vec<Scope> = Vec::new();
+    loop {
+        let page = stores.scopes_with_work(all.last(), SCOPES_PAGE).await?;
+        let full = page.len() >= SCOPES_PAGE as usize;
+        all.extend(page);
+        if !full {
+            return Ok(all);
+        }
+    }
+}
+
+/// `tollgate reconcile backlog [--scope S] [--limit N]` (SC-112).
+pub async fn backlog(scope_: Option<&str>, limit: u32) -> Result<(), CommandError> {
+    let stores = stores().await?;
+    let scopes = scopes_of(&stores, scope_).await?;
+    let reconciler = reconciler(stores);
+    let mut backlog = Vec::new();
+    for scope in &scopes {
+        backlog.extend(reconciler.backlog(scope, limit).await?);
+    }
+    print::json(&json!({ "backlog": backlog }));
+    Ok(())
+}
+
+/// `tollgate reconcile fetch-evidence [--scope S] [--limit N] [--config FILE]` (SC-110).
+pub async fn fetch_evidence(
+    scope_: Option<&str>,
+    limit: u32,
+    config: Option<std::path::PathBuf>,
+) -> Result<(), CommandError> {
+    let fetchers =
+        tollgate_server::start::fetchers(&tollgate_server::start::Options::from_process(config))?;
+    let fetcher_for = |name: &str| fetchers.get(name).cloned();
+    let stores = stores().await?;
+    let scopes = scopes_of(&stores, scope_).await?;
+    let reconciler = reconciler(stores);
+    let mut total = FetchReport::default();
+    let mut skipped = Vec::new();
+    for scope in &scopes {
+        let report = reconciler
+            .fetch_evidence(scope, limit, &fetcher_for)
+            .await?;
+        total.scanned += report.scanned;
+        total.stored += report.stored;
+        total.duplicate += report.duplicate;
+        skipped.extend(report.skipped.into_iter().map(
+            |s| json!({"scope": scope, "operation_key": s.operation_key, "reason": s.reason}),
+        ));
+    }
+    print::json(&json!({
+        "scanned": total.scanned,
+        "stored": total.stored,
+        "duplicate": total.duplicate,
+        "skipped": skipped,
+    }));
+    Ok(())
+}
+
+/// `tollgate reconcile resolve --from-evidence --scope S (--all | --key K…) [--dry-run]`
+/// (SC-111).
+pub async fn resolve_from_evidence(
+    scope_: &str,
+    all: bool,
+    keys: &[String],
+    dry_run: bool,
+    limit: u32,
+) -> Result<(), CommandError> {
+    let scope = scope(scope_)?;
+    let selection = match (all, keys.is_empty()) {
+        (true, true) => Selection::All(limit),
+        (false, false) => {
+            Selection::Keys(keys.iter().map(|k| key(k)).collect::<Result<Vec<_>, _>>()?)
+        }
+        _ => {
+            return Err(CommandError::InvalidArgument(
+                "name either --all or --key, not both".into(),
+            ))
+        }
+    };
+    let report = reconciler(stores().await?)
+        .resolve_from_evidence(&scope, &selection, dry_run)
+        .await?;
+    print::json(&serde_json::to_value(&report)?);
     Ok(())
 }
 

@@ -2,6 +2,7 @@
 //! `sequence_number`, ending with `response.completed` (or `response.incomplete`).
 
 use crate::scenario::{Content, Ending, Plan, Shape, Tokens};
+use crate::stored::StoredResponses;
 use crate::wire::ENCRYPTED;
 use crate::wire::{
     loop_thought, pieces, simple_id, unix_now, Gone, Sink, ARGS_DELTA_CHARS, LOOP_EVENTS_MAX,
@@ -63,6 +64,20 @@ impl<'a> Responses<'a> {
             "incomplete_details": incomplete,
             "usage": usage
         })
+    }
+
+    /// The response as the provider keeps it once it finished (no output: no content is kept).
+    fn finished(&self) -> Value {
+        let usage = responses_usage(&self.plan.tokens);
+        match &self.plan.shape {
+            Shape::EmptyRefusal => {
+                self.response("incomplete", usage, json!({"reason": "content_filter"}))
+            }
+            Shape::ReasoningLoop | Shape::Hang => {
+                self.response("in_progress", Value::Null, Value::Null)
+            }
+            Shape::PreStream | Shape::Normal(..) => self.response("completed", usage, Value::Null),
+        }
     }
 
     async fn start(&mut self) -> Result<(), Gone> {
@@ -275,7 +290,12 @@ impl<'a> Responses<'a> {
     }
 }
 
-/// Streams `plan` as an OpenAI Responses stream.
-pub(super) async fn render(plan: &Plan, sink: &Sink) -> Result<(), Gone> {
-    Responses::new(plan, sink).run().await
+/// Streams `plan` as an OpenAI Responses stream; with `store`, its final response is kept
+/// first, so it can be fetched however the stream ends.
+pub(super) async fn render(plan: &Plan, sink: &Sink, stored: &StoredResponses) -> Result<(), Gone> {
+    let writer = Responses::new(plan, sink);
+    if plan.store {
+        stored.put(&writer.id, writer.finished());
+    }
+    writer.run().await
 }

@@ -6,6 +6,7 @@
 //! writes nothing.
 
 pub mod admin;
+pub mod backlog;
 pub mod calls;
 pub mod roots;
 
