@@ -30,7 +30,10 @@ const USAGE_KEYS: [&str; 5] = ["input", "output", "cache_read", "cache_write", "
 /// The built binary, with an environment that cannot leak the developer's database or log level.
 fn tollgate() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
-    command.env_remove("DATABASE_URL").env_remove("RUST_LOG");
+    command
+        .env_remove("DATABASE_URL")
+        .env_remove("DATABASE_OWNER_URL")
+        .env_remove("RUST_LOG");
     command
 }
 
@@ -553,6 +556,35 @@ async fn migrate_is_idempotent_on_postgres() {
     assert_eq!(applied, migration_files(), "each migration applied once");
     let view = db.relation("finance.settlements").await.unwrap();
     assert_eq!(view.as_deref(), Some("finance.settlements"));
+}
+
+/// SC-115: `migrate` runs as the owner (`DATABASE_OWNER_URL`) while `DATABASE_URL` names a login
+/// role in `tollgate_app`; the other commands then work as that role, which cannot migrate.
+#[tokio::test]
+async fn sc_115_migrate_as_the_owner_then_work_as_the_application_role() {
+    let db = fresh_database().await;
+    json_ok(&run(tollgate()
+        .arg("migrate")
+        .env("DATABASE_URL", db.url())));
+    let app_url = db.app_role_url().await.unwrap();
+    let as_app = |args: &[&str]| {
+        run(tollgate()
+            .args(args)
+            .env("DATABASE_URL", &app_url)
+            .env("DATABASE_OWNER_URL", db.url()))
+    };
+    let report = json_ok(&as_app(&["migrate"]));
+    assert_eq!(report["migrated"], true, "{report}");
+    let verify = json_ok(&as_app(&["audit", "verify", "--scope", "acme"]));
+    assert_eq!(verify["ok"], true, "{verify}");
+    // The application role alone cannot run the migrator (it may not create its table).
+    let refused = run(tollgate().arg("migrate").env("DATABASE_URL", &app_url));
+    assert!(!refused.status.success(), "{}", stdout(&refused));
+    assert!(
+        stderr(&refused).contains("42501"),
+        "permission denied: {}",
+        stderr(&refused)
+    );
 }
 
 #[test]

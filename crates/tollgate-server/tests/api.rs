@@ -11,10 +11,11 @@ use std::sync::Arc;
 use support::{admin_url, call, Server, SECRET};
 use tokio_util::sync::CancellationToken;
 use tollgate_core::ids::Scope;
-use tollgate_postgres::fresh_test_database;
+use tollgate_postgres::{fresh_test_database, SessionTimeouts, Tamper, TestDatabase};
 use tollgate_server::auth;
 use tollgate_server::metrics::Metrics;
 use tollgate_server::scheduler::Scheduler;
+use tollgate_server::secret::Secret;
 use tollgate_server::Backend;
 use tollgate_store::{ApiKeyStore, KeyDigest, KeyRole};
 
@@ -514,6 +515,48 @@ async fn postgres_a_call_and_its_replay_through_the_api() {
     let (status, _, _) = s.get("/v1/calls/pg-1", &s.stranger).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     s.stop().await;
+}
+
+/// SC-115: the server runs as a login role in `tollgate_app` on a database the owner migrated: a
+/// full call and its read back work, while the role cannot change or remove an audit row, truncate
+/// the log, disable its triggers or change the schema (refused by privileges, 42501, not by the
+/// triggers, which an owner could disable).
+#[tokio::test]
+async fn sc_115_the_application_role_serves_calls_but_cannot_tamper_with_the_audit_log() {
+    let db = TestDatabase::create(&admin_url()).await.unwrap();
+    db.stores(2).await.unwrap().migrate().await.unwrap();
+    let app_url = db.app_role_url().await.unwrap();
+    // `serve`'s connect: nothing is pending, so nothing needs schema rights.
+    let stores = tollgate_server::start::connect(
+        &Secret::new(app_url.clone()),
+        4,
+        SessionTimeouts::default(),
+    )
+    .await
+    .unwrap();
+    let s = Server::start(Backend::Postgres(stores)).await;
+    let body = call("summarize", "role-1", "r-1", "hello role");
+    let (status, view, _) = s.post("/v1/calls", &s.caller, &body).await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    assert_eq!(view["state"], "completed", "{view}");
+    let (status, read, _) = s.get("/v1/calls/role-1", &s.caller).await;
+    assert_eq!(
+        (status, &read["receipt"]),
+        (StatusCode::OK, &view["receipt"])
+    );
+    let (status, _, _) = s.send(reqwest::Method::GET, "/readyz", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, audit, _) = s.get("/v1/admin/audit/ledger", &s.operator).await;
+    assert_eq!(status, StatusCode::OK, "{audit}");
+    s.stop().await;
+
+    for tamper in Tamper::ALL {
+        let refused = db.refusal_as(&app_url, tamper).await.unwrap();
+        assert_eq!(refused.as_deref(), Some("42501"), "{tamper:?}");
+    }
+    // The owner can disable the triggers: what stops the application role is its privileges.
+    let owner = db.refusal_as(db.url(), Tamper::DisableAuditTriggers).await;
+    assert_eq!(owner.unwrap(), None);
 }
 
 /// SC-93: the operator's ledger audit route on the key's scope, and the scheduler's ledger
