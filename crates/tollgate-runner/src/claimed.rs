@@ -10,6 +10,7 @@ use crate::views;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tollgate_core::config::CallConfig;
 use tollgate_core::digest::Binding;
 use tollgate_core::ids::{OperationKey, RootKey, Scope};
@@ -33,6 +34,8 @@ pub(crate) struct Engine {
     pub lease_ms: u64,
     pub policy: Arc<dyn OutputPolicy>,
     pub background_error: Option<BackgroundErrorFn>,
+    /// Where the drives run, so that a host can wait for them on shutdown.
+    pub drives: TaskTracker,
 }
 
 impl Engine {
@@ -67,6 +70,7 @@ impl Engine {
             lease_ms: settings.lease_ms,
             policy,
             background_error: settings.background_error,
+            drives: settings.drives,
         })
     }
 
@@ -245,7 +249,9 @@ impl Engine {
         let report = self.background_error.clone();
         let report_key = key.to_string();
         let policy = Arc::clone(&self.policy);
-        let mut task = tokio::spawn(drive(self.ctx.clone(), record, request, policy, read_ms));
+        let mut task = self
+            .drives
+            .spawn(drive(self.ctx.clone(), record, request, policy, read_ms));
         let interrupted = |cause| RunError::Interrupted {
             operation_key: key.clone(),
             cause,

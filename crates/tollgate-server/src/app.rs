@@ -8,6 +8,7 @@ use crate::metrics::Metrics;
 use crate::profiles::Profile;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use tokio_util::task::TaskTracker;
 use tollgate_core::config::CallConfig;
 use tollgate_core::state::CallKind;
 use tollgate_provider::http::{HttpClient, HttpClientConfig};
@@ -54,6 +55,11 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Fence lease for operator recovery passes.
     pub lease_ms: u64,
+    /// Every runner's drives (calls run in their own tasks, outliving callers that left): closed
+    /// and awaited on shutdown.
+    pub drives: TaskTracker,
+    /// The longest wait for [`AppState::drives`] on shutdown.
+    pub shutdown_drain_ms: u64,
 }
 
 /// The application, cheap to clone.
@@ -96,6 +102,7 @@ fn runner(
     profile: &Profile,
     settings: &Settings,
     backend: &Backend,
+    drives: &TaskTracker,
 ) -> Result<ProfileRunner, StartError> {
     let config = &profile.config;
     let provider = settings
@@ -105,6 +112,7 @@ fn runner(
     let client = Arc::new(client(provider, config)?);
     let mut runner_settings = RunnerSettings::new(config.clone());
     runner_settings.lease_ms = settings.lease_ms;
+    runner_settings.drives = drives.clone();
     log_background(&mut runner_settings.background_error);
     let stores = backend.stores();
     let built = match config.kind {
@@ -133,8 +141,9 @@ impl App {
         metrics: Arc<Metrics>,
     ) -> Result<App, StartError> {
         let mut profiles = BTreeMap::new();
+        let drives = TaskTracker::new();
         for profile in settings.profiles.values() {
-            let runner = runner(profile, settings, &backend)?;
+            let runner = runner(profile, settings, &backend, &drives)?;
             profiles.insert(
                 profile.name.clone(),
                 Loaded {
@@ -150,6 +159,8 @@ impl App {
             keys,
             metrics,
             lease_ms: settings.lease_ms,
+            drives,
+            shutdown_drain_ms: settings.shutdown_drain_ms,
         })))
     }
 }

@@ -18,9 +18,14 @@ use tollgate_store::KeyRole;
 /// Looks like a credential; must never come back in an error body.
 pub const SECRET: &str = "sk-live-TOPSECRET-4242";
 
-fn config_text(mock_url: &str) -> String {
+/// The model of the `slow` profile: the mock waits this long before its headers.
+pub const SLOW_MS: u64 = 1500;
+
+fn config_text(mock_url: &str, server: &str) -> String {
     format!(
         r#"
+{server}
+
 [runner]
 lease_ms = 1000
 
@@ -39,6 +44,12 @@ cache_read = "0.10"
 cache_write = "1.25"
 reasoning = "2.00"
 [prices.models."mock-tool"]
+input = "1.00"
+output = "2.00"
+cache_read = "0.10"
+cache_write = "1.25"
+reasoning = "2.00"
+[prices.models."mock-slow-{SLOW_MS}"]
 input = "1.00"
 output = "2.00"
 cache_read = "0.10"
@@ -76,6 +87,18 @@ max_tokens = 64
 max_input_chars = 200
 [profiles.caps]
 session_block = "0.000001"
+
+[[profiles]]
+name = "slow"
+kind = "text"
+provider = "mock"
+model = "mock-slow-{SLOW_MS}"
+policy_version = "policy-1"
+price_version = "prices-t"
+consumer = "team-a"
+max_tokens = 64
+max_input_chars = 200
+run_timeout_ms = 10000
 
 [[profiles]]
 name = "cut"
@@ -143,11 +166,17 @@ async fn key_for(keys: &KeyStore, scope: &str, role: KeyRole) -> String {
 
 impl Server {
     pub async fn start(backend: Backend) -> Self {
+        Self::start_with(backend, "").await
+    }
+
+    /// Like [`Server::start`], with `server` (e.g. a `[server]` section) at the head of the
+    /// configuration.
+    pub async fn start_with(backend: Backend, server: &str) -> Self {
         let mock = MockProvider::start(([127, 0, 0, 1], 0).into())
             .await
             .unwrap();
         let env = Env::new();
-        let settings = FileConfig::from_toml(&config_text(&mock.base_url()), &env)
+        let settings = FileConfig::from_toml(&config_text(&mock.base_url(), server), &env)
             .unwrap()
             .validate(&env)
             .unwrap();
