@@ -519,3 +519,17 @@ impl TestDatabase {
         tx.commit().await.store_err()
     }
 }
+
+/// The conformance suite's way below the store methods: the charge's `INSERT` as `settle` runs it
+/// (its `UNIQUE (execution_id)` violation mapped to `Duplicate`), without the fence, state,
+/// spend or journal work around it.
+#[async_trait::async_trait]
+impl tollgate_store::conformance::RawSettlementInsert for PgStores {
+    async fn insert_settlement_unchecked(
+        &self,
+        settlement: &tollgate_store::rows::SettlementRecord,
+    ) -> Result<tollgate_store::rows::SettlementRecord, StoreError> {
+        let mut conn = self.pool().acquire().await.store_err()?;
+        crate::settlements::insert(&mut conn, settlement).await
+    }
+}
