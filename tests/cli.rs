@@ -30,7 +30,10 @@ const USAGE_KEYS: [&str; 5] = ["input", "output", "cache_read", "cache_write", "
 /// The built binary, with an environment that cannot leak the developer's database or log level.
 fn tollgate() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
-    command.env_remove("DATABASE_URL").env_remove("RUST_LOG");
+    command
+        .env_remove("DATABASE_URL")
+        .env_remove("DATABASE_OWNER_URL")
+        .env_remove("RUST_LOG");
     command
 }
 
@@ -471,26 +474,60 @@ fn check_fixture(name: &str, protocol: &str, expected: &Value, parsed: &Value) {
     }
 }
 
-/// Captured provider streams kept beside a checkout (reference data of other projects, not part
-/// of the repository): `TOLLGATE_CAPTURED_STREAMS`, by default `../shared/fixtures/streams`
-/// next to the workspace root.
-fn captured_fixtures() -> PathBuf {
-    std::env::var_os("TOLLGATE_CAPTURED_STREAMS").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/streams"),
-        PathBuf::from,
+/// The repository root (this file's crate is `crates/tollgate`).
+static REPOSITORY_ROOT: std::sync::LazyLock<PathBuf> =
+    std::sync::LazyLock::new(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
+
+/// The captured provider streams (reference data kept outside the repository; never copied
+/// into it): `TOLLGATE_CAPTURED_STREAMS` when set, else `../shared/fixtures/streams` beside the
+/// repository root, else `/work/shared/fixtures/streams` (the project machine's shared folder).
+/// Fails, naming every place it looked, when none holds `EXPECTED.json`: a missing folder fails
+/// the suite instead of skipping it (SC-118).
+fn captured_streams() -> PathBuf {
+    captured_streams_in(
+        std::env::var_os("TOLLGATE_CAPTURED_STREAMS").map(PathBuf::from),
+        &REPOSITORY_ROOT,
     )
+    .unwrap_or_else(|message| panic!("{message}"))
+}
+
+/// [`captured_streams`] over an explicit variable and repository root.
+fn captured_streams_in(from_env: Option<PathBuf>, root: &Path) -> Result<PathBuf, String> {
+    let candidates = match from_env {
+        // An explicit choice is never replaced by a default.
+        Some(dir) => vec![dir],
+        None => vec![
+            root.join("../shared/fixtures/streams"),
+            PathBuf::from("/work/shared/fixtures/streams"),
+        ],
+    };
+    candidates
+        .iter()
+        .find(|dir| dir.join("EXPECTED.json").is_file())
+        .cloned()
+        .ok_or_else(|| {
+            let looked: Vec<String> = candidates.iter().map(|d| d.display().to_string()).collect();
+            format!(
+                "the captured provider streams are missing (no EXPECTED.json in {}); set \
+                 TOLLGATE_CAPTURED_STREAMS to the folder that holds them",
+                looked.join(", ")
+            )
+        })
 }
 
 #[test]
-fn parse_stream_matches_the_captured_fixtures() {
-    let dir = captured_fixtures();
-    if !dir.join("EXPECTED.json").is_file() {
-        eprintln!(
-            "note: {} is absent; captured-fixture check skipped",
-            dir.display()
-        );
-        return;
-    }
+fn sc_118_a_missing_captured_streams_folder_fails_naming_where_it_looked() {
+    let nowhere = std::env::temp_dir().join(format!("tollgate-none-{}", uuid::Uuid::new_v4()));
+    let err = captured_streams_in(Some(nowhere.clone()), &REPOSITORY_ROOT).unwrap_err();
+    assert!(err.contains(&nowhere.display().to_string()), "{err}");
+    assert!(err.contains("TOLLGATE_CAPTURED_STREAMS"), "{err}");
+    let found = captured_streams_in(None, &REPOSITORY_ROOT).unwrap();
+    assert!(found.join("EXPECTED.json").is_file());
+}
+
+#[test]
+fn sc_118_parse_stream_matches_the_captured_fixtures() {
+    let dir = captured_streams();
     let expected: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("EXPECTED.json")).unwrap()).unwrap();
     let mut checked = 0;
@@ -500,14 +537,11 @@ fn parse_stream_matches_the_captured_fixtures() {
         if !name.ends_with(".sse") {
             continue;
         }
-        let Some(protocol) = fixture_protocol(&name) else {
-            eprintln!("note: {name}: unknown protocol prefix, skipped");
-            continue;
-        };
-        let Some(want) = expected.get(&name) else {
-            eprintln!("note: {name}: not in EXPECTED.json, skipped");
-            continue;
-        };
+        let protocol =
+            fixture_protocol(&name).unwrap_or_else(|| panic!("{name}: unknown protocol prefix"));
+        let want = expected
+            .get(&name)
+            .unwrap_or_else(|| panic!("{name}: not in EXPECTED.json"));
         let output = run(tollgate()
             .args(["parse-stream", "--protocol", protocol])
             .arg(&path));
@@ -553,6 +587,123 @@ async fn migrate_is_idempotent_on_postgres() {
     assert_eq!(applied, migration_files(), "each migration applied once");
     let view = db.relation("finance.settlements").await.unwrap();
     assert_eq!(view.as_deref(), Some("finance.settlements"));
+}
+
+/// SC-115: `migrate` runs as the owner (`DATABASE_OWNER_URL`) while `DATABASE_URL` names a login
+/// role in `tollgate_app`; the other commands then work as that role, which cannot migrate.
+#[tokio::test]
+async fn sc_115_migrate_as_the_owner_then_work_as_the_application_role() {
+    let db = fresh_database().await;
+    json_ok(&run(tollgate()
+        .arg("migrate")
+        .env("DATABASE_URL", db.url())));
+    let app_url = db.app_role_url().await.unwrap();
+    let as_app = |args: &[&str]| {
+        run(tollgate()
+            .args(args)
+            .env("DATABASE_URL", &app_url)
+            .env("DATABASE_OWNER_URL", db.url()))
+    };
+    let report = json_ok(&as_app(&["migrate"]));
+    assert_eq!(report["migrated"], true, "{report}");
+    let verify = json_ok(&as_app(&["audit", "verify", "--scope", "acme"]));
+    assert_eq!(verify["ok"], true, "{verify}");
+    // The application role alone cannot run the migrator (it may not create its table).
+    let refused = run(tollgate().arg("migrate").env("DATABASE_URL", &app_url));
+    assert!(!refused.status.success(), "{}", stdout(&refused));
+    assert!(
+        stderr(&refused).contains("42501"),
+        "permission denied: {}",
+        stderr(&refused)
+    );
+}
+
+/// The value of the unlabelled metric `name` in Prometheus text.
+fn metric(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        line.strip_prefix(name)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// SC-117: `serve` runs the scheduler. With no operator call and no `tollgate scheduler`, the
+/// running server acknowledges the usage evidence of a call it ran, which only a scheduler pass
+/// does (the call path leaves its evidence unacknowledged), and counts its passes.
+#[tokio::test]
+async fn sc_117_serve_runs_the_scheduler_without_an_operator() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut child = tollgate()
+        .args(["serve", "--config", "/dev/null"])
+        .env("TOLLGATE_SERVER__LISTEN", "127.0.0.1:0")
+        .env("TOLLGATE_SCHEDULER__INTERVAL_MS", "50")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tollgate serve starts");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let (mut base, mut caller) = (None, None);
+    while base.is_none() || caller.is_none() {
+        let line = lines
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("serve prints its keys and address");
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            base = rest.split_whitespace().next().map(str::to_string);
+        }
+        if let Some(rest) = line.split("caller key ").nth(1) {
+            caller = rest.split(',').next().map(str::to_string);
+        }
+    }
+    let (base, caller) = (base.unwrap(), caller.unwrap());
+    let http = reqwest::Client::new();
+    let body = serde_json::json!({
+        "profile": "summarize", "operation_key": "sched-1", "session_id": "s-1",
+        "input_revision": "r-1", "intent": "summarize",
+        "input": {"messages": [{"role": "user", "content": "hello"}]}
+    });
+    let answer = http
+        .post(format!("{base}/v1/calls"))
+        .bearer_auth(&caller)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(answer.status().is_success(), "{:?}", answer.text().await);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let text = loop {
+        let text = http
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if metric(&text, "tollgate_evidence_acknowledged_total").unwrap_or(0) >= 1 {
+            break text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never acknowledged:\n{text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert!(
+        metric(&text, "tollgate_scheduler_passes_total").unwrap() > 0,
+        "{text}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
 }
 
 #[test]

@@ -46,7 +46,9 @@ use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use std::str::FromStr;
 #[cfg(feature = "test-support")]
-pub use test_support::{fresh_test_database, test_admin_url, TestDatabase, TEST_POOL_CONNECTIONS};
+pub use test_support::{
+    fresh_test_database, test_admin_url, Tamper, TestDatabase, TEST_POOL_CONNECTIONS,
+};
 use tollgate_store::StoreError;
 
 /// The embedded migrations (`migrations/` at the workspace root).
@@ -199,6 +201,37 @@ impl PgStores {
         MIGRATOR.run(&self.pool).await.map_err(migrate_error)
     }
 
+    /// Applies the migrations only when some are pending. With nothing pending it changes
+    /// nothing and needs no schema rights, so the server may run as a member of `tollgate_app`
+    /// (spec/storage.md, Database roles) against a database the owner role migrated.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the database cannot be read, or a pending migration fails
+    /// (e.g. the role may not change the schema: run `tollgate migrate` as the owner).
+    pub async fn migrate_if_pending(&self) -> Result<(), StoreError> {
+        if self.pending().await? {
+            self.migrate().await?;
+        }
+        Ok(())
+    }
+
+    /// Whether an embedded migration is not applied (no migrations table: all of them).
+    async fn pending(&self) -> Result<bool, StoreError> {
+        let applied: Vec<i64> =
+            match sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                .fetch_all(&self.pool)
+                .await
+            {
+                Ok(applied) => applied,
+                Err(e) if sqlstate(&e).as_deref() == Some(UNDEFINED_TABLE) => return Ok(true),
+                Err(e) => return Err(db(e)),
+            };
+        Ok(MIGRATOR
+            .iter()
+            .filter(|m| !m.migration_type.is_down_migration())
+            .any(|m| !applied.contains(&m.version)))
+    }
+
     /// Readiness: the database answers and every embedded migration is applied.
     ///
     /// # Errors
@@ -208,22 +241,7 @@ impl PgStores {
             .execute(&self.pool)
             .await
             .store_err()?;
-        let applied: Vec<i64> =
-            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| {
-                    if sqlstate(&e).as_deref() == Some(UNDEFINED_TABLE) {
-                        StoreError::Unavailable("migrations not applied".into())
-                    } else {
-                        db(e)
-                    }
-                })?;
-        let pending = MIGRATOR
-            .iter()
-            .filter(|m| !m.migration_type.is_down_migration())
-            .any(|m| !applied.contains(&m.version));
-        if pending {
+        if self.pending().await? {
             return Err(StoreError::Unavailable("migrations pending".into()));
         }
         Ok(())

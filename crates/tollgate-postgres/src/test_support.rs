@@ -60,7 +60,16 @@ async fn drop_stale_databases(admin_url: &str) {
         .fetch_all(&mut admin)
         .await
         .unwrap_or_default();
-        for name in names {
+        // The login roles of `app_role_url`, named after their database (roles are cluster-wide).
+        let roles: Vec<String> = sqlx::query_scalar(
+            "SELECT rolname::text FROM pg_roles WHERE rolname LIKE 'tollgate\\_t\\_%'",
+        )
+        .fetch_all(&mut admin)
+        .await
+        .unwrap_or_default();
+        let databases = names.into_iter().map(|n| ("DATABASE", " WITH (FORCE)", n));
+        let roles = roles.into_iter().map(|n| ("ROLE", "", n));
+        for (kind, with, name) in databases.chain(roles) {
             let created = name
                 .strip_prefix(PREFIX)
                 .and_then(|rest| rest.split('_').next())
@@ -72,7 +81,7 @@ async fn drop_stale_databases(admin_url: &str) {
             if stale && ours {
                 // An identifier, not a value: it cannot be bound. The name was read from the
                 // catalog and consists of our own pattern's characters only.
-                let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+                let sql = format!("DROP {kind} IF EXISTS \"{name}\"{with}");
                 let _ = sqlx::raw_sql(&sql).execute(&mut admin).await;
             }
         }
@@ -156,6 +165,54 @@ async fn drop_database(connections: &mut Vec<(String, PgConnection)>, done: Crea
     if sqlx::raw_sql(&sql).execute(&mut *connection).await.is_err() {
         // Perhaps a broken connection: open a new one next time.
         connections.swap_remove(index);
+        return;
+    }
+    // The database's login role, if `app_role_url` made one (same characters plus `_app`).
+    let sql = format!("DROP ROLE IF EXISTS \"{}{APP_ROLE_SUFFIX}\"", done.name);
+    let _ = sqlx::raw_sql(&sql).execute(&mut *connection).await;
+}
+
+/// The suffix of the login role [`TestDatabase::app_role_url`] makes, after the database's name.
+const APP_ROLE_SUFFIX: &str = "_app";
+
+/// A statement the application role must not be able to run (SC-115), for
+/// [`TestDatabase::refusal_as`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tamper {
+    /// `UPDATE` an audit row.
+    UpdateAuditRow,
+    /// `DELETE` an audit row.
+    DeleteAuditRow,
+    /// `TRUNCATE audit_log`.
+    TruncateAudit,
+    /// `ALTER TABLE audit_log DISABLE TRIGGER USER`.
+    DisableAuditTriggers,
+    /// `CREATE TABLE` (any DDL).
+    CreateTable,
+    /// `DROP TABLE audit_log`.
+    DropAudit,
+}
+
+impl Tamper {
+    /// Every tampering statement.
+    pub const ALL: [Tamper; 6] = [
+        Tamper::UpdateAuditRow,
+        Tamper::DeleteAuditRow,
+        Tamper::TruncateAudit,
+        Tamper::DisableAuditTriggers,
+        Tamper::CreateTable,
+        Tamper::DropAudit,
+    ];
+
+    fn sql(self) -> &'static str {
+        match self {
+            Tamper::UpdateAuditRow => "UPDATE audit_log SET kind = kind",
+            Tamper::DeleteAuditRow => "DELETE FROM audit_log",
+            Tamper::TruncateAudit => "TRUNCATE audit_log",
+            Tamper::DisableAuditTriggers => "ALTER TABLE audit_log DISABLE TRIGGER USER",
+            Tamper::CreateTable => "CREATE TABLE tamper (id int)",
+            Tamper::DropAudit => "DROP TABLE audit_log",
+        }
     }
 }
 
@@ -388,6 +445,56 @@ impl TestDatabase {
         .store_err()
     }
 
+    /// A URL to this database as a new login role that is a member of `tollgate_app` and nothing
+    /// else (created by the migrations; roles are cluster-wide, so the role is named after the
+    /// database and dropped with it). The database must be migrated.
+    ///
+    /// # Errors
+    /// The role cannot be created (e.g. migrations not applied).
+    pub async fn app_role_url(&self) -> Result<String, StoreError> {
+        let role = format!("{}{APP_ROLE_SUFFIX}", self.name);
+        let mut admin = admin(&self.admin_url).await?;
+        // Identifiers we generated (digits, hex and underscores): they cannot be bound.
+        sqlx::raw_sql(&format!(
+            "CREATE ROLE \"{role}\" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE; \
+             GRANT tollgate_app TO \"{role}\";"
+        ))
+        .execute(&mut admin)
+        .await
+        .store_err()?;
+        admin.close().await.store_err()?;
+        Ok(options(&self.url)?
+            .username(&role)
+            .to_url_lossy()
+            .to_string())
+    }
+
+    /// Runs `tamper` in its own transaction (rolled back) over `url` (e.g. [`Self::app_role_url`])
+    /// and returns the SQLSTATE that refused it, or `None` when it ran.
+    ///
+    /// # Errors
+    /// The database cannot be reached as that role.
+    pub async fn refusal_as(
+        &self,
+        url: &str,
+        tamper: Tamper,
+    ) -> Result<Option<String>, StoreError> {
+        let mut conn = PgConnection::connect_with(&options(url)?)
+            .await
+            .store_err()?;
+        let mut tx = conn.begin().await.store_err()?;
+        let refused = match sqlx::raw_sql(tamper.sql()).execute(&mut *tx).await {
+            Ok(_) => None,
+            Err(e) => Some(
+                e.as_database_error()
+                    .and_then(|d| d.code())
+                    .map_or_else(|| "none".to_string(), |c| c.into_owned()),
+            ),
+        };
+        tx.rollback().await.store_err()?;
+        Ok(refused)
+    }
+
     /// Damage: removes the last audit row of `scope` (the latest chain tail appended)
     /// with the append-only triggers disabled, as the tables' owner could.
     ///
@@ -452,5 +559,19 @@ impl tollgate_store::conformance::StoreDamage for PgStores {
             .await
             .store_err()?;
         Ok(())
+    }
+}
+
+/// The conformance suite's way below the store methods: the charge's `INSERT` as `settle` runs it
+/// (its `UNIQUE (execution_id)` violation mapped to `Duplicate`), without the fence, state,
+/// spend or journal work around it.
+#[async_trait::async_trait]
+impl tollgate_store::conformance::RawSettlementInsert for PgStores {
+    async fn insert_settlement_unchecked(
+        &self,
+        settlement: &tollgate_store::rows::SettlementRecord,
+    ) -> Result<tollgate_store::rows::SettlementRecord, StoreError> {
+        let mut conn = self.pool().acquire().await.store_err()?;
+        crate::settlements::insert(&mut conn, settlement).await
     }
 }

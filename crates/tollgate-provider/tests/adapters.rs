@@ -1,6 +1,6 @@
 //! The three stream adapters against their own streams (`tests/streams/`, written event by
 //! event from the providers' published formats) and the shared captured fixtures
-//! (`/work/shared/fixtures/streams/`, compared with their `EXPECTED.json`).
+//! (found by `captured_streams`, compared with their `EXPECTED.json`; a missing folder fails).
 #![cfg(test)]
 
 use serde_json::{json, Value};
@@ -19,18 +19,55 @@ fn own_dir() -> PathBuf {
     crate_dir().join("tests/streams")
 }
 
-/// The shared fixtures, when this checkout has them (CI clones may not).
-fn shared_dir() -> Option<PathBuf> {
-    let dir = crate_dir().join("../../../shared/fixtures/streams");
-    if dir.join("EXPECTED.json").is_file() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "note: {} is absent; shared fixture checks skipped",
-            dir.display()
-        );
-        None
-    }
+/// The repository root (this crate is `crates/tollgate-provider`).
+static REPOSITORY_ROOT: std::sync::LazyLock<PathBuf> =
+    std::sync::LazyLock::new(|| crate_dir().join("../.."));
+
+/// The captured provider streams (reference data kept outside the repository; never copied
+/// into it): `TOLLGATE_CAPTURED_STREAMS` when set, else `../shared/fixtures/streams` beside the
+/// repository root, else `/work/shared/fixtures/streams` (the project machine's shared folder).
+/// Fails, naming every place it looked, when none holds `EXPECTED.json`: a missing folder fails
+/// the suite instead of skipping it (SC-118).
+fn captured_streams() -> PathBuf {
+    captured_streams_in(
+        std::env::var_os("TOLLGATE_CAPTURED_STREAMS").map(PathBuf::from),
+        &REPOSITORY_ROOT,
+    )
+    .unwrap_or_else(|message| panic!("{message}"))
+}
+
+/// [`captured_streams`] over an explicit variable and repository root.
+fn captured_streams_in(from_env: Option<PathBuf>, root: &Path) -> Result<PathBuf, String> {
+    let candidates = match from_env {
+        // An explicit choice is never replaced by a default.
+        Some(dir) => vec![dir],
+        None => vec![
+            root.join("../shared/fixtures/streams"),
+            PathBuf::from("/work/shared/fixtures/streams"),
+        ],
+    };
+    candidates
+        .iter()
+        .find(|dir| dir.join("EXPECTED.json").is_file())
+        .cloned()
+        .ok_or_else(|| {
+            let looked: Vec<String> = candidates.iter().map(|d| d.display().to_string()).collect();
+            format!(
+                "the captured provider streams are missing (no EXPECTED.json in {}); set \
+                 TOLLGATE_CAPTURED_STREAMS to the folder that holds them",
+                looked.join(", ")
+            )
+        })
+}
+
+#[test]
+fn sc_118_a_missing_captured_streams_folder_fails_naming_where_it_looked() {
+    let nowhere = own_dir().join("no-such-folder");
+    let err = captured_streams_in(Some(nowhere.clone()), &REPOSITORY_ROOT).unwrap_err();
+    assert!(err.contains(&nowhere.display().to_string()), "{err}");
+    assert!(err.contains("TOLLGATE_CAPTURED_STREAMS"), "{err}");
+    let found = captured_streams_in(None, &REPOSITORY_ROOT).unwrap();
+    assert!(found.join("EXPECTED.json").is_file());
 }
 
 fn protocol_of(name: &str) -> Protocol {
@@ -64,9 +101,7 @@ fn sse_files(dir: &Path) -> Vec<(String, Protocol, Vec<u8>)> {
 fn all_streams() -> Vec<(String, Protocol, Vec<u8>)> {
     let mut files = sse_files(&own_dir());
     assert!(files.len() >= 24, "own streams missing");
-    if let Some(dir) = shared_dir() {
-        files.extend(sse_files(&dir));
-    }
+    files.extend(sse_files(&captured_streams()));
     files
 }
 
@@ -737,8 +772,8 @@ fn check_anthropic(name: &str, events: &[ProviderEvent], want: &Value) {
 }
 
 #[test]
-fn shared_fixtures_match_expected() {
-    let Some(dir) = shared_dir() else { return };
+fn sc_118_shared_fixtures_match_expected() {
+    let dir = captured_streams();
     let expected: Value =
         serde_json::from_slice(&std::fs::read(dir.join("EXPECTED.json")).unwrap()).unwrap();
     let files = sse_files(&dir);

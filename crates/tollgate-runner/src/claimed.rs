@@ -11,6 +11,7 @@ use crate::views;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tollgate_core::config::CallConfig;
 use tollgate_core::digest::Binding;
 use tollgate_core::hold::fitted_hold;
@@ -38,6 +39,8 @@ pub(crate) struct Engine {
     pub lease_ms: u64,
     pub policy: Arc<dyn OutputPolicy>,
     pub background_error: Option<BackgroundErrorFn>,
+    /// Where the drives run, so that a host can wait for them on shutdown.
+    pub drives: TaskTracker,
 }
 
 impl Engine {
@@ -72,6 +75,7 @@ impl Engine {
             lease_ms: settings.lease_ms,
             policy,
             background_error: settings.background_error,
+            drives: settings.drives,
         })
     }
 
@@ -288,7 +292,7 @@ impl Engine {
         let report_key = key.to_string();
         let policy = Arc::clone(&self.policy);
         let ctx = self.ctx.clone();
-        let mut task = tokio::spawn(async move {
+        let mut task = self.drives.spawn(async move {
             // Renewing until the drive's last write, even when the caller stops waiting.
             let _heartbeat = heartbeat;
             drive(ctx, record, request, policy, read_ms).await

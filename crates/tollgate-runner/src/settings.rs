@@ -4,6 +4,7 @@
 use crate::clock::{Clock, SystemClock};
 use futures::future::BoxFuture;
 use std::sync::Arc;
+use tokio_util::task::TaskTracker;
 use tollgate_core::config::CallConfig;
 use tollgate_core::message::Message;
 
@@ -42,6 +43,10 @@ pub struct RunnerSettings {
     pub background_error: Option<BackgroundErrorFn>,
     /// Where claims, leases, accounting days and retention read the time; a `ManualClock` in tests.
     pub clock: Arc<dyn Clock>,
+    /// Where the drives are spawned (each call's send, collect and settle runs in its own task,
+    /// which outlives a caller that stops waiting): a host that shuts down closes it and waits
+    /// for the drives still running (spec/service.md — Shutdown).
+    pub drives: TaskTracker,
 }
 
 impl RunnerSettings {
@@ -53,6 +58,7 @@ impl RunnerSettings {
             validate: None,
             background_error: None,
             clock: Arc::new(SystemClock),
+            drives: TaskTracker::new(),
         }
     }
 }

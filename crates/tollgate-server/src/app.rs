@@ -8,6 +8,7 @@ use crate::metrics::Metrics;
 use crate::profiles::Profile;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use tokio_util::task::TaskTracker;
 use tollgate_core::config::CallConfig;
 use tollgate_core::state::CallKind;
 use tollgate_provider::fetch::UsageFetcher;
@@ -57,6 +58,11 @@ pub struct AppState {
     pub lease_ms: u64,
     /// Usage fetchers by provider name (SC-110).
     pub fetchers: Arc<Fetchers>,
+    /// Every runner's drives (calls run in their own tasks, outliving callers that left): closed
+    /// and awaited on shutdown.
+    pub drives: TaskTracker,
+    /// The longest wait for [`AppState::drives`] on shutdown.
+    pub shutdown_drain_ms: u64,
 }
 
 /// Longest wait for a fetch's response headers and for each body chunk.
@@ -127,6 +133,7 @@ fn runner(
     profile: &Profile,
     settings: &Settings,
     backend: &Backend,
+    drives: &TaskTracker,
 ) -> Result<ProfileRunner, StartError> {
     let config = &profile.config;
     let provider = settings
@@ -136,6 +143,7 @@ fn runner(
     let client = Arc::new(client(provider, config)?);
     let mut runner_settings = RunnerSettings::new(config.clone());
     runner_settings.lease_ms = settings.lease_ms;
+    runner_settings.drives = drives.clone();
     log_background(&mut runner_settings.background_error);
     let stores = backend.stores();
     let built = match config.kind {
@@ -164,8 +172,9 @@ impl App {
         metrics: Arc<Metrics>,
     ) -> Result<App, StartError> {
         let mut profiles = BTreeMap::new();
+        let drives = TaskTracker::new();
         for profile in settings.profiles.values() {
-            let runner = runner(profile, settings, &backend)?;
+            let runner = runner(profile, settings, &backend, &drives)?;
             profiles.insert(
                 profile.name.clone(),
                 Loaded {
@@ -182,6 +191,8 @@ impl App {
             metrics,
             lease_ms: settings.lease_ms,
             fetchers: Arc::new(fetchers(settings)?),
+            drives,
+            shutdown_drain_ms: settings.shutdown_drain_ms,
         })))
     }
 }

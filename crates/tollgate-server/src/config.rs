@@ -51,6 +51,10 @@ pub const LEDGER_AUDIT_INTERVAL_MS_MAX: u64 = 86_400_000;
 pub const LEASE_MS_MIN: u64 = 100;
 /// Longest fence lease.
 pub const LEASE_MS_MAX: u64 = 3_600_000;
+/// Default bound of the shutdown's wait for background drives.
+pub const SHUTDOWN_DRAIN_MS_DEFAULT: u64 = 30_000;
+/// Longest bound of the shutdown's wait for background drives (0 = do not wait).
+pub const SHUTDOWN_DRAIN_MS_MAX: u64 = 600_000;
 /// Default provider connect timeout.
 pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 5_000;
 /// Default database pool size.
@@ -169,6 +173,8 @@ fn session_timeouts(section: &DatabaseSection) -> Result<SessionTimeouts, Config
 pub struct Settings {
     /// Listen address.
     pub listen: SocketAddr,
+    /// On shutdown, the longest wait for background drives.
+    pub shutdown_drain_ms: u64,
     /// Database URL; `None` → the embedded default.
     pub database_url: Option<Secret>,
     /// Pool size.
@@ -247,6 +253,16 @@ impl FileConfig {
         let listen: SocketAddr = listen_text
             .parse()
             .map_err(|_| err(format!("server.listen {listen_text:?} is not host:port")))?;
+        let shutdown_drain_ms = self
+            .server
+            .shutdown_drain_ms
+            .unwrap_or(SHUTDOWN_DRAIN_MS_DEFAULT);
+        range(
+            "server.shutdown_drain_ms",
+            shutdown_drain_ms,
+            0,
+            SHUTDOWN_DRAIN_MS_MAX,
+        )?;
         let interval_ms = self.scheduler.interval_ms.unwrap_or(INTERVAL_MS_DEFAULT);
         range(
             "scheduler.interval_ms",
@@ -285,6 +301,7 @@ impl FileConfig {
         let keys = keys(&self.keys)?;
         Ok(Settings {
             listen,
+            shutdown_drain_ms,
             database_url: self.database.url,
             max_connections,
             session_timeouts,
@@ -426,6 +443,20 @@ mod tests {
         let bad =
             FileConfig::from_toml("", &env(&[("TOLLGATE_PROFILES__0__NAME", "x")])).unwrap_err();
         assert!(bad.0.contains("TOLLGATE_PROFILES__0__NAME"), "{bad}");
+    }
+
+    #[test]
+    fn sc_116_shutdown_drain_defaults_and_is_bounded() {
+        let e = Env::new();
+        let settings = |text: &str| FileConfig::from_toml(text, &e).unwrap().validate(&e);
+        assert_eq!(
+            settings("").unwrap().shutdown_drain_ms,
+            SHUTDOWN_DRAIN_MS_DEFAULT
+        );
+        let off = settings("[server]\nshutdown_drain_ms = 0\n").unwrap();
+        assert_eq!(off.shutdown_drain_ms, 0);
+        let bad = settings("[server]\nshutdown_drain_ms = 600001\n").unwrap_err();
+        assert!(bad.0.contains("server.shutdown_drain_ms"), "{bad}");
     }
 
     #[test]

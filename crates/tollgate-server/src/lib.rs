@@ -31,9 +31,11 @@ pub use error::ApiError;
 use axum::serve::ListenerExt;
 use std::future::Future;
 use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
 
-/// Serves `app` on `listener` until `shutdown` completes, then lets requests in flight finish.
-/// Accepted sockets get `TCP_NODELAY` (spec/service.md — Observability: without it every
+/// Serves `app` on `listener` until `shutdown` completes, then lets requests in flight finish,
+/// then waits for the drives whose callers left (calls still settling in their own tasks) up to
+/// the app's `shutdown_drain_ms` (spec/service.md — Shutdown). Accepted sockets get `TCP_NODELAY` (spec/service.md — Observability: without it every
 /// keep-alive answer waits for the peer's delayed ACK between its header and body writes).
 ///
 /// # Errors
@@ -47,7 +49,31 @@ pub async fn run(
         // A socket that refuses the option still works, only slower.
         let _ = tcp.set_nodelay(true);
     });
-    axum::serve(listener, routes::router(app))
+    let drives = app.drives.clone();
+    let drain_ms = app.shutdown_drain_ms;
+    let served = axum::serve(listener, routes::router(app))
         .with_graceful_shutdown(shutdown)
-        .await
+        .await;
+    drain(&drives, drain_ms).await;
+    served
+}
+
+/// Closes `drives` and waits up to `drain_ms` for them; logs how many ran when the wait began and
+/// how many were left (their calls stay open and recovery finishes them after their lease).
+pub async fn drain(drives: &TaskTracker, drain_ms: u64) {
+    drives.close();
+    let running = drives.len();
+    if running == 0 {
+        return;
+    }
+    tracing::info!(running, drain_ms, "shutdown: waiting for background drives");
+    let bound = std::time::Duration::from_millis(drain_ms);
+    match tokio::time::timeout(bound, drives.wait()).await {
+        Ok(()) => tracing::info!(running, left = 0, "shutdown: background drives finished"),
+        Err(_) => tracing::warn!(
+            running,
+            left = drives.len(),
+            "shutdown: drain bound reached; the calls left are finished by recovery"
+        ),
+    }
 }

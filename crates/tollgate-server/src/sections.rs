@@ -18,6 +18,8 @@ pub struct ConfigError(pub String);
 pub struct ServerSection {
     /// Listen address.
     pub listen: Option<String>,
+    /// On shutdown, the longest wait for background drives (calls whose caller left) to finish.
+    pub shutdown_drain_ms: Option<u64>,
 }
 
 /// `[database]`.

@@ -59,7 +59,9 @@ pub fn fetchers(options: &Options) -> Result<crate::app::Fetchers, StartError> {
     crate::app::fetchers(&settings)
 }
 
-/// Connects to Postgres and applies pending migrations.
+/// Connects to Postgres and applies pending migrations, if any: with none pending it changes
+/// nothing, so the URL may name an application role (a member of `tollgate_app`, spec/storage.md
+/// — Database roles) that cannot change the schema.
 ///
 /// # Errors
 /// Unreachable database or a failed migration (the URL is never part of the message).
@@ -71,10 +73,11 @@ pub async fn connect(
     let stores = PgStores::connect_with(url.expose(), max_connections, timeouts)
         .await
         .map_err(|e| StartError(format!("cannot connect to the database: {e}")))?;
-    stores
-        .migrate()
-        .await
-        .map_err(|e| StartError(format!("migration failed: {e}")))?;
+    stores.migrate_if_pending().await.map_err(|e| {
+        StartError(format!(
+            "migration failed: {e} (a role without schema rights needs `tollgate migrate` run as the owner first)"
+        ))
+    })?;
     Ok(Arc::new(stores))
 }
 

@@ -8,13 +8,14 @@ mod support;
 use reqwest::StatusCode;
 use serde_json::json;
 use std::sync::Arc;
-use support::{admin_url, call, Server, SECRET};
+use support::{admin_url, call, Server, SECRET, SLOW_MS};
 use tokio_util::sync::CancellationToken;
 use tollgate_core::ids::Scope;
-use tollgate_postgres::fresh_test_database;
+use tollgate_postgres::{fresh_test_database, SessionTimeouts, Tamper, TestDatabase};
 use tollgate_server::auth;
 use tollgate_server::metrics::Metrics;
 use tollgate_server::scheduler::Scheduler;
+use tollgate_server::secret::Secret;
 use tollgate_server::Backend;
 use tollgate_store::{ApiKeyStore, KeyDigest, KeyRole};
 
@@ -273,7 +274,14 @@ async fn auth_no_key_is_401_and_a_caller_on_an_operator_route_is_403() {
         .collect();
     assert_eq!(
         names,
-        ["agent-step", "cut", "extract-tool", "summarize", "tight"]
+        [
+            "agent-step",
+            "cut",
+            "extract-tool",
+            "slow",
+            "summarize",
+            "tight"
+        ]
     );
     assert_eq!(s.mock.request_count(), 0);
     s.stop().await;
@@ -514,6 +522,114 @@ async fn postgres_a_call_and_its_replay_through_the_api() {
     let (status, _, _) = s.get("/v1/calls/pg-1", &s.stranger).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     s.stop().await;
+}
+
+/// Polls `done` every 10 ms for at most 10 s.
+async fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// Starts a `slow` call under `key`, waits until the mock holds its request (the call is
+/// dispatched; the mock answers after `SLOW_MS`), then hangs up.
+async fn hang_up_on_a_slow_call(s: &Server, key: &str) {
+    let request = s
+        .http
+        .post(format!("{}/v1/calls", s.base))
+        .bearer_auth(&s.caller)
+        .header("content-type", "application/json")
+        .body(call("slow", key, "r-1", "hello").to_string())
+        .send();
+    let client = tokio::spawn(request);
+    wait_until("the mock receives the call", || s.mock.request_count() == 1).await;
+    client.abort();
+    assert!(client.await.unwrap_err().is_cancelled());
+}
+
+/// The view of `key`, read through a new server over `backend`.
+async fn view_after(backend: Backend, key: &str) -> serde_json::Value {
+    let t = Server::start(backend).await;
+    let (status, view, _) = t.get(&format!("/v1/calls/{key}"), &t.caller).await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    t.stop().await;
+    view
+}
+
+/// SC-116: a caller hangs up on a dispatched call, then shutdown begins; the server waits for the
+/// call's drive (its own task) to settle before it exits.
+#[tokio::test]
+async fn sc_116_shutdown_waits_for_a_call_whose_caller_left() {
+    let s = Server::memory().await;
+    hang_up_on_a_slow_call(&s, "slow-1").await;
+    let backend = s.backend.clone();
+    s.stop().await;
+    let view = view_after(backend, "slow-1").await;
+    assert_eq!(view["state"], "completed", "{view}");
+    assert_eq!(view["outcome"], "success", "{view}");
+    assert_eq!(view["output"]["text"], "hello", "{view}");
+}
+
+/// SC-116: the wait is bounded by `[server] shutdown_drain_ms`: with 0 the server exits at once,
+/// leaving the call open (recovery finishes it after its lease).
+#[tokio::test]
+async fn sc_116_shutdown_stops_waiting_at_the_drain_bound() {
+    let s = Server::start_with(Backend::memory(), "[server]\nshutdown_drain_ms = 0\n").await;
+    hang_up_on_a_slow_call(&s, "slow-2").await;
+    let backend = s.backend.clone();
+    let stopped = tokio::time::Instant::now();
+    s.stop().await;
+    let waited = stopped.elapsed();
+    let view = view_after(backend, "slow-2").await;
+    assert!(
+        waited < std::time::Duration::from_millis(SLOW_MS),
+        "{waited:?}"
+    );
+    assert_ne!(view["state"], "completed", "{view}");
+}
+
+/// SC-115: the server runs as a login role in `tollgate_app` on a database the owner migrated: a
+/// full call and its read back work, while the role cannot change or remove an audit row, truncate
+/// the log, disable its triggers or change the schema (refused by privileges, 42501, not by the
+/// triggers, which an owner could disable).
+#[tokio::test]
+async fn sc_115_the_application_role_serves_calls_but_cannot_tamper_with_the_audit_log() {
+    let db = TestDatabase::create(&admin_url()).await.unwrap();
+    db.stores(2).await.unwrap().migrate().await.unwrap();
+    let app_url = db.app_role_url().await.unwrap();
+    // `serve`'s connect: nothing is pending, so nothing needs schema rights.
+    let stores = tollgate_server::start::connect(
+        &Secret::new(app_url.clone()),
+        4,
+        SessionTimeouts::default(),
+    )
+    .await
+    .unwrap();
+    let s = Server::start(Backend::Postgres(stores)).await;
+    let body = call("summarize", "role-1", "r-1", "hello role");
+    let (status, view, _) = s.post("/v1/calls", &s.caller, &body).await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    assert_eq!(view["state"], "completed", "{view}");
+    let (status, read, _) = s.get("/v1/calls/role-1", &s.caller).await;
+    assert_eq!(
+        (status, &read["receipt"]),
+        (StatusCode::OK, &view["receipt"])
+    );
+    let (status, _, _) = s.send(reqwest::Method::GET, "/readyz", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, audit, _) = s.get("/v1/admin/audit/ledger", &s.operator).await;
+    assert_eq!(status, StatusCode::OK, "{audit}");
+    s.stop().await;
+
+    for tamper in Tamper::ALL {
+        let refused = db.refusal_as(&app_url, tamper).await.unwrap();
+        assert_eq!(refused.as_deref(), Some("42501"), "{tamper:?}");
+    }
+    // The owner can disable the triggers: what stops the application role is its privileges.
+    let owner = db.refusal_as(db.url(), Tamper::DisableAuditTriggers).await;
+    assert_eq!(owner.unwrap(), None);
 }
 
 /// SC-93: the operator's ledger audit route on the key's scope, and the scheduler's ledger

@@ -9,24 +9,44 @@ const CLI_POOL_CONNECTIONS: u32 = 4;
 
 /// The database URL from the environment.
 pub fn database_url() -> Option<String> {
-    std::env::var("DATABASE_URL")
-        .ok()
-        .filter(|u| !u.trim().is_empty())
+    env_url("DATABASE_URL")
 }
 
-/// Connects and migrates.
-pub async fn connect_migrated(url: &str) -> Result<PgStores, CommandError> {
-    let stores = PgStores::connect(url, CLI_POOL_CONNECTIONS)
+/// The owner role's URL for `tollgate migrate`: `DATABASE_OWNER_URL`, else `DATABASE_URL`
+/// (spec/storage.md — Database roles).
+pub fn owner_url() -> Option<String> {
+    env_url("DATABASE_OWNER_URL").or_else(database_url)
+}
+
+fn env_url(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|u| !u.trim().is_empty())
+}
+
+async fn connect(url: &str) -> Result<PgStores, CommandError> {
+    PgStores::connect(url, CLI_POOL_CONNECTIONS)
         .await
-        .map_err(CommandError::Connect)?;
-    stores.migrate().await.map_err(CommandError::Migrate)?;
+        .map_err(CommandError::Connect)
+}
+
+/// Connects and applies pending migrations, if any (with none pending nothing changes, so the
+/// URL may name an application role that cannot change the schema).
+pub async fn connect_migrated(url: &str) -> Result<PgStores, CommandError> {
+    let stores = connect(url).await?;
+    stores
+        .migrate_if_pending()
+        .await
+        .map_err(CommandError::Migrate)?;
     Ok(stores)
 }
 
-/// `tollgate migrate`.
+/// `tollgate migrate`, as the owner role ([`owner_url`]).
 pub async fn migrate() -> Result<(), CommandError> {
-    let url = database_url().ok_or(CommandError::NoDatabase(""))?;
-    connect_migrated(&url).await?;
+    let url = owner_url().ok_or(CommandError::NoDatabase(""))?;
+    connect(&url)
+        .await?
+        .migrate()
+        .await
+        .map_err(CommandError::Migrate)?;
     print::json(&serde_json::json!({"migrated": true}));
     Ok(())
 }

@@ -72,7 +72,9 @@ pub async fn sc_13_replay_racing_the_first_call_never_sends_twice(h: Harness) {
         let req = h.request("race", "x");
         async move { runner.run(req).await }
     });
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    // The first call has claimed and sent (its reply is held for 300 ms): the racing call finds
+    // the claim in flight.
+    until_sent(&c, 1).await;
     let racing = runner.run(h.request("race", "x")).await.unwrap();
     assert!(racing.replayed);
     assert_eq!(racing.state, ViewState::InProgress);
@@ -831,8 +833,10 @@ pub async fn sc_60_abort_after_dispatch_still_drains_and_settles(h: Harness) {
     let runner = h.runner(text_config(), &c);
     let req = h.request("k1", "x");
     let cancel = req.cancel.clone();
+    let sent = c.clone();
     tokio::spawn(async move {
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        // The caller leaves once the request is out (after the dispatch mark).
+        until_sent(&sent, 1).await;
         cancel.cancel();
     });
     let err = runner.run(req).await.unwrap_err();
@@ -1095,4 +1099,17 @@ pub async fn sc_120_sc_122_holds_fit_the_request(h: Harness) {
     assert_eq!(c.sends(), 2);
     let d = h.daily().await;
     assert_eq!((d.settled, d.held), (m("0.00004"), Money::ZERO));
+}
+
+/// Waits until `c` has received `n` sends, polling every 5 ms for at most 10 s.
+async fn until_sent(c: &ScriptedClient, n: u64) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while c.sends() < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} sends expected, {} seen",
+            c.sends()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
 }

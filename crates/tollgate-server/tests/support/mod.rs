@@ -18,9 +18,14 @@ use tollgate_store::KeyRole;
 /// Looks like a credential; must never come back in an error body.
 pub const SECRET: &str = "sk-live-TOPSECRET-4242";
 
-fn config_text(mock_url: &str) -> String {
+/// The model of the `slow` profile: the mock waits this long before its headers.
+pub const SLOW_MS: u64 = 1500;
+
+fn config_text(mock_url: &str, server: &str) -> String {
     format!(
         r#"
+{server}
+
 [runner]
 lease_ms = 1000
 
@@ -39,6 +44,12 @@ cache_read = "0.10"
 cache_write = "1.25"
 reasoning = "2.00"
 [prices.models."mock-tool"]
+input = "1.00"
+output = "2.00"
+cache_read = "0.10"
+cache_write = "1.25"
+reasoning = "2.00"
+[prices.models."mock-slow-{SLOW_MS}"]
 input = "1.00"
 output = "2.00"
 cache_read = "0.10"
@@ -76,6 +87,18 @@ max_tokens = 64
 max_input_chars = 200
 [profiles.caps]
 session_block = "0.000001"
+
+[[profiles]]
+name = "slow"
+kind = "text"
+provider = "mock"
+model = "mock-slow-{SLOW_MS}"
+policy_version = "policy-1"
+price_version = "prices-t"
+consumer = "team-a"
+max_tokens = 64
+max_input_chars = 200
+run_timeout_ms = 10000
 
 [[profiles]]
 name = "cut"
@@ -152,7 +175,7 @@ impl Server {
             .await
             .unwrap();
         let env = Env::new();
-        let text = format!("{}{extra}", config_text(&mock.base_url()));
+        let text = format!("{}{extra}", config_text(&mock.base_url(), ""));
         let settings = FileConfig::from_toml(&text, &env)
             .unwrap()
             .validate(&env)

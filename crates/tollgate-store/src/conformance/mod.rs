@@ -35,6 +35,7 @@ macro_rules! store_conformance {
             sc_30_not_dispatched_releases_hold,
             settle_writes_charge_spend_result_and_completes,
             settlement_is_exactly_once,
+            sc_119_a_second_settlement_is_refused_by_the_one_per_execution_constraint,
             sc_15_warning_keeps_output,
             sc_16_post_call_block_settles_then_suppresses_output,
             sc_94_reconciliation_required_keeps_its_reason_and_hold,
@@ -307,6 +308,63 @@ pub async fn settlement_is_exactly_once<S: Stores>(s: Arc<S>) {
         .await
         .unwrap();
     assert_eq!(all.len(), 1);
+}
+
+/// Access below the store methods, for the one case that must reach the stores' own guard of
+/// exactly-once settlement: the fence and state checks of `settle` stop every second settle
+/// before it, so only a writer that skips them (a bug, a tool) can show that the guard itself
+/// holds. Implemented by every store the suite runs on (feature `test-support`).
+#[async_trait::async_trait]
+pub trait RawSettlementInsert {
+    /// Inserts `settlement` as `settle` inserts its charge, without the fence, state, spend or
+    /// journal work around it: on Postgres the row's `INSERT` (its `UNIQUE (execution_id)`
+    /// refuses a second one), in memory the one-per-execution check and push.
+    ///
+    /// # Errors
+    /// `Duplicate` when the execution already has a settlement; store failure.
+    async fn insert_settlement_unchecked(
+        &self,
+        settlement: &SettlementRecord,
+    ) -> Result<SettlementRecord, StoreError>;
+}
+
+/// SC-119: a second settlement that got past the fence (here: written straight to the table) is
+/// stopped by the one-per-execution constraint itself, as `Duplicate`, and changes nothing.
+pub async fn sc_119_a_second_settlement_is_refused_by_the_one_per_execution_constraint<
+    S: Stores + RawSettlementInsert,
+>(
+    s: Arc<S>,
+) {
+    let r = dispatched(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
+    let first = s
+        .settle(settle_req(&r, "0.1", "x"))
+        .await
+        .unwrap()
+        .settlement;
+    let mut second = first.clone();
+    second.id = SettlementId(uuid::Uuid::new_v4());
+    second.amount = money("0.2");
+    let refused = s.insert_settlement_unchecked(&second).await;
+    match refused {
+        Err(StoreError::Duplicate(what)) => {
+            assert!(what.contains(&r.id.to_string()), "{what}");
+        }
+        other => panic!("the constraint must refuse it: {other:?}"),
+    }
+    assert_eq!(s.settlement(r.id).await.unwrap(), Some(first));
+    let all = s
+        .settlements(t0().date_naive(), t0().date_naive(), 100)
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 1);
+    // A first settlement of another execution goes through the same insert.
+    let other = dispatched(&*s, claim_req("a", "k2", text_config(), "0.5")).await;
+    let mut row = second.clone();
+    row.id = SettlementId(uuid::Uuid::new_v4());
+    row.execution_id = other.id;
+    row.operation_key = other.operation_key.clone();
+    s.insert_settlement_unchecked(&row).await.unwrap();
+    assert_eq!(s.settlement(other.id).await.unwrap(), Some(row));
 }
 
 pub async fn sc_15_warning_keeps_output<S: Stores>(s: Arc<S>) {

@@ -77,6 +77,25 @@ fn spend_keys(record: &ExecutionRecord) -> SpendKeys {
 }
 
 impl Tables {
+    /// The in-memory counterpart of Postgres' `UNIQUE (execution_id)` on settlements: one
+    /// governed charge per execution.
+    fn check_one_settlement(&self, execution_id: ExecutionId) -> StoreResult<()> {
+        if self.settlement_by_execution.contains_key(&execution_id) {
+            return Err(StoreError::Duplicate(format!(
+                "settlement of {execution_id}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Adds a settlement checked by [`Tables::check_one_settlement`].
+    fn push_settlement(&mut self, settlement: SettlementRecord) {
+        let index = self.settlements.len();
+        self.settlement_by_execution
+            .insert(settlement.execution_id, index);
+        self.settlements.push(settlement);
+    }
+
     fn append(&mut self, event: AuditEvent) -> AuditRow {
         let mut event = event;
         event.at = audit_time(event.at);
@@ -310,12 +329,7 @@ impl ExecutionStore for MemoryStores {
             ..request
         };
         rules::check_fence(&record, request.fence, &rules::SETTLEABLE)?;
-        if t.settlement_by_execution.contains_key(&record.id) {
-            return Err(StoreError::Duplicate(format!(
-                "settlement of {}",
-                record.id
-            )));
-        }
+        t.check_one_settlement(record.id)?;
         let keys = spend_keys(&record);
         let (s, d) = t.spend(&keys);
         let session = rules::apply_settlement(s, record.hold, request.amount)?;
@@ -348,9 +362,7 @@ impl ExecutionStore for MemoryStores {
         }
         let done = rules::completed(&record, &request, result.outcome);
         t.set_spend(keys, session, daily);
-        let index = t.settlements.len();
-        t.settlement_by_execution.insert(record.id, index);
-        t.settlements.push(settlement.clone());
+        t.push_settlement(settlement.clone());
         t.results.insert(record.id, result.clone());
         t.executions.insert(record.id, done.clone());
         t.append(rules::settled_event(&done, &settlement, &result));
@@ -716,3 +728,19 @@ mod api_keys;
 mod ledger;
 mod roots;
 mod work;
+
+/// Conformance access below the store methods: the settlement insert with only its
+/// one-per-execution check, as settle makes it.
+#[cfg(feature = "test-support")]
+#[async_trait]
+impl crate::conformance::RawSettlementInsert for MemoryStores {
+    async fn insert_settlement_unchecked(
+        &self,
+        settlement: &SettlementRecord,
+    ) -> StoreResult<SettlementRecord> {
+        let mut t = self.lock()?;
+        t.check_one_settlement(settlement.execution_id)?;
+        t.push_settlement(settlement.clone());
+        Ok(settlement.clone())
+    }
+}
