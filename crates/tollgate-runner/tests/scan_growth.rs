@@ -1,4 +1,4 @@
-//! The scheduler's scan for scopes with work on Postgres (spec/layout.md — Performance, H-8):
+//! The scheduler's scan for scopes with work on Postgres (spec/performance.md, H-8):
 //! it reads about one index entry per scope with work, not every open row. Shown on the query
 //! plans of a database grown by copying one completed execution (its evidence left open), not on
 //! timings.
