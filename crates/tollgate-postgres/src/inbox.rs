@@ -21,11 +21,18 @@ const INSERT: &str = concat!(
 );
 
 /// A scope's open evidence after a cursor (index `usage_inbox_open_idx`).
-const OPEN: &str = concat!(
+pub(crate) const OPEN: &str = concat!(
     "SELECT ",
     evidence_columns!(),
     " FROM usage_inbox WHERE scope = $1 AND seq > $2 AND acknowledged_at IS NULL \
      ORDER BY seq LIMIT $3"
+);
+
+/// An execution's evidence (index `usage_inbox_execution_idx`).
+pub(crate) const EVIDENCE_OF: &str = concat!(
+    "SELECT ",
+    evidence_columns!(),
+    " FROM usage_inbox WHERE execution_id = $1 ORDER BY seq"
 );
 
 const ACKNOWLEDGE: &str = concat!(
@@ -59,15 +66,11 @@ impl UsageInbox for PgStores {
     }
 
     async fn evidence_for(&self, execution_id: ExecutionId) -> StoreResult<Vec<Evidence>> {
-        let rows: Vec<EvidenceRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            evidence_columns!(),
-            " FROM usage_inbox WHERE execution_id = $1 ORDER BY seq"
-        ))
-        .bind(execution_id.0)
-        .fetch_all(self.pool())
-        .await
-        .store_err()?;
+        let rows: Vec<EvidenceRow> = sqlx::query_as(EVIDENCE_OF)
+            .bind(execution_id.0)
+            .fetch_all(self.pool())
+            .await
+            .store_err()?;
         rows.into_iter().map(EvidenceRow::into_record).collect()
     }
 

@@ -25,6 +25,8 @@
 
 mod api_keys;
 mod audit;
+#[cfg(feature = "test-support")]
+mod bench_support;
 mod error;
 mod executions;
 mod inbox;
@@ -41,6 +43,8 @@ mod spend;
 mod test_support;
 mod work;
 
+#[cfg(feature = "test-support")]
+pub use bench_support::{DbActivity, PlanSummary};
 use error::{db, sqlstate, DbResultExt, UNDEFINED_TABLE};
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};

@@ -10,7 +10,7 @@ use tollgate_core::ids::{ExecutionId, OperationKey, RootId, RootKey, Scope};
 use tollgate_store::rows::{ExecutionRecord, RootRecord};
 use tollgate_store::{StoreError, StoreResult};
 
-const EXECUTION_BY_KEY: &str = concat!(
+pub(crate) const EXECUTION_BY_KEY: &str = concat!(
     "SELECT ",
     execution_columns!(),
     " FROM executions WHERE scope = $1 AND operation_key = $2"

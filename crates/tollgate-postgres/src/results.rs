@@ -15,6 +15,13 @@ use tollgate_store::traits::ResultStore;
 use tollgate_store::{StoreError, StoreResult};
 use uuid::Uuid;
 
+/// A result by its execution (primary key).
+pub(crate) const RESULT_BY_ID: &str = concat!(
+    "SELECT ",
+    result_columns!(),
+    " FROM execution_results WHERE execution_id = $1"
+);
+
 /// Erases one result of the scope, unless already erased.
 const ERASE: &str = "UPDATE execution_results r SET output = NULL, step = NULL, erased_at = $3 \
      FROM executions e \
@@ -55,15 +62,11 @@ async fn audit_erased(
 #[async_trait]
 impl ResultStore for PgStores {
     async fn result(&self, execution_id: ExecutionId) -> StoreResult<Option<ResultRecord>> {
-        let row: Option<ResultRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            result_columns!(),
-            " FROM execution_results WHERE execution_id = $1"
-        ))
-        .bind(execution_id.0)
-        .fetch_optional(self.pool())
-        .await
-        .store_err()?;
+        let row: Option<ResultRow> = sqlx::query_as(RESULT_BY_ID)
+            .bind(execution_id.0)
+            .fetch_optional(self.pool())
+            .await
+            .store_err()?;
         row.map(ResultRow::into_record).transpose()
     }
 

@@ -12,6 +12,13 @@ use tollgate_store::rows::SettlementRecord;
 use tollgate_store::traits::SettlementStore;
 use tollgate_store::{StoreError, StoreResult};
 
+/// The settlement of an execution (unique index `cost_settlements_execution_id_key`).
+pub(crate) const SETTLEMENT_BY_EXECUTION: &str = concat!(
+    "SELECT ",
+    settlement_columns!(),
+    " FROM cost_settlements WHERE execution_id = $1"
+);
+
 /// The constraint that makes settlement exactly-once.
 const ONE_PER_EXECUTION: &str = "cost_settlements_execution_id_key";
 
@@ -69,15 +76,11 @@ pub(crate) async fn insert(
 #[async_trait]
 impl SettlementStore for PgStores {
     async fn settlement(&self, execution_id: ExecutionId) -> StoreResult<Option<SettlementRecord>> {
-        let row: Option<SettlementRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            settlement_columns!(),
-            " FROM cost_settlements WHERE execution_id = $1"
-        ))
-        .bind(execution_id.0)
-        .fetch_optional(self.pool())
-        .await
-        .store_err()?;
+        let row: Option<SettlementRow> = sqlx::query_as(SETTLEMENT_BY_EXECUTION)
+            .bind(execution_id.0)
+            .fetch_optional(self.pool())
+            .await
+            .store_err()?;
         row.map(SettlementRow::into_record).transpose()
     }
 

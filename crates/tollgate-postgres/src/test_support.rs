@@ -326,7 +326,7 @@ pub async fn fresh_test_database(admin_url: &str) -> Result<PgStores, StoreError
 /// lives outside this crate. The damaging ones bypass the stores on purpose, as an attacker or a
 /// broken tool with the table owner's rights would.
 impl TestDatabase {
-    async fn connection(&self) -> Result<PgConnection, StoreError> {
+    pub(crate) async fn connection(&self) -> Result<PgConnection, StoreError> {
         PgConnection::connect_with(&options(&self.url)?)
             .await
             .store_err()

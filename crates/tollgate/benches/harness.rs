@@ -1,0 +1,1276 @@
+//! The performance harness: tollgate against the machine's own limit, in one run.
+//!
+//! `cargo bench -p tollgate --bench harness` (spec/performance.md):
+//!
+//! 1. **pgbench** (Debian's `postgresql-contrib` client; the harness stops with a clear message
+//!    when it is missing) on a scratch database of the same Postgres: TPC-B at 1 and 8 clients,
+//!    select-only at 16;
+//! 2. **the service**: real `tollgate serve` processes (the built binary) on a fresh database,
+//!    the mock provider at zero delay in this process, driven over HTTP by an async load
+//!    generator: one scope (c1, c16, c64), eight scopes, one hot daily block cap, replays of
+//!    completed keys (c16), two servers on one database, and the mock alone (the baseline);
+//!    then 1,000 calls in flight on `mock-slow-2000` against a fresh server, for its peak RSS;
+//! 3. **growth**: a read by key, a replay, one usage reconciliation page and the scheduler's scan
+//!    for scopes with work, at 10k and 100k seeded executions (`TOLLGATE_HARNESS_GROWTH`);
+//! 4. **collector**: SSE parsing and step collection per protocol, in MB/s and against
+//!    `serde_json::from_slice` over the same bytes.
+//!
+//! Paired (H-7): pgbench and the service run in rounds that alternate which goes first; every
+//! attempt counts (failures stay in the denominators). Loopback only; it stops by itself.
+//!
+//! Knobs (environment): `TOLLGATE_HARNESS_CASE_MS` (each load case's duration per round, default
+//! 3000), `TOLLGATE_HARNESS_ROUNDS` (default 2), `TOLLGATE_HARNESS_PGBENCH_SCALE` (default 8),
+//! `TOLLGATE_HARNESS_IN_FLIGHT` (default 1000), `TOLLGATE_HARNESS_GROWTH` (execution counts,
+//! comma-separated, default `10000,100000`; empty = skip), `TOLLGATE_HARNESS_SECTIONS` (any of
+//! `load,growth,collector`, default all). Postgres: `TOLLGATE_TEST_DATABASE_URL`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::panic,
+    missing_docs
+)]
+
+use futures::FutureExt;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use tollgate_core::collector::CollectorLimits;
+use tollgate_core::config::fixtures::text_config;
+use tollgate_core::ids::{InputRevision, Intent, OperationKey, Scope, SessionId};
+use tollgate_core::message::{Message, Role};
+use tollgate_mock_provider::MockProvider;
+use tollgate_postgres::{test_admin_url, DbActivity, PgStores, TestDatabase};
+use tollgate_provider::http::{HttpClient, HttpClientConfig};
+use tollgate_provider::Protocol;
+use tollgate_runner::recovery::Reconciler;
+use tollgate_runner::{RunRequest, RunnerSettings, SingleCallRunner, SystemClock};
+use tollgate_server::auth::generate_key;
+use tollgate_store::traits::WorkScan;
+use tollgate_store::KeyDigest;
+
+// ---- knobs -------------------------------------------------------------------------------------
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
+        _ => default,
+    }
+}
+
+struct Knobs {
+    case: Duration,
+    rounds: u64,
+    pgbench_scale: u64,
+    in_flight: u64,
+    growth: Vec<u64>,
+    sections: String,
+}
+
+impl Knobs {
+    fn from_env() -> Self {
+        let growth = std::env::var("TOLLGATE_HARNESS_GROWTH")
+            .unwrap_or_else(|_| "10000,100000".into())
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| s.trim().parse().expect("TOLLGATE_HARNESS_GROWTH: numbers"))
+            .collect();
+        Self {
+            case: Duration::from_millis(env_u64("TOLLGATE_HARNESS_CASE_MS", 3_000)),
+            rounds: env_u64("TOLLGATE_HARNESS_ROUNDS", 2).max(1),
+            pgbench_scale: env_u64("TOLLGATE_HARNESS_PGBENCH_SCALE", 8).max(1),
+            in_flight: env_u64("TOLLGATE_HARNESS_IN_FLIGHT", 1_000).max(1),
+            growth,
+            sections: std::env::var("TOLLGATE_HARNESS_SECTIONS")
+                .unwrap_or_else(|_| "load,growth,collector".into()),
+        }
+    }
+
+    fn runs(&self, section: &str) -> bool {
+        self.sections.split(',').any(|s| s.trim() == section)
+    }
+}
+
+// ---- pgbench -----------------------------------------------------------------------------------
+
+fn require_pgbench() {
+    let found = Command::new("pgbench")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        eprintln!(
+            "harness: `pgbench` not found on PATH. It is the Postgres benchmark client that gives \
+             the machine's own limit; install it (Debian: `apt-get install postgresql-contrib`) \
+             and run again."
+        );
+        std::process::exit(2);
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct PgbenchRun {
+    tps: f64,
+    latency_ms: f64,
+    transactions: u64,
+    failed: u64,
+}
+
+fn pgbench(url: &str, args: &[&str]) -> PgbenchRun {
+    // libpq does not know sqlx's URL parameters (`statement-cache-capacity`).
+    let url = url.split('?').next().unwrap_or(url);
+    let out = Command::new("pgbench")
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("pgbench runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    if !out.status.success() {
+        panic!(
+            "pgbench {args:?} failed: {}\n{text}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let number_after = |label: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(label))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+    };
+    PgbenchRun {
+        tps: number_after("tps = ").unwrap_or(0.0),
+        latency_ms: number_after("latency average = ").unwrap_or(0.0),
+        transactions: number_after("number of transactions actually processed: ").unwrap_or(0.0)
+            as u64,
+        failed: number_after("number of failed transactions: ").unwrap_or(0.0) as u64,
+    }
+}
+
+// ---- the service -------------------------------------------------------------------------------
+
+const SCOPES: usize = 8;
+const SLOW_MODEL: &str = "mock-slow-2000";
+
+struct Keys {
+    /// One caller key per scope `perf-0` … `perf-7`.
+    callers: Vec<String>,
+}
+
+fn config_text(mock_url: &str, keys: &Keys) -> String {
+    let mut text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+
+[database]
+max_connections = 16
+
+[[providers]]
+name = "mock"
+kind = "openai-chat"
+base_url = "{mock_url}"
+
+[[prices]]
+version = "prices-perf"
+currency = "USD"
+"#
+    );
+    for model in ["mock-echo", SLOW_MODEL] {
+        let _ = write!(
+            text,
+            r#"[prices.models."{model}"]
+input = "1.00"
+output = "2.00"
+cache_read = "0.10"
+cache_write = "1.25"
+reasoning = "2.00"
+"#
+        );
+    }
+    for (name, model, consumer, caps) in [
+        ("plain", "mock-echo", "team-plain", ""),
+        (
+            "hot",
+            "mock-echo",
+            "team-hot",
+            "[profiles.caps]\ndaily_block = \"1000000.00\"\n",
+        ),
+        ("slow", SLOW_MODEL, "team-slow", ""),
+    ] {
+        let _ = write!(
+            text,
+            r#"
+[[profiles]]
+name = "{name}"
+kind = "text"
+provider = "mock"
+model = "{model}"
+policy_version = "policy-1"
+price_version = "prices-perf"
+consumer = "{consumer}"
+max_tokens = 64
+max_input_chars = 2000
+max_output_chars = 2000
+run_timeout_ms = 30000
+{caps}"#
+        );
+    }
+    for (i, key) in keys.callers.iter().enumerate() {
+        let _ = write!(
+            text,
+            "\n[[keys]]\nscope = \"perf-{i}\"\nrole = \"caller\"\nsha256 = \"{}\"\n",
+            KeyDigest::of_key(key).to_hex()
+        );
+    }
+    text
+}
+
+/// A running `tollgate serve`.
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    async fn start(config: &Path, db_url: &str) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+        command.env_remove("DATABASE_URL").env_remove("RUST_LOG");
+        for (name, _) in std::env::vars() {
+            if name.to_ascii_uppercase().starts_with("TOLLGATE_") {
+                command.env_remove(name);
+            }
+        }
+        let mut child = command
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .env("DATABASE_URL", db_url)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("tollgate serve starts");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if !sent {
+                    if let Some(rest) = line.split("listening on ").nth(1) {
+                        let addr = rest.split_whitespace().next().unwrap_or_default();
+                        let _ = tx.send(addr.to_string());
+                        sent = true;
+                        continue;
+                    }
+                }
+                if line.contains("ERROR") || !sent {
+                    eprintln!("[serve] {line}");
+                }
+            }
+        });
+        let base = tokio::task::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(60)))
+            .await
+            .unwrap()
+            .expect("tollgate serve listens within 60 s");
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let ready = http
+                .get(format!("{base}/readyz"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            if ready {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tollgate serve never became ready"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Self { child, base }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// CPU time (user + system) in clock ticks, from `/proc/<pid>/stat`.
+    fn cpu_ticks(&self) -> u64 {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+        // Fields after the command name (which may hold spaces) start at field 3.
+        let rest = stat.rsplit(')').next().unwrap_or_default();
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let field = |n: usize| {
+            fields
+                .get(n - 3)
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        field(14) + field(15)
+    }
+
+    /// A `/proc/<pid>/status` value in KiB (`VmHWM`, `VmRSS`).
+    fn status_kib(&self, name: &str) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.trim_start_matches(':').split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn clock_ticks_per_sec() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+// ---- the load generator ------------------------------------------------------------------------
+
+/// What one request is: the URL, the bearer key (none for the mock) and the body.
+type Plan = Arc<dyn Fn(u64) -> (String, Option<String>, Value) + Send + Sync>;
+
+/// What a load case saw, summed over its rounds.
+#[derive(Debug, Default, Clone)]
+struct Observed {
+    latencies: Vec<Duration>,
+    ok: u64,
+    failed: u64,
+    wall: Duration,
+    cpu_ticks: u64,
+    db: DbActivity,
+    statements: Option<i64>,
+}
+
+impl Observed {
+    fn add(&mut self, other: Observed) {
+        self.latencies.extend(other.latencies);
+        self.ok += other.ok;
+        self.failed += other.failed;
+        self.wall += other.wall;
+        self.cpu_ticks += other.cpu_ticks;
+        self.db = DbActivity {
+            xact_commit: self.db.xact_commit + other.db.xact_commit,
+            xact_rollback: self.db.xact_rollback + other.db.xact_rollback,
+            tup_returned: self.db.tup_returned + other.db.tup_returned,
+            tup_fetched: self.db.tup_fetched + other.db.tup_fetched,
+            tup_written: self.db.tup_written + other.db.tup_written,
+        };
+        self.statements = match (self.statements, other.statements) {
+            (Some(a), Some(b)) => Some(a + b),
+            (None, b) => b,
+            (a, None) => a,
+        };
+    }
+
+    fn attempted(&self) -> u64 {
+        self.ok + self.failed
+    }
+
+    fn per_sec(&self) -> f64 {
+        self.ok as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+
+    fn percentile(&self, p: usize) -> Option<Duration> {
+        let mut all = self.latencies.clone();
+        all.sort();
+        (all.len() >= 20).then(|| all[(all.len() * p / 100).min(all.len() - 1)])
+    }
+}
+
+/// Runs `concurrency` workers until `duration` has passed; a request counts as a success when
+/// `ok` accepts its answer.
+async fn drive(
+    http: &reqwest::Client,
+    plan: Plan,
+    ok: fn(u16, &Value) -> bool,
+    concurrency: u64,
+    duration: Duration,
+    first: &AtomicU64,
+) -> Observed {
+    let started = Instant::now();
+    let deadline = started + duration;
+    let latencies = Arc::new(Mutex::new(Vec::new()));
+    let (oks, fails) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut workers = Vec::new();
+    let next = Arc::new(AtomicU64::new(first.load(Ordering::Relaxed)));
+    for _ in 0..concurrency {
+        let (http, plan, latencies) = (http.clone(), plan.clone(), latencies.clone());
+        let (oks, fails, next) = (oks.clone(), fails.clone(), next.clone());
+        workers.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            while Instant::now() < deadline {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                let (url, key, body) = plan(n);
+                let mut request = http.post(url).json(&body);
+                if let Some(key) = key {
+                    request = request.bearer_auth(key);
+                }
+                let t = Instant::now();
+                let answer = match request.send().await {
+                    Ok(r) => {
+                        let status = r.status().as_u16();
+                        let bytes = r.bytes().await.unwrap_or_default();
+                        Some((
+                            status,
+                            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+                        ))
+                    }
+                    Err(_) => None,
+                };
+                let elapsed = t.elapsed();
+                if answer.is_some_and(|(s, v)| ok(s, &v)) {
+                    oks.fetch_add(1, Ordering::Relaxed);
+                    mine.push(elapsed);
+                } else {
+                    fails.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            latencies.lock().unwrap().extend(mine);
+        }));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    first.store(next.load(Ordering::Relaxed), Ordering::Relaxed);
+    let latencies = std::mem::take(&mut *latencies.lock().unwrap());
+    Observed {
+        latencies,
+        ok: oks.load(Ordering::Relaxed),
+        failed: fails.load(Ordering::Relaxed),
+        wall: started.elapsed(),
+        ..Observed::default()
+    }
+}
+
+fn completed(status: u16, view: &Value) -> bool {
+    status == 200 && view["state"] == "completed" && view["outcome"] == "success"
+}
+
+fn replayed(status: u16, view: &Value) -> bool {
+    completed(status, view) && view["replayed"] == true
+}
+
+fn streamed(status: u16, _: &Value) -> bool {
+    status == 200
+}
+
+fn call_body(profile: &str, key: &str, session: &str) -> Value {
+    json!({
+        "profile": profile, "operation_key": key, "session_id": session,
+        "input_revision": "r1", "intent": "perf",
+        "input": {"messages": [{"role": "user", "content": "summarize order 123"}]}
+    })
+}
+
+/// The service's load cases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Case {
+    MockDirect(u64),
+    OneScope(u64),
+    EightScopes(u64),
+    HotCap(u64),
+    Replay(u64),
+    TwoServers(u64),
+}
+
+impl Case {
+    fn name(&self) -> String {
+        match self {
+            Case::MockDirect(c) => format!("mock alone c{c}"),
+            Case::OneScope(c) => format!("first calls, 1 scope c{c}"),
+            Case::EightScopes(c) => format!("first calls, 8 scopes c{c}"),
+            Case::HotCap(c) => format!("first calls, 1 hot cap c{c}"),
+            Case::Replay(c) => format!("replays c{c}"),
+            Case::TwoServers(c) => format!("first calls, 2 servers c{c}"),
+        }
+    }
+
+    fn concurrency(&self) -> u64 {
+        match *self {
+            Case::MockDirect(c)
+            | Case::OneScope(c)
+            | Case::EightScopes(c)
+            | Case::HotCap(c)
+            | Case::Replay(c)
+            | Case::TwoServers(c) => c,
+        }
+    }
+}
+
+const CASES: [Case; 12] = [
+    Case::MockDirect(1),
+    Case::MockDirect(16),
+    Case::OneScope(1),
+    Case::OneScope(16),
+    Case::OneScope(64),
+    Case::EightScopes(16),
+    Case::EightScopes(64),
+    Case::HotCap(16),
+    Case::HotCap(64),
+    Case::Replay(16),
+    Case::TwoServers(16),
+    Case::TwoServers(64),
+];
+
+/// Completed keys replayed by the replay case.
+const REPLAY_KEYS: u64 = 64;
+
+struct Service {
+    http: reqwest::Client,
+    mock_url: String,
+    keys: Keys,
+    servers: Vec<Server>,
+    db: TestDatabase,
+    ticks_per_sec: f64,
+    next: AtomicU64,
+    round: AtomicU64,
+}
+
+impl Service {
+    fn plan(&self, case: Case) -> Plan {
+        let bases: Vec<String> = self.servers.iter().map(|s| s.base.clone()).collect();
+        let callers = self.keys.callers.clone();
+        let round = self.round.load(Ordering::Relaxed);
+        match case {
+            Case::MockDirect(_) => {
+                let url = format!("{}/v1/chat/completions", self.mock_url);
+                Arc::new(move |n| {
+                    let body = json!({"model": "mock-echo", "stream": true,
+                        "stream_options": {"include_usage": true},
+                        "messages": [{"role": "user", "content": format!("summarize order {n}")}]});
+                    (url.clone(), None, body)
+                })
+            }
+            Case::OneScope(_) | Case::HotCap(_) | Case::EightScopes(_) | Case::TwoServers(_) => {
+                let profile = if matches!(case, Case::HotCap(_)) {
+                    "hot"
+                } else {
+                    "plain"
+                };
+                let scopes = if matches!(case, Case::EightScopes(_)) {
+                    SCOPES as u64
+                } else {
+                    1
+                };
+                Arc::new(move |n| {
+                    let base = &bases[(n as usize) % bases.len()];
+                    let scope = (n % scopes) as usize;
+                    let key = format!("k{round}-{n}");
+                    let body = call_body(profile, &key, &format!("s{}", n % 97));
+                    (
+                        format!("{base}/v1/calls"),
+                        Some(callers[scope].clone()),
+                        body,
+                    )
+                })
+            }
+            Case::Replay(_) => {
+                let base = bases[0].clone();
+                Arc::new(move |n| {
+                    let i = n % REPLAY_KEYS;
+                    let body = call_body("plain", &format!("replay-{i}"), &format!("r{i}"));
+                    (format!("{base}/v1/calls"), Some(callers[0].clone()), body)
+                })
+            }
+        }
+    }
+
+    async fn cpu_ticks(&self, servers: usize) -> u64 {
+        self.servers[..servers].iter().map(Server::cpu_ticks).sum()
+    }
+
+    async fn measure(&self, case: Case, duration: Duration) -> Observed {
+        let servers = if matches!(case, Case::TwoServers(_)) {
+            2
+        } else {
+            1
+        };
+        let plan = self.plan(case);
+        let ok = match case {
+            Case::MockDirect(_) => streamed,
+            Case::Replay(_) => replayed,
+            _ => completed,
+        };
+        // Statistics reach pg_stat_database when a backend goes idle (about once a second).
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        let (db0, st0, cpu0) = (
+            self.db.activity().await.unwrap(),
+            self.db.statement_calls().await.unwrap(),
+            self.cpu_ticks(servers).await,
+        );
+        let mut seen = drive(
+            &self.http,
+            plan,
+            ok,
+            case.concurrency(),
+            duration,
+            &self.next,
+        )
+        .await;
+        let cpu1 = self.cpu_ticks(servers).await;
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        let (db1, st1) = (
+            self.db.activity().await.unwrap(),
+            self.db.statement_calls().await.unwrap(),
+        );
+        seen.cpu_ticks = cpu1 - cpu0;
+        seen.db = db1.since(&db0);
+        seen.statements = st0.zip(st1).map(|(a, b)| b - a);
+        seen
+    }
+}
+
+/// The peak RSS of a fresh server with `in_flight` calls on the slow model at once.
+async fn peak_rss(
+    config: &Path,
+    db: &TestDatabase,
+    caller: &str,
+    in_flight: u64,
+) -> (u64, u64, u64, Duration) {
+    let server = Server::start(config, db.url()).await;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..in_flight)
+        .map(|i| {
+            let request = http
+                .post(format!("{}/v1/calls", server.base))
+                .bearer_auth(caller)
+                .json(&call_body(
+                    "slow",
+                    &format!("slow-{i}"),
+                    &format!("slow-{}", i % 97),
+                ));
+            tokio::spawn(async move {
+                match request.send().await {
+                    Ok(r) => {
+                        let status = r.status().as_u16();
+                        let v: Value = r.json().await.unwrap_or(Value::Null);
+                        completed(status, &v)
+                    }
+                    Err(_) => false,
+                }
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        if t.await.unwrap_or(false) {
+            ok += 1;
+        }
+    }
+    let wall = started.elapsed();
+    (server.status_kib("VmHWM"), ok, in_flight - ok, wall)
+}
+
+// ---- the table ---------------------------------------------------------------------------------
+
+fn ms(d: Option<Duration>) -> String {
+    d.map_or("n/a".into(), |d| format!("{:.2}", d.as_secs_f64() * 1e3))
+}
+
+fn print_row(name: &str, seen: &Observed, ticks_per_sec: f64) {
+    let attempted = seen.attempted().max(1) as f64;
+    let cpu_ms = seen.cpu_ticks as f64 / ticks_per_sec * 1e3 / attempted;
+    let stmts = seen
+        .statements
+        .map_or("n/a".into(), |s| format!("{:.1}", s as f64 / attempted));
+    println!(
+        "| {name} | {:.0} | {} | {} | {}/{} | {:.3} | {:.2} | {:.1} | {:.1} | {stmts} |",
+        seen.per_sec(),
+        ms(seen.percentile(50)),
+        ms(seen.percentile(99)),
+        seen.failed,
+        seen.attempted(),
+        cpu_ms,
+        seen.db.xact_commit as f64 / attempted,
+        seen.db.tup_returned as f64 / attempted,
+        seen.db.tup_fetched as f64 / attempted,
+    );
+}
+
+fn ratio_row(name: &str, value: f64, target: &str, met: bool) {
+    println!(
+        "| {name} | {value:.3} | {target} | {} |",
+        if met { "met" } else { "missed" }
+    );
+}
+
+async fn load_section(knobs: &Knobs, admin: &str) {
+    // pgbench's scratch database.
+    let bench_db = TestDatabase::create(admin).await.unwrap();
+    let _bench_pool = bench_db.stores(1).await.unwrap();
+    let scale = knobs.pgbench_scale.to_string();
+    let t = Instant::now();
+    pgbench(bench_db.url(), &["-i", "-q", "-s", &scale]);
+    println!("pgbench -i -s {scale}: {:.1} s", t.elapsed().as_secs_f64());
+
+    // The service's database, migrated, and the mock.
+    let db = TestDatabase::create(admin).await.unwrap();
+    let pool = db.stores(2).await.unwrap();
+    pool.migrate().await.unwrap();
+    let mock = MockProvider::start(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    let keys = Keys {
+        callers: (0..SCOPES)
+            .map(|_| generate_key().expose().to_string())
+            .collect(),
+    };
+    let dir = std::env::temp_dir().join(format!(
+        "tollgate-harness-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config: PathBuf = dir.join("tollgate.toml");
+    std::fs::write(&config, config_text(&mock.base_url(), &keys)).unwrap();
+    let servers = vec![
+        Server::start(&config, db.url()).await,
+        Server::start(&config, db.url()).await,
+    ];
+    let statements_loaded = db.statement_calls().await.unwrap().is_some();
+    let service = Service {
+        http: reqwest::Client::builder()
+            .pool_max_idle_per_host(256)
+            .build()
+            .unwrap(),
+        mock_url: mock.base_url(),
+        keys,
+        servers,
+        db,
+        ticks_per_sec: clock_ticks_per_sec(),
+        next: AtomicU64::new(0),
+        round: AtomicU64::new(0),
+    };
+    // The keys the replay case replays, completed once.
+    for i in 0..REPLAY_KEYS {
+        let r = service
+            .http
+            .post(format!("{}/v1/calls", service.servers[0].base))
+            .bearer_auth(&service.keys.callers[0])
+            .json(&call_body(
+                "plain",
+                &format!("replay-{i}"),
+                &format!("r{i}"),
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200, "a replay key completes");
+    }
+
+    let secs = knobs.case.as_secs().max(1).to_string();
+    let mut tpcb1 = Vec::new();
+    let mut tpcb8 = Vec::new();
+    let mut select16 = Vec::new();
+    let mut seen: BTreeMap<Case, Observed> = BTreeMap::new();
+    for round in 0..knobs.rounds {
+        service.round.store(round, Ordering::Relaxed);
+        let pg_first = round % 2 == 0;
+        let run_pgbench = |tpcb1: &mut Vec<PgbenchRun>,
+                           tpcb8: &mut Vec<PgbenchRun>,
+                           select16: &mut Vec<PgbenchRun>| {
+            tpcb1.push(pgbench(
+                bench_db.url(),
+                &["-n", "-c", "1", "-j", "1", "-T", &secs],
+            ));
+            tpcb8.push(pgbench(
+                bench_db.url(),
+                &["-n", "-c", "8", "-j", "2", "-T", &secs],
+            ));
+            select16.push(pgbench(
+                bench_db.url(),
+                &["-n", "-S", "-c", "16", "-j", "2", "-T", &secs],
+            ));
+        };
+        if pg_first {
+            run_pgbench(&mut tpcb1, &mut tpcb8, &mut select16);
+        }
+        let order: Vec<Case> = if pg_first {
+            CASES.to_vec()
+        } else {
+            CASES.iter().rev().copied().collect()
+        };
+        for case in order {
+            let observed = service.measure(case, knobs.case).await;
+            seen.entry(case).or_default().add(observed);
+        }
+        if !pg_first {
+            run_pgbench(&mut tpcb1, &mut tpcb8, &mut select16);
+        }
+        println!("round {} of {} done", round + 1, knobs.rounds);
+    }
+    let (rss_kib, rss_ok, rss_failed, rss_wall) = peak_rss(
+        &config,
+        &service.db,
+        &service.keys.callers[1],
+        knobs.in_flight,
+    )
+    .await;
+
+    let mean = |runs: &[PgbenchRun], f: fn(&PgbenchRun) -> f64| {
+        runs.iter().map(f).sum::<f64>() / runs.len().max(1) as f64
+    };
+    let tpcb1_lat = mean(&tpcb1, |r| r.latency_ms);
+    let tpcb1_tps = mean(&tpcb1, |r| r.tps);
+    let tpcb8_tps = mean(&tpcb8, |r| r.tps);
+    let select16_tps = mean(&select16, |r| r.tps);
+    let pg_failed: u64 = tpcb1
+        .iter()
+        .chain(&tpcb8)
+        .chain(&select16)
+        .map(|r| r.failed)
+        .sum();
+    let pg_total: u64 = tpcb1
+        .iter()
+        .chain(&tpcb8)
+        .chain(&select16)
+        .map(|r| r.transactions + r.failed)
+        .sum();
+
+    println!();
+    println!(
+        "## Load: {} round(s) of {} ms per case, pgbench and the service alternating which goes first",
+        knobs.rounds,
+        knobs.case.as_millis()
+    );
+    println!();
+    println!("| pgbench (scale {scale}) | TPS | latency avg ms |");
+    println!("|---|---|---|");
+    println!("| TPC-B c1 | {tpcb1_tps:.0} | {tpcb1_lat:.2} |");
+    println!(
+        "| TPC-B c8 | {tpcb8_tps:.0} | {:.2} |",
+        mean(&tpcb8, |r| r.latency_ms)
+    );
+    println!(
+        "| select-only c16 | {select16_tps:.0} | {:.2} |",
+        mean(&select16, |r| r.latency_ms)
+    );
+    println!("pgbench failed transactions: {pg_failed} of {pg_total}");
+    println!();
+    println!(
+        "| case | ok/s | p50 ms | p99 ms | failed/attempted | server CPU ms/call | commits/call | tup_returned/call | tup_fetched/call | statements/call |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (case, observed) in &seen {
+        print_row(&case.name(), observed, service.ticks_per_sec);
+    }
+    if !statements_loaded {
+        println!(
+            "statements/call: n/a — pg_stat_statements is not in shared_preload_libraries; rows read \
+             per call are from pg_stat_database (tup_returned, tup_fetched), and commits from xact_commit."
+        );
+    }
+    println!(
+        "peak RSS with {} calls in flight on {SLOW_MODEL}: {:.1} MiB (VmHWM of a fresh server), {rss_ok} completed, {rss_failed} failed, {:.1} s",
+        knobs.in_flight,
+        rss_kib as f64 / 1024.0,
+        rss_wall.as_secs_f64()
+    );
+
+    let best = |f: fn(&Case) -> bool| {
+        seen.iter()
+            .filter(|(c, _)| f(c))
+            .map(|(_, o)| o.per_sec())
+            .fold(0.0, f64::max)
+    };
+    let one_scope = best(|c| matches!(c, Case::OneScope(_)));
+    let eight = best(|c| matches!(c, Case::EightScopes(_)));
+    let hot = best(|c| matches!(c, Case::HotCap(_)));
+    let replays = best(|c| matches!(c, Case::Replay(_)));
+    let two = best(|c| matches!(c, Case::TwoServers(_)));
+    let p50 = |case: Case| {
+        seen.get(&case)
+            .and_then(|o| o.percentile(50))
+            .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
+    };
+    let added = p50(Case::OneScope(1)) - p50(Case::MockDirect(1));
+    println!();
+    println!("| ratio | value | target | |");
+    println!("|---|---|---|---|");
+    ratio_row(
+        "first calls/s, 1 scope (best of c1/c16/c64) / TPC-B c8 TPS",
+        one_scope / tpcb8_tps,
+        "≥ 0.50",
+        one_scope / tpcb8_tps >= 0.5,
+    );
+    ratio_row(
+        "first calls/s, 8 scopes / TPC-B c8 TPS",
+        eight / tpcb8_tps,
+        "≥ 0.50",
+        eight / tpcb8_tps >= 0.5,
+    );
+    ratio_row(
+        "first calls/s, 1 hot cap / TPC-B c8 TPS",
+        hot / tpcb8_tps,
+        "≥ 0.25",
+        hot / tpcb8_tps >= 0.25,
+    );
+    ratio_row(
+        "first calls/s, 2 servers / TPC-B c8 TPS",
+        two / tpcb8_tps,
+        "(info)",
+        true,
+    );
+    ratio_row(
+        &format!("added latency c1 ({added:.2} ms = p50 call − p50 mock) / TPC-B c1 latency"),
+        added / tpcb1_lat,
+        "≤ 3",
+        added / tpcb1_lat <= 3.0,
+    );
+    ratio_row(
+        "replays/s c16 / select-only c16 TPS",
+        replays / select16_tps,
+        "≥ 0.30",
+        replays / select16_tps >= 0.30,
+    );
+    ratio_row(
+        &format!("peak RSS MiB, {} in flight", knobs.in_flight),
+        rss_kib as f64 / 1024.0,
+        "≤ 150",
+        (rss_kib as f64 / 1024.0) <= 150.0 && rss_failed == 0,
+    );
+
+    drop(service);
+    mock.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---- growth ------------------------------------------------------------------------------------
+
+const GROWTH_SCOPE: &str = "growth";
+const GROWTH_TEMPLATE: &str = "template";
+/// Rows per page of the usage reconciliation (the scheduler's batch).
+const PAGE: u32 = 100;
+
+fn request(key: &str) -> RunRequest {
+    RunRequest {
+        scope: Scope::parse(GROWTH_SCOPE).unwrap(),
+        session_id: SessionId::parse("g").unwrap(),
+        operation_key: OperationKey::parse(key).unwrap(),
+        input_revision: InputRevision::parse("r").unwrap(),
+        intent: Intent::parse("growth").unwrap(),
+        load_input: async { Ok(vec![Message::text(Role::User, "summarize order 123")]) }.boxed(),
+        cancel: CancellationToken::new(),
+    }
+}
+
+/// Median of `n` timings of `f`.
+async fn median<F, Fut>(n: usize, mut f: F) -> Duration
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut all = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = Instant::now();
+        f(i).await;
+        all.push(t.elapsed());
+    }
+    all.sort();
+    all[n / 2]
+}
+
+async fn growth_section(knobs: &Knobs, admin: &str) {
+    if knobs.growth.is_empty() {
+        println!("growth: skipped (TOLLGATE_HARNESS_GROWTH is empty)");
+        return;
+    }
+    let mock = MockProvider::start(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    let db = TestDatabase::create(admin).await.unwrap();
+    let stores: PgStores = db.stores(4).await.unwrap();
+    stores.migrate().await.unwrap();
+    let stores = Arc::new(stores);
+    let client = Arc::new(
+        HttpClient::new(HttpClientConfig {
+            protocol: Protocol::OpenAiChat,
+            base_url: mock.base_url(),
+            api_key: None,
+            connect_timeout_ms: 2_000,
+            read_timeout_ms: 10_000,
+            max_attempts: 1,
+        })
+        .unwrap(),
+    );
+    let runner =
+        SingleCallRunner::new(stores.clone(), client, RunnerSettings::new(text_config())).unwrap();
+    runner.run(request(GROWTH_TEMPLATE)).await.unwrap();
+    let reconciler = Reconciler::new(stores.clone(), Arc::new(SystemClock));
+    let scope = Scope::parse(GROWTH_SCOPE).unwrap();
+    let mut rows = 1_u64;
+    let mut table = Vec::new();
+    for (step, &size) in knobs.growth.iter().enumerate() {
+        if size > rows {
+            let t = Instant::now();
+            rows += db
+                .seed_copies(
+                    GROWTH_SCOPE,
+                    GROWTH_TEMPLATE,
+                    &format!("-g{step}-"),
+                    size - rows,
+                    true,
+                )
+                .await
+                .unwrap();
+            println!(
+                "seeded to {rows} executions (open evidence for every copy) in {:.1} s",
+                t.elapsed().as_secs_f64()
+            );
+        }
+        let probe = format!("{GROWTH_TEMPLATE}-g{step}-1");
+        let read = median(51, |i| {
+            let key = if i % 2 == 0 {
+                GROWTH_TEMPLATE.to_string()
+            } else {
+                probe.clone()
+            };
+            let (stores, scope) = (stores.clone(), scope.clone());
+            async move {
+                let key = OperationKey::parse(key).unwrap();
+                let view = tollgate_runner::views::read(&*stores, &scope, &key, chrono::Utc::now())
+                    .await
+                    .unwrap();
+                assert!(view.is_some());
+            }
+        })
+        .await;
+        let replay = median(51, |_| {
+            let runner = &runner;
+            async move {
+                runner.run(request(GROWTH_TEMPLATE)).await.unwrap();
+            }
+        })
+        .await;
+        let page = median(5, |_| {
+            let (reconciler, scope) = (&reconciler, scope.clone());
+            async move {
+                let counts = reconciler
+                    .reconcile_usage(&scope, Some(PAGE), None, &|_| false)
+                    .await
+                    .unwrap();
+                assert!(counts.scanned > 0);
+            }
+        })
+        .await;
+        let scan = median(11, |_| {
+            let stores = stores.clone();
+            async move {
+                let scopes = stores.scopes_with_work(None, 100).await.unwrap();
+                assert!(!scopes.is_empty());
+            }
+        })
+        .await;
+        let plans = db
+            .explain_hot_path(GROWTH_SCOPE, GROWTH_TEMPLATE, i64::from(PAGE))
+            .await
+            .unwrap();
+        table.push((rows, read, replay, page, scan, plans));
+    }
+    println!();
+    println!("## Growth (in-process library calls on Postgres; medians)");
+    println!();
+    println!("| executions | read by key ms | replay ms | reconcile_usage page of {PAGE} ms | scopes with work ms |");
+    println!("|---|---|---|---|---|");
+    for (rows, read, replay, page, scan, _) in &table {
+        println!(
+            "| {rows} | {} | {} | {} | {} |",
+            ms(Some(*read)),
+            ms(Some(*replay)),
+            ms(Some(*page)),
+            ms(Some(*scan))
+        );
+    }
+    if let (Some(first), Some(last)) = (table.first(), table.last()) {
+        let r = |a: Duration, b: Duration| b.as_secs_f64() / a.as_secs_f64();
+        println!(
+            "| {}× rows: ratio to the first | {:.2} | {:.2} | {:.2} | {:.2} |",
+            last.0 / first.0.max(1),
+            r(first.1, last.1),
+            r(first.2, last.2),
+            r(first.3, last.3),
+            r(first.4, last.4)
+        );
+    }
+    println!();
+    println!("| executions | query | plan | rows scanned | buffers | ms |");
+    println!("|---|---|---|---|---|---|");
+    for (rows, _, _, _, _, plans) in &table {
+        for p in plans {
+            println!(
+                "| {rows} | {} | {} | {:.0} | {} | {:.3} |",
+                p.name, p.nodes, p.rows_scanned, p.buffers, p.execution_ms
+            );
+        }
+    }
+    drop(runner);
+    mock.shutdown().await;
+}
+
+// ---- collector ---------------------------------------------------------------------------------
+
+/// Characters of the collected text per stream.
+const COLLECTOR_CHARS: u64 = 200_000;
+
+async fn collector_section() {
+    let mock = MockProvider::start(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let model = format!("mock-big@{COLLECTOR_CHARS}");
+    let messages = json!([{"role": "user", "content": "go"}]);
+    let cases = [
+        (
+            Protocol::OpenAiChat,
+            "openai-chat",
+            "/v1/chat/completions",
+            json!({"model": model, "stream": true, "messages": messages,
+                   "stream_options": {"include_usage": true}}),
+        ),
+        (
+            Protocol::OpenAiResponses,
+            "openai-responses",
+            "/v1/responses",
+            json!({"model": model, "stream": true, "input": messages}),
+        ),
+        (
+            Protocol::Anthropic,
+            "anthropic",
+            "/v1/messages",
+            json!({"model": model, "stream": true, "max_tokens": 64, "messages": messages}),
+        ),
+    ];
+    let limits = CollectorLimits {
+        max_output_chars: 10_000_000,
+        max_reasoning_chars: 1_000_000,
+        max_consecutive_reasoning: None,
+    };
+    println!();
+    println!(
+        "## Collector (SSE parse + step collection, {COLLECTOR_CHARS} chars in 16-char deltas)"
+    );
+    println!();
+    println!("| protocol | stream bytes | parse + collect MB/s | serde_json::from_slice MB/s | ratio (target ≥ 0.30) |");
+    println!("|---|---|---|---|---|");
+    for (protocol, name, path, body) in cases {
+        let bytes = http
+            .post(format!("{}{path}", mock.base_url()))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        // The JSON payloads of the same stream, for the baseline.
+        let text = String::from_utf8_lossy(&bytes).to_string();
+        let payloads: Vec<&[u8]> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(str::trim_start)
+            .filter(|d| *d != "[DONE]")
+            .map(str::as_bytes)
+            .collect();
+        let collected = tollgate_provider::parse::parse_stream(protocol, &bytes, limits);
+        let text_len = collected["step"]["text"]
+            .as_str()
+            .or_else(|| collected["step"]["content"][0]["text"].as_str())
+            .map(str::len);
+        assert!(
+            collected["stream_error"].is_null(),
+            "{name}: the stream parses cleanly: {}",
+            collected["stream_error"]
+        );
+        let iterations = 20;
+        let mbs = |elapsed: Duration| {
+            bytes.len() as f64 * iterations as f64 / 1e6 / elapsed.as_secs_f64()
+        };
+        // Alternate the two measurements (H-7), keeping their sums.
+        let (mut parse_time, mut serde_time) = (Duration::ZERO, Duration::ZERO);
+        for i in 0..iterations * 2 {
+            let parse_turn = (i % 2 == 0) == (i / 2 % 2 == 0);
+            let t = Instant::now();
+            if parse_turn {
+                std::hint::black_box(tollgate_provider::parse::parse_stream(
+                    protocol, &bytes, limits,
+                ));
+                parse_time += t.elapsed();
+            } else {
+                for p in &payloads {
+                    std::hint::black_box(serde_json::from_slice::<Value>(p).unwrap());
+                }
+                serde_time += t.elapsed();
+            }
+        }
+        let (parse, serde) = (mbs(parse_time), mbs(serde_time));
+        println!(
+            "| {name} | {} ({} payloads{}) | {parse:.1} | {serde:.1} | {:.2} |",
+            bytes.len(),
+            payloads.len(),
+            text_len.map_or(String::new(), |n| format!(", {n} chars collected")),
+            parse / serde
+        );
+    }
+    mock.shutdown().await;
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; nothing else is accepted.
+    if std::env::args().skip(1).any(|a| a != "--bench") {
+        println!("harness: no filters or options; see the knobs in the file's header");
+    }
+    let knobs = Knobs::from_env();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let admin = test_admin_url();
+    let started = Instant::now();
+    runtime.block_on(async {
+        if knobs.runs("load") {
+            require_pgbench();
+            load_section(&knobs, &admin).await;
+        }
+        if knobs.runs("growth") {
+            growth_section(&knobs, &admin).await;
+        }
+        if knobs.runs("collector") {
+            collector_section().await;
+        }
+    });
+    println!();
+    println!("harness done in {:.0} s", started.elapsed().as_secs_f64());
+}
