@@ -6,12 +6,13 @@ use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::service::admin::{self, ExecutionList, ExecutionsQuery, LedgerQuery};
 use crate::service::calls::{self, ProfileList};
+use crate::service::openai;
 use crate::service::roots::{self, RootView};
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
@@ -160,4 +161,29 @@ pub async fn no_route() -> ApiError {
 /// Known routes, wrong method.
 pub async fn no_method() -> ApiError {
     ApiError::NoRoute(StatusCode::METHOD_NOT_ALLOWED)
+}
+
+/// `POST /v1/chat/completions`: the OpenAI-compatible front door; errors in OpenAI's shape.
+pub async fn chat_completions(
+    State(app): State<App>,
+    who: Result<Principal, ApiError>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = match (who, body) {
+        (Err(e), _) => Err(e),
+        (Ok(_), Err(e)) => Err(ApiError::from(e)),
+        (Ok(who), Ok(body)) => openai::complete(&app, &who, &headers, &body).await,
+    };
+    match result {
+        Ok(answer) if answer.stream => {
+            let content_type = [
+                (header::CONTENT_TYPE, "text/event-stream"),
+                (header::CACHE_CONTROL, "no-cache"),
+            ];
+            (content_type, openai::sse_body(&answer)).into_response()
+        }
+        Ok(answer) => Json(answer.completion).into_response(),
+        Err(e) => (e.status_code(), Json(openai::error_body(&e))).into_response(),
+    }
 }

@@ -16,6 +16,7 @@ pub fn router(app: App) -> Router {
         .route("/v1/profiles", get(h::profiles))
         .route("/v1/calls", post(h::create_call))
         .route("/v1/calls/{operation_key}", get(h::read_call))
+        .route("/v1/chat/completions", post(h::chat_completions))
         .route("/v1/roots", post(h::open_root))
         .route("/v1/roots/{root_key}", get(h::read_root))
         .route("/v1/roots/{root_key}/steps", post(h::run_step))

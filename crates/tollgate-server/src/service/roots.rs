@@ -34,9 +34,9 @@ struct OpenBody {
 /// `POST /v1/roots/{root_key}/steps`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct StepBody {
-    operation_key: String,
-    input: InputBody,
+pub(crate) struct StepBody {
+    pub(crate) operation_key: String,
+    pub(crate) input: InputBody,
 }
 
 /// What the root routes answer with.
@@ -136,19 +136,22 @@ pub async fn step(
     body: &[u8],
 ) -> Result<View, ApiError> {
     who.require(&[KeyRole::Caller])?;
-    let result = step_checked(app, who, root_key, body).await;
+    let result = match parse::<StepBody>(body) {
+        Ok(body) => step_checked(app, who, root_key, body).await,
+        Err(e) => Err(e),
+    };
     app.metrics.observe(&result);
     result
 }
 
-async fn step_checked(
+/// Runs a parsed step under `root_key` (the steps route and the OpenAI-compatible front door).
+pub(crate) async fn step_checked(
     app: &App,
     who: &Principal,
     root_key: String,
-    body: &[u8],
+    body: StepBody,
 ) -> Result<View, ApiError> {
     let root_key = caller_id(RootKey::parse, root_key)?;
-    let body: StepBody = parse(body)?;
     let operation_key = caller_id(OperationKey::parse, body.operation_key)?;
     let root = root_of(app, who, &root_key).await?;
     let config = root.binding.config;
