@@ -15,6 +15,7 @@ pub mod error;
 pub mod handlers;
 pub mod layers;
 pub mod metrics;
+pub mod openapi;
 pub mod profiles;
 pub mod routes;
 pub mod scheduler;

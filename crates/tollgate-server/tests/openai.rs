@@ -31,7 +31,11 @@ async fn post_chat(
     let response = request.send().await.unwrap();
     let status = response.status();
     let text = response.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null), text)
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+        text,
+    )
 }
 
 #[tokio::test]
@@ -45,11 +49,17 @@ async fn sc_130_a_completion_its_replay_a_conflict_and_openai_shaped_errors() {
     assert_eq!(first["choices"][0]["message"]["role"], "assistant");
     assert_eq!(first["choices"][0]["message"]["content"], "hello");
     assert_eq!(first["choices"][0]["finish_reason"], "stop");
-    assert!(first["usage"]["total_tokens"].as_u64().unwrap() > 0, "{first}");
+    assert!(
+        first["usage"]["total_tokens"].as_u64().unwrap() > 0,
+        "{first}"
+    );
     assert_eq!(first["tollgate"]["state"], "completed");
     assert_eq!(first["tollgate"]["outcome"], "success");
     assert_eq!(first["tollgate"]["replayed"], false);
-    assert!(first["tollgate"]["receipt"]["amount"].is_string(), "{first}");
+    assert!(
+        first["tollgate"]["receipt"]["amount"].is_string(),
+        "{first}"
+    );
     assert_eq!(s.mock.request_count(), 1);
 
     // The headers' defaults are the documented ones: the call reads back under its key.
@@ -85,16 +95,29 @@ async fn sc_130_a_completion_its_replay_a_conflict_and_openai_shaped_errors() {
     // A profile value in the body is an unknown field (SC-6), named.
     let mut body = chat("summarize", "x");
     body["temperature"] = json!(0.5);
-    let (status, unknown, _) = post_chat(&s, &s.caller, &[("idempotency-key", "chat-2")], &body).await;
+    let (status, unknown, _) =
+        post_chat(&s, &s.caller, &[("idempotency-key", "chat-2")], &body).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{unknown}");
-    assert!(unknown["error"]["message"].as_str().unwrap().contains("temperature"), "{unknown}");
+    assert!(
+        unknown["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("temperature"),
+        "{unknown}"
+    );
 
     // A system message is a profile value too; an unknown model is 422.
     let body = json!({"model": "summarize", "messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}]});
-    let (status, system, _) = post_chat(&s, &s.caller, &[("idempotency-key", "chat-3")], &body).await;
+    let (status, system, _) =
+        post_chat(&s, &s.caller, &[("idempotency-key", "chat-3")], &body).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{system}");
-    let (status, model, _) =
-        post_chat(&s, &s.caller, &[("idempotency-key", "chat-4")], &chat("gpt-4o", "x")).await;
+    let (status, model, _) = post_chat(
+        &s,
+        &s.caller,
+        &[("idempotency-key", "chat-4")],
+        &chat("gpt-4o", "x"),
+    )
+    .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{model}");
     assert_eq!(model["error"]["code"], "invalid_request");
 
@@ -141,7 +164,9 @@ async fn sc_131_stream_true_answers_chunks_after_settlement_then_done() {
         .iter()
         .map(|e| serde_json::from_str(e).unwrap())
         .collect();
-    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
     let content: String = chunks
         .iter()
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
@@ -183,13 +208,17 @@ async fn sc_132_tool_calls_of_a_step_profile_map_to_tool_calls() {
     )
     .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    let headers = [("idempotency-key", "step-1"), ("tollgate-root", "chat-root")];
+    let headers = [
+        ("idempotency-key", "step-1"),
+        ("tollgate-root", "chat-root"),
+    ];
     let (status, step, _) = post_chat(&s, &s.caller, &headers, &chat("agent-step", "Paris")).await;
     assert_eq!(status, StatusCode::OK, "{step}");
     let call = &step["choices"][0]["message"]["tool_calls"][0];
     assert_eq!(call["type"], "function");
     assert_eq!(call["function"]["name"], "extract_record");
-    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
     assert!(args.is_object(), "{args}");
     assert_eq!(step["choices"][0]["finish_reason"], "tool_calls");
 
@@ -200,7 +229,10 @@ async fn sc_132_tool_calls_of_a_step_profile_map_to_tool_calls() {
         {"role": "assistant", "content": null, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": call_id, "content": "stored"}
     ]});
-    let headers = [("idempotency-key", "step-2"), ("tollgate-root", "chat-root")];
+    let headers = [
+        ("idempotency-key", "step-2"),
+        ("tollgate-root", "chat-root"),
+    ];
     let (status, second, _) = post_chat(&s, &s.caller, &headers, &next).await;
     assert_eq!(status, StatusCode::OK, "{second}");
     assert_eq!(second["tollgate"]["state"], "completed", "{second}");
@@ -238,7 +270,10 @@ async fn sc_133_the_official_openai_sdk_is_a_working_client() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
-    let steps: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let steps: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let names: Vec<&str> = steps.iter().map(|s| s["step"].as_str().unwrap()).collect();
     assert_eq!(names, ["call", "replay", "conflict", "stream", "no_key"]);
     // One send for the call, one for the stream: the replay, the conflict and the keyless

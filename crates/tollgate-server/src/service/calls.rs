@@ -16,7 +16,7 @@ use tollgate_store::KeyRole;
 use tracing::Instrument;
 
 /// `POST /v1/calls`. The scope is the key's: the body cannot name one (SC-10).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CallBody {
     pub(crate) profile: String,
@@ -28,9 +28,11 @@ pub(crate) struct CallBody {
 }
 
 /// `GET /v1/profiles`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ProfileList {
-    /// Every loaded profile (no secrets: provider keys are not part of a profile).
+    /// Every loaded profile (no secrets: provider keys are not part of a profile): `name`,
+    /// `result_retention` and the call snapshot's fields (spec/service.md — Profiles).
+    #[schema(value_type = Vec<Object>)]
     pub profiles: Vec<Profile>,
 }
 

@@ -242,7 +242,9 @@ fn text_of(index: usize, content: Option<Value>) -> Result<Option<String>, ApiEr
                     _ => {
                         return Err(invalid_at(
                             index,
-                            &format!("content[{i}]: expected a {{\"type\": \"text\", \"text\"}} part"),
+                            &format!(
+                                "content[{i}]: expected a {{\"type\": \"text\", \"text\"}} part"
+                            ),
                         ))
                     }
                 }
@@ -517,13 +519,7 @@ pub fn sse_body(answer: &Answered) -> String {
     if let Some(text) = &choice.message.content {
         events.push(chunk(json!({"content": text}), None));
     }
-    for (i, call) in choice
-        .message
-        .tool_calls
-        .iter()
-        .flatten()
-        .enumerate()
-    {
+    for (i, call) in choice.message.tool_calls.iter().flatten().enumerate() {
         events.push(chunk(
             json!({"tool_calls": [{
                 "index": i, "id": call.id, "type": "function",
@@ -603,7 +599,9 @@ mod tests {
         assert_eq!(out.len(), 3);
         assert_eq!(out[2].role, Role::User);
         assert_eq!(out[2].content.len(), 2);
-        assert!(matches!(&out[1].content[0], Part::ToolCall { input, .. } if input["city"] == "Paris"));
+        assert!(
+            matches!(&out[1].content[0], Part::ToolCall { input, .. } if input["city"] == "Paris")
+        );
     }
 
     #[test]
@@ -621,7 +619,10 @@ mod tests {
         }]);
         let e = messages(vec![chat("user", json!("x")), assistant]).unwrap_err();
         let text = e.to_string();
-        assert!(text.contains("messages[1]: tool_calls[0].function.arguments"), "{text}");
+        assert!(
+            text.contains("messages[1]: tool_calls[0].function.arguments"),
+            "{text}"
+        );
         assert!(!text.contains("sk-secret"), "{text}");
     }
 

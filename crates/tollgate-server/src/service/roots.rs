@@ -20,9 +20,9 @@ use tollgate_store::{KeyRole, RootRecord, RootState};
 use tracing::Instrument;
 
 /// `POST /v1/roots`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct OpenBody {
+pub(crate) struct OpenBody {
     root_key: String,
     profile: String,
     session_id: String,
@@ -32,7 +32,7 @@ struct OpenBody {
 }
 
 /// `POST /v1/roots/{root_key}/steps`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StepBody {
     pub(crate) operation_key: String,
@@ -40,23 +40,28 @@ pub(crate) struct StepBody {
 }
 
 /// What the root routes answer with.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct RootView {
     /// The root's key.
+    #[schema(value_type = String)]
     pub root_key: RootKey,
     /// The loaded step profile whose snapshot the root is bound to (null when none is).
     pub profile: Option<String>,
     /// `active`, `closed`, `expired` or `reconciled`.
+    #[schema(value_type = String)]
     pub state: RootState,
     /// Admission deadline.
     pub deadline: DateTime<Utc>,
     /// Calls reserved under the root.
     pub reserved_calls: i64,
     /// Inclusive charged cost (the sum of its root receipts).
+    #[schema(value_type = String)]
     pub charged: Money,
     /// Worst-case holds of its calls in flight.
+    #[schema(value_type = String)]
     pub held: Money,
     /// Currency of the amounts.
+    #[schema(value_type = String)]
     pub currency: Currency,
     /// Opened at.
     pub created_at: DateTime<Utc>,
