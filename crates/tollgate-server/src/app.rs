@@ -54,6 +54,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Fence lease for operator recovery passes.
     pub lease_ms: u64,
+    /// Concurrency limit and request timeout of the HTTP layer.
+    pub limits: crate::limits::Limits,
 }
 
 /// The application, cheap to clone.
@@ -150,6 +152,7 @@ impl App {
             keys,
             metrics,
             lease_ms: settings.lease_ms,
+            limits: settings.limits,
         })))
     }
 }

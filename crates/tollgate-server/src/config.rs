@@ -31,6 +31,17 @@ pub const DEFAULT_CONFIG_FILE: &str = "tollgate.toml";
 pub const ENV_PREFIX: &str = "TOLLGATE_";
 /// Default listen address.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:8080";
+/// Default of `[server] concurrency_limit`: requests served at once.
+pub const CONCURRENCY_LIMIT_DEFAULT: u64 = 1_024;
+/// Largest `[server] concurrency_limit`.
+pub const CONCURRENCY_LIMIT_MAX: u64 = 100_000;
+/// Default of `[server] request_timeout_ms`: above the longest `run_timeout_ms` (600,000), so a
+/// run's own timeout answers first.
+pub const REQUEST_TIMEOUT_MS_DEFAULT: u64 = 660_000;
+/// Bounds of `[server] request_timeout_ms`.
+pub const REQUEST_TIMEOUT_MS_MIN: u64 = 100;
+/// Upper bound of `[server] request_timeout_ms`.
+pub const REQUEST_TIMEOUT_MS_MAX: u64 = 3_600_000;
 /// Default scheduler period.
 pub const INTERVAL_MS_DEFAULT: u64 = 1_000;
 /// Shortest and longest scheduler period.
@@ -169,6 +180,8 @@ fn session_timeouts(section: &DatabaseSection) -> Result<SessionTimeouts, Config
 pub struct Settings {
     /// Listen address.
     pub listen: SocketAddr,
+    /// Requests served at once and the per-request timeout (`[server]`).
+    pub limits: crate::limits::Limits,
     /// Database URL; `None` → the embedded default.
     pub database_url: Option<Secret>,
     /// Pool size.
@@ -244,6 +257,30 @@ impl FileConfig {
         let listen: SocketAddr = listen_text
             .parse()
             .map_err(|_| err(format!("server.listen {listen_text:?} is not host:port")))?;
+        let concurrency_limit = self
+            .server
+            .concurrency_limit
+            .unwrap_or(CONCURRENCY_LIMIT_DEFAULT);
+        range(
+            "server.concurrency_limit",
+            concurrency_limit,
+            1,
+            CONCURRENCY_LIMIT_MAX,
+        )?;
+        let request_timeout_ms = self
+            .server
+            .request_timeout_ms
+            .unwrap_or(REQUEST_TIMEOUT_MS_DEFAULT);
+        range(
+            "server.request_timeout_ms",
+            request_timeout_ms,
+            REQUEST_TIMEOUT_MS_MIN,
+            REQUEST_TIMEOUT_MS_MAX,
+        )?;
+        let limits = crate::limits::Limits {
+            concurrency_limit: usize::try_from(concurrency_limit).unwrap_or(usize::MAX),
+            request_timeout_ms,
+        };
         let interval_ms = self.scheduler.interval_ms.unwrap_or(INTERVAL_MS_DEFAULT);
         range(
             "scheduler.interval_ms",
@@ -282,6 +319,7 @@ impl FileConfig {
         let keys = keys(&self.keys)?;
         Ok(Settings {
             listen,
+            limits,
             database_url: self.database.url,
             max_connections,
             session_timeouts,

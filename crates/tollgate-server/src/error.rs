@@ -68,6 +68,13 @@ pub enum ApiError {
         /// Why.
         cause: &'static str,
     },
+    /// The request took longer than `[server] request_timeout_ms` (504); a run it started
+    /// was told to stop waiting (a sent call finishes in the background).
+    #[error("the request took longer than {0} ms")]
+    RequestTimeout(u64),
+    /// More requests in flight than `[server] concurrency_limit` (503): retry later.
+    #[error("the server is at its concurrency limit; retry later")]
+    Overloaded,
     /// No such route (404) or method (405).
     #[error("no such route")]
     NoRoute(StatusCode),
@@ -92,7 +99,8 @@ impl ApiError {
             Self::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::CapBlocked(_) => StatusCode::PAYMENT_REQUIRED,
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Interrupted { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::Interrupted { .. } | Self::RequestTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::NoRoute(status) => *status,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -111,8 +119,8 @@ impl ApiError {
             Self::RootClosed(_) => "root_closed",
             Self::RootExpired(_) => "root_expired",
             Self::InvalidState(_) => "invalid_state",
-            Self::Unavailable { .. } => "unavailable",
-            Self::Interrupted { .. } => "interrupted",
+            Self::Unavailable { .. } | Self::Overloaded => "unavailable",
+            Self::Interrupted { .. } | Self::RequestTimeout(_) => "interrupted",
             Self::NoRoute(s) if *s == StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
             Self::NoRoute(_) => "not_found",
             Self::Internal => "internal",
@@ -155,6 +163,7 @@ impl ApiError {
                 error["operation_key"] = json!(operation_key);
                 error["cause"] = json!(cause);
             }
+            Self::RequestTimeout(_) => error["cause"] = json!("request_timeout"),
             _ => {}
         }
         json!({ "error": error })

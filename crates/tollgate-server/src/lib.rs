@@ -14,6 +14,7 @@ pub mod embedded;
 pub mod error;
 pub mod handlers;
 pub mod layers;
+pub mod limits;
 pub mod metrics;
 pub mod openapi;
 pub mod profiles;

@@ -44,11 +44,13 @@ table! {
     get "/metrics" => h::metrics,
 }
 
-/// The router of the service.
+/// The router of the service, inside the limits and request-id layers ([`crate::limits`]).
 pub fn router(app: App) -> Router {
-    routes(Router::new())
+    let limits = app.limits;
+    let router = routes(Router::new())
         .fallback(h::no_route)
         .method_not_allowed_fallback(h::no_method)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
-        .with_state(app)
+        .with_state(app);
+    crate::limits::apply(router, limits)
 }

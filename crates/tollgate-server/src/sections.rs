@@ -18,6 +18,10 @@ pub struct ConfigError(pub String);
 pub struct ServerSection {
     /// Listen address.
     pub listen: Option<String>,
+    /// Requests served at once; more are answered 503 at once.
+    pub concurrency_limit: Option<u64>,
+    /// Longest a request may take before it is answered 504.
+    pub request_timeout_ms: Option<u64>,
 }
 
 /// `[database]`.
