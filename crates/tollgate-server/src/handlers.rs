@@ -13,6 +13,7 @@ use crate::service::admin::{self, ExecutionList, ExecutionsQuery, LedgerQuery};
 use crate::service::admin::{EvidenceBody, PageBody, RecoverBody, ResolveBody};
 use crate::service::calls::CallBody;
 use crate::service::calls::{self, ProfileList};
+use crate::service::keys::{self, KeyList, KeySummary};
 use crate::service::openai::{self, ChatCompletion, ChatRequest};
 use crate::service::roots::{self, RootView};
 use crate::service::roots::{OpenBody, StepBody};
@@ -385,6 +386,43 @@ pub async fn audit_ledger(
     query: Result<Query<LedgerQuery>, QueryRejection>,
 ) -> Answer<LedgerReport> {
     admin::audit_ledger(&app, &who, query?.0).await.map(Json)
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/admin/keys",
+    tag = "admin",
+    responses(
+        (status = 200, description = "the stored keys of the operator's scope (never the keys)", body = KeyList),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
+/// `GET /v1/admin/keys`.
+pub async fn list_keys(State(app): State<App>, who: Principal) -> Answer<KeyList> {
+    keys::list(&app, &who).await.map(Json)
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/admin/keys/{id}/revoke",
+    tag = "admin",
+    params(("id" = String, Path, description = "the key's id (its SHA-256 in hex)")),
+    responses(
+        (status = 200, description = "the revoked key (idempotent)", body = KeySummary),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found: no such key in the operator's scope", body = ErrorBody),
+        (status = 422, description = "invalid_request: not a key id", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
+/// `POST /v1/admin/keys/{id}/revoke`.
+pub async fn revoke_key(State(app): State<App>, who: Principal, id: One) -> Answer<KeySummary> {
+    keys::revoke(&app, &who, id?.0).await.map(Json)
 }
 
 /// `GET /healthz`: the process is up.

@@ -11,6 +11,7 @@
 use crate::handlers as h;
 use crate::service::admin::{EvidenceBody, PageBody, RecoverBody, ResolveBody, UsageBody};
 use crate::service::calls::{CallBody, ProfileList};
+use crate::service::keys::{KeyList, KeySummary};
 use crate::service::openai::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatFunction, ChatMessage, ChatRequest,
     ChatToolCall, ChatUsage, StreamOptions, TollgateExtension,
@@ -239,14 +240,14 @@ impl Modify for Security {
         h::profiles, h::create_call, h::read_call, h::chat_completions, h::open_root,
         h::read_root, h::run_step, h::read_step, h::close_root, h::recover,
         h::reconcile_expired, h::reconcile_usage, h::usage_evidence, h::executions, h::resolve,
-        h::audit_ledger, h::openapi_json, h::healthz, h::readyz, h::metrics
+        h::audit_ledger, h::list_keys, h::revoke_key, h::openapi_json, h::healthz, h::readyz, h::metrics
     ),
     components(schemas(
         ErrorBody, ErrorDetail, CallBody, InputBody, OpenBody, StepBody, RootView, ProfileList,
         RecoverBody, PageBody, UsageBody, EvidenceBody, ResolveBody, ChatRequest, ChatMessage,
         StreamOptions, ChatToolCall, ChatFunction, ChatCompletion, ChatChoice, AssistantMessage,
         ChatUsage, TollgateExtension, ViewDoc, EvidenceDoc, LedgerReportDoc, ExpiredCountsDoc,
-        UsageCountsDoc, ExecutionListDoc, StatusDoc
+        UsageCountsDoc, ExecutionListDoc, StatusDoc, KeyList, KeySummary
     ))
 )]
 pub struct ApiDoc;

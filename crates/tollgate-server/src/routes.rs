@@ -38,6 +38,8 @@ table! {
     get "/v1/admin/executions" => h::executions,
     post "/v1/admin/executions/{execution_id}/resolve" => h::resolve,
     get "/v1/admin/audit/ledger" => h::audit_ledger,
+    get "/v1/admin/keys" => h::list_keys,
+    post "/v1/admin/keys/{id}/revoke" => h::revoke_key,
     get "/openapi.json" => h::openapi_json,
     get "/healthz" => h::healthz,
     get "/readyz" => h::readyz,

@@ -534,6 +534,9 @@ fault_wrapper! {
     impl ApiKeyStore via service {
         write InsertKey = fn insert_key(key: ApiKeyRecord) -> ();
         read KeyByDigest = fn key_by_digest(digest: &KeyDigest) -> Option<ApiKeyRecord>;
+        read ListKeys = fn list_keys(scope: Option<&Scope>) -> Vec<ApiKeyRecord>;
+        write RevokeKey = fn revoke_key(scope: Option<&Scope>, digest: &KeyDigest, at: DateTime<Utc>) -> Option<ApiKeyRecord>;
+        write TouchKey = fn touch_key(digest: &KeyDigest, at: DateTime<Utc>) -> ();
     }
     impl WorkScan via service {
         read ScopesWithWork = fn scopes_with_work(after: Option<&Scope>, limit: u32) -> Vec<Scope>;
@@ -553,7 +556,7 @@ mod tests {
         assert_eq!(names.len(), StoreOp::ALL.len());
         assert!(StoreOp::Settle.is_write() && !StoreOp::Execution.is_write());
         assert_eq!(StoreOp::RootReceipt.store(), "RootStore");
-        assert_eq!(StoreOp::ALL.iter().filter(|op| op.is_write()).count(), 18);
+        assert_eq!(StoreOp::ALL.iter().filter(|op| op.is_write()).count(), 20);
     }
 
     #[test]

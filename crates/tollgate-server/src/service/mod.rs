@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod calls;
+pub mod keys;
 pub mod openai;
 pub mod roots;
 
