@@ -31,17 +31,10 @@ pub const DEFAULT_CONFIG_FILE: &str = "tollgate.toml";
 pub const ENV_PREFIX: &str = "TOLLGATE_";
 /// Default listen address.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:8080";
-/// Default of `[server] concurrency_limit`: requests served at once.
-pub const CONCURRENCY_LIMIT_DEFAULT: u64 = 1_024;
-/// Largest `[server] concurrency_limit`.
-pub const CONCURRENCY_LIMIT_MAX: u64 = 100_000;
-/// Default of `[server] request_timeout_ms`: above the longest `run_timeout_ms` (600,000), so a
-/// run's own timeout answers first.
-pub const REQUEST_TIMEOUT_MS_DEFAULT: u64 = 660_000;
-/// Bounds of `[server] request_timeout_ms`.
-pub const REQUEST_TIMEOUT_MS_MIN: u64 = 100;
-/// Upper bound of `[server] request_timeout_ms`.
-pub const REQUEST_TIMEOUT_MS_MAX: u64 = 3_600_000;
+pub use crate::limits::{
+    CONCURRENCY_LIMIT_DEFAULT, CONCURRENCY_LIMIT_MAX, REQUEST_TIMEOUT_MS_DEFAULT,
+    REQUEST_TIMEOUT_MS_MAX, REQUEST_TIMEOUT_MS_MIN,
+};
 /// Default scheduler period.
 pub const INTERVAL_MS_DEFAULT: u64 = 1_000;
 /// Shortest and longest scheduler period.

@@ -12,6 +12,10 @@ use tollgate_core::caps::CapBlocked;
 use tollgate_runner::{Interruption, RunError};
 use tollgate_store::StoreError;
 
+/// Largest request body, in bytes. Inputs are bounded per profile (`max_input_chars`, at most
+/// ten million UTF-16 code units); this bounds what is read before that check.
+pub const BODY_BYTES_MAX: usize = 32 * 1024 * 1024;
+
 /// Every error the HTTP API answers with; each variant has a stable code and status.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ApiError {
@@ -239,7 +243,7 @@ impl From<StoreError> for ApiError {
 impl From<BytesRejection> for ApiError {
     fn from(rejection: BytesRejection) -> Self {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            return Self::TooLarge(crate::routes::BODY_BYTES_MAX);
+            return Self::TooLarge(BODY_BYTES_MAX);
         }
         Self::Malformed(format!("cannot read the body: {}", rejection.body_text()))
     }

@@ -4,8 +4,8 @@
 use crate::app::App;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::openapi::ErrorBody;
-use crate::openapi::{
+use crate::schemas::ErrorBody;
+use crate::schemas::{
     EvidenceDoc, ExecutionListDoc, ExpiredCountsDoc, LedgerReportDoc, StatusDoc, UsageCountsDoc,
     ViewDoc,
 };
@@ -529,17 +529,4 @@ pub async fn chat_completions(
         Ok(answer) => Json(answer.completion).into_response(),
         Err(e) => (e.status_code(), Json(openai::error_body(&e))).into_response(),
     }
-}
-
-#[utoipa::path(
-    get,
-    path = "/openapi.json",
-    tag = "health",
-    security(()),
-    responses((status = 200, description = "this document", content_type = "application/json", body = Object))
-)]
-/// `GET /openapi.json`: the OpenAPI 3.1 document (spec/openapi.json).
-pub async fn openapi_json() -> Response {
-    let content_type = [(header::CONTENT_TYPE, "application/json")];
-    (content_type, crate::openapi::document_json()).into_response()
 }

@@ -20,6 +20,7 @@ pub mod openapi;
 pub mod profiles;
 pub mod routes;
 pub mod scheduler;
+pub mod schemas;
 pub mod secret;
 pub mod sections;
 pub mod service;

@@ -16,6 +16,17 @@ use tokio::sync::Semaphore;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
+/// Default of `[server] concurrency_limit`: requests served at once.
+pub const CONCURRENCY_LIMIT_DEFAULT: u64 = 1_024;
+/// Largest `[server] concurrency_limit`.
+pub const CONCURRENCY_LIMIT_MAX: u64 = 100_000;
+/// Default of `[server] request_timeout_ms`: above the longest `run_timeout_ms` (600,000), so a
+/// run's own timeout answers first.
+pub const REQUEST_TIMEOUT_MS_DEFAULT: u64 = 660_000;
+/// Bounds of `[server] request_timeout_ms`.
+pub const REQUEST_TIMEOUT_MS_MIN: u64 = 100;
+/// Upper bound of `[server] request_timeout_ms`.
+pub const REQUEST_TIMEOUT_MS_MAX: u64 = 3_600_000;
 /// The request-id header.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -31,9 +42,8 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            concurrency_limit: usize::try_from(crate::config::CONCURRENCY_LIMIT_DEFAULT)
-                .unwrap_or(usize::MAX),
-            request_timeout_ms: crate::config::REQUEST_TIMEOUT_MS_DEFAULT,
+            concurrency_limit: usize::try_from(CONCURRENCY_LIMIT_DEFAULT).unwrap_or(usize::MAX),
+            request_timeout_ms: REQUEST_TIMEOUT_MS_DEFAULT,
         }
     }
 }

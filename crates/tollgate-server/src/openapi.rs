@@ -9,6 +9,10 @@
 //! `utoipa`.
 
 use crate::handlers as h;
+use crate::schemas::{
+    ErrorBody, ErrorDetail, EvidenceDoc, ExecutionListDoc, ExpiredCountsDoc, LedgerReportDoc,
+    StatusDoc, UsageCountsDoc, ViewDoc,
+};
 use crate::service::admin::{EvidenceBody, PageBody, RecoverBody, ResolveBody, UsageBody};
 use crate::service::calls::{CallBody, ProfileList};
 use crate::service::keys::{KeyList, KeySummary};
@@ -18,196 +22,11 @@ use crate::service::openai::{
 };
 use crate::service::roots::{OpenBody, RootView, StepBody};
 use crate::service::InputBody;
-use serde::Serialize;
-use std::borrow::Cow;
-use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Schema, SchemaType, Type};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::{OpenApi as Document, RefOr};
-use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
-
-/// `{"error": {"code", "message", …}}` (spec/service.md — Errors).
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ErrorBody {
-    /// The error.
-    pub error: ErrorDetail,
-}
-
-/// One error: a stable code, a message naming fields and limits only, and the code's extra
-/// fields (`operation_key`, `fields`, `cap`, `level`, `limit`, `settled`, `held`, `hold`,
-/// `cause`).
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ErrorDetail {
-    /// The stable code (the error table).
-    pub code: String,
-    /// What is wrong, by field names, limits and ids.
-    pub message: String,
-    /// OpenAI's error type (the front door only).
-    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
-}
-
-fn string() -> ObjectBuilder {
-    ObjectBuilder::new().schema_type(SchemaType::Type(Type::String))
-}
-
-fn object(description: &str) -> ObjectBuilder {
-    ObjectBuilder::new()
-        .schema_type(SchemaType::Type(Type::Object))
-        .description(Some(description))
-}
-
-fn enumerated(values: &[&str]) -> ObjectBuilder {
-    string().enum_values(Some(values.iter().copied()))
-}
-
-macro_rules! described {
-    ($(#[$doc:meta])* $ty:ident, $name:literal, $schema:expr) => {
-        $(#[$doc])*
-        pub struct $ty;
-        impl PartialSchema for $ty {
-            fn schema() -> RefOr<Schema> {
-                let schema: ObjectBuilder = $schema;
-                RefOr::T(Schema::Object(schema.build()))
-            }
-        }
-        impl ToSchema for $ty {
-            fn name() -> Cow<'static, str> {
-                Cow::Borrowed($name)
-            }
-        }
-    };
-}
-
-fn receipt() -> ObjectBuilder {
-    object("The governed charge; amounts are decimal strings.")
-        .property("amount", string())
-        .property("currency", string())
-        .property("price_version", string())
-        .property(
-            "usage",
-            object("Token counts by disjoint class.")
-                .property("input", ObjectBuilder::new().schema_type(Type::Integer))
-                .property("output", ObjectBuilder::new().schema_type(Type::Integer))
-                .property(
-                    "cache_read",
-                    ObjectBuilder::new().schema_type(Type::Integer),
-                )
-                .property(
-                    "cache_write",
-                    ObjectBuilder::new().schema_type(Type::Integer),
-                )
-                .property("reasoning", ObjectBuilder::new().schema_type(Type::Integer)),
-        )
-        .required("amount")
-        .required("currency")
-        .required("price_version")
-        .required("usage")
-}
-
-described!(
-    /// `tollgate_core::view::View` (spec/service.md — The view).
-    ViewDoc,
-    "View",
-    object("What every call, step, read, recover and resolve answers with (spec/service.md — The view).")
-        .property(
-            "state",
-            enumerated(&["completed", "in_progress", "not_dispatched", "reconciliation_required"]),
-        )
-        .property("replayed", ObjectBuilder::new().schema_type(Type::Boolean))
-        .property("operation_key", string())
-        .property("execution_id", string().format(Some(utoipa::openapi::SchemaFormat::KnownFormat(utoipa::openapi::KnownFormat::Uuid))))
-        .property(
-            "outcome",
-            enumerated(&["success", "invalid", "refused", "blocked", "truncated", "unavailable"]),
-        )
-        .property("invalid_reason", object("The first invalid reason (output.md)."))
-        .property(
-            "not_dispatched_cause",
-            enumerated(&["invalid", "input", "aborted", "audit", "store", "expired"]),
-        )
-        .property("reconciliation_reason", string())
-        .property(
-            "output",
-            object("`{text}` or `{text, json}`; null when unavailable, erased, expired or blocked.")
-                .schema_type(SchemaType::from_iter([Type::Object, Type::Null])),
-        )
-        .property("step", object("`{blocks, text, tool_calls, reasoning, provider_blocks, stop}` (output.md)."))
-        .property("receipt", receipt())
-        .property("root_receipt", receipt())
-        .property(
-            "warnings",
-            ArrayBuilder::new().items(
-                object("A cap crossed at settlement.")
-                    .property("cap", enumerated(&["session", "daily", "root"]))
-                    .property("level", enumerated(&["warn", "block"]))
-                    .property("limit", string())
-                    .property("spent", string()),
-            ),
-        )
-        .required("state")
-        .required("replayed")
-        .required("operation_key")
-        .required("output")
-);
-
-described!(
-    /// `tollgate_store::Evidence`: a usage evidence row.
-    EvidenceDoc,
-    "Evidence",
-    object("A usage evidence row (storage.md — inbox): `{id, execution_id, source, usage, provider_ref, …}`.")
-);
-
-described!(
-    /// `tollgate_store::LedgerReport`.
-    LedgerReportDoc,
-    "LedgerReport",
-    object("The ledger audit report (storage.md — Ledger audit).")
-        .property("ok", ObjectBuilder::new().schema_type(Type::Boolean))
-        .property("scope", string())
-        .property("checked", object("Rows checked by table."))
-        .property("violations", ArrayBuilder::new().items(object("One violated invariant with its rows' ids.")))
-        .property("violations_total", ObjectBuilder::new().schema_type(Type::Integer))
-        .property("truncated", ObjectBuilder::new().schema_type(Type::Boolean))
-);
-
-described!(
-    /// `tollgate_runner::recovery::ExpiredCounts`.
-    ExpiredCountsDoc,
-    "ExpiredCounts",
-    object("What one reconcile-expired pass did.")
-        .property("roots", ObjectBuilder::new().schema_type(Type::Integer))
-        .property("executions", ObjectBuilder::new().schema_type(Type::Integer))
-);
-
-described!(
-    /// `tollgate_runner::recovery::UsageCounts`.
-    UsageCountsDoc,
-    "UsageCounts",
-    object("What one reconcile-usage pass did.")
-        .property("scanned", ObjectBuilder::new().schema_type(Type::Integer))
-        .property("acknowledged", ObjectBuilder::new().schema_type(Type::Integer))
-        .property("cursor", ObjectBuilder::new().schema_type(SchemaType::from_iter([Type::Integer, Type::Null])))
-);
-
-described!(
-    /// `crate::service::admin::ExecutionList`.
-    ExecutionListDoc,
-    "ExecutionList",
-    object("Executions, oldest first: metadata only.").property(
-        "executions",
-        ArrayBuilder::new().items(
-            object("`{execution_id, operation_key, kind, root_key, state, not_dispatched_cause, reconciliation_reason, outcome, provider, model, provider_ref, created_at, updated_at}`")
-        ),
-    )
-);
-
-described!(
-    /// A small JSON status object (`/healthz`, `/readyz`).
-    StatusDoc,
-    "Status",
-    object("`{\"status\": \"ok\"}`, or `{\"status\": \"ready\", \"stores\": \"memory\" | \"postgres\"}`.")
-        .property("status", string())
-);
+use utoipa::openapi::OpenApi as Document;
+use utoipa::{Modify, OpenApi};
 
 struct Security;
 
@@ -240,7 +59,7 @@ impl Modify for Security {
         h::profiles, h::create_call, h::read_call, h::chat_completions, h::open_root,
         h::read_root, h::run_step, h::read_step, h::close_root, h::recover,
         h::reconcile_expired, h::reconcile_usage, h::usage_evidence, h::executions, h::resolve,
-        h::audit_ledger, h::list_keys, h::revoke_key, h::openapi_json, h::healthz, h::readyz, h::metrics
+        h::audit_ledger, h::list_keys, h::revoke_key, openapi_json, h::healthz, h::readyz, h::metrics
     ),
     components(schemas(
         ErrorBody, ErrorDetail, CallBody, InputBody, OpenBody, StepBody, RootView, ProfileList,
@@ -259,4 +78,17 @@ pub fn document_json() -> String {
         .unwrap_or_else(|_| "{}".into());
     text.push('\n');
     text
+}
+
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "health",
+    security(()),
+    responses((status = 200, description = "this document", content_type = "application/json", body = Object))
+)]
+/// `GET /openapi.json`: the OpenAPI 3.1 document (spec/openapi.json).
+pub async fn openapi_json() -> Response {
+    let content_type = [(header::CONTENT_TYPE, "application/json")];
+    (content_type, document_json()).into_response()
 }

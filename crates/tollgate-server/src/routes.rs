@@ -6,9 +6,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 
-/// Largest request body, in bytes. Inputs are bounded per profile (`max_input_chars`, at most
-/// ten million UTF-16 code units); this bounds what is read before that check.
-pub const BODY_BYTES_MAX: usize = 32 * 1024 * 1024;
+pub use crate::error::BODY_BYTES_MAX;
 
 macro_rules! table {
     ($($method:ident $path:literal => $handler:path),* $(,)?) => {
@@ -40,7 +38,7 @@ table! {
     get "/v1/admin/audit/ledger" => h::audit_ledger,
     get "/v1/admin/keys" => h::list_keys,
     post "/v1/admin/keys/{id}/revoke" => h::revoke_key,
-    get "/openapi.json" => h::openapi_json,
+    get "/openapi.json" => crate::openapi::openapi_json,
     get "/healthz" => h::healthz,
     get "/readyz" => h::readyz,
     get "/metrics" => h::metrics,
