@@ -1175,3 +1175,51 @@ async fn sc_110_sc_111_sc_112_backlog_fetch_and_resolve_from_the_command_line() 
     assert!(!refused.status.success());
     mock.shutdown().await;
 }
+
+#[tokio::test]
+async fn sc_140_keys_create_with_expiry_list_and_revoke() {
+    let db = fresh_database().await;
+    let migrated = run(tollgate().arg("migrate").env("DATABASE_URL", db.url()));
+    json_ok(&migrated);
+    let created = json_ok(&run(tollgate()
+        .args(["keys", "create", "--scope", "acme", "--role", "caller"])
+        .args(["--expires-in-days", "7", "--json"])
+        .env("DATABASE_URL", db.url())));
+    let key = created["key"].as_str().unwrap().to_string();
+    let id = created["id"].as_str().unwrap().to_string();
+    assert!(created["expires_at"].is_string(), "{created}");
+    json_ok(&run(tollgate()
+        .args([
+            "keys", "create", "--scope", "other", "--role", "operator", "--json",
+        ])
+        .env("DATABASE_URL", db.url())));
+
+    let output = run(tollgate()
+        .args(["keys", "list", "--scope", "acme", "--json"])
+        .env("DATABASE_URL", db.url()));
+    assert!(!stdout(&output).contains(&key), "never the key");
+    let listed = json_ok(&output);
+    let keys = listed["keys"].as_array().unwrap();
+    assert_eq!(keys.len(), 1, "{listed}");
+    assert_eq!(keys[0]["id"], id.as_str());
+    assert_eq!(keys[0]["role"], "caller");
+    assert_eq!(keys[0]["revoked"], false);
+    assert_eq!(keys[0]["expires_at"], created["expires_at"]);
+
+    let revoked = json_ok(&run(tollgate()
+        .args(["keys", "revoke", &id, "--json"])
+        .env("DATABASE_URL", db.url())));
+    assert_eq!(revoked["revoked"], true);
+    let listed = json_ok(&run(tollgate()
+        .args(["keys", "list", "--json"])
+        .env("DATABASE_URL", db.url())));
+    let all = listed["keys"].as_array().unwrap();
+    assert_eq!(all.len(), 2);
+    let mine = all.iter().find(|k| k["id"] == id.as_str()).unwrap();
+    assert_eq!(mine["revoked"], true);
+
+    let unknown = run(tollgate()
+        .args(["keys", "revoke", &"0".repeat(64)])
+        .env("DATABASE_URL", db.url()));
+    assert!(!unknown.status.success());
+}

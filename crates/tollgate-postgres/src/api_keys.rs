@@ -5,6 +5,8 @@ use crate::error::{db, is_unique_violation, DbResultExt};
 use crate::rows::{api_key_columns, ApiKeyRow};
 use crate::PgStores;
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use tollgate_core::ids::Scope;
 use tollgate_store::rows::{ApiKeyRecord, KeyDigest};
 use tollgate_store::traits::ApiKeyStore;
 use tollgate_store::{StoreError, StoreResult};
@@ -15,8 +17,23 @@ const ONE_ROW_PER_KEY: &str = "api_keys_pkey";
 const INSERT: &str = concat!(
     "INSERT INTO api_keys (",
     api_key_columns!(),
-    ") VALUES ($1, $2, $3, $4)"
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7)"
 );
+
+const LIST: &str = concat!(
+    "SELECT ",
+    api_key_columns!(),
+    " FROM api_keys WHERE ($1::text IS NULL OR scope = $1) ORDER BY created_at, sha256"
+);
+
+const REVOKE: &str = concat!(
+    "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $3) ",
+    "WHERE sha256 = $1 AND ($2::text IS NULL OR scope = $2) RETURNING ",
+    api_key_columns!()
+);
+
+const TOUCH: &str = "UPDATE api_keys SET last_used_at = GREATEST(last_used_at, $2) \
+     WHERE sha256 = $1 AND (last_used_at IS NULL OR last_used_at < $2)";
 
 const BY_DIGEST: &str = concat!(
     "SELECT ",
@@ -32,6 +49,9 @@ impl ApiKeyStore for PgStores {
             .bind(key.scope.as_str())
             .bind(key.role.as_str())
             .bind(key.created_at)
+            .bind(key.expires_at)
+            .bind(key.revoked_at)
+            .bind(key.last_used_at)
             .execute(self.pool())
             .await
             .map_err(|e| {
@@ -51,5 +71,40 @@ impl ApiKeyStore for PgStores {
             .await
             .store_err()?;
         row.map(ApiKeyRow::into_record).transpose()
+    }
+
+    async fn list_keys(&self, scope: Option<&Scope>) -> StoreResult<Vec<ApiKeyRecord>> {
+        let rows: Vec<ApiKeyRow> = sqlx::query_as(LIST)
+            .bind(scope.map(Scope::as_str))
+            .fetch_all(self.pool())
+            .await
+            .store_err()?;
+        rows.into_iter().map(ApiKeyRow::into_record).collect()
+    }
+
+    async fn revoke_key(
+        &self,
+        scope: Option<&Scope>,
+        digest: &KeyDigest,
+        at: DateTime<Utc>,
+    ) -> StoreResult<Option<ApiKeyRecord>> {
+        let row: Option<ApiKeyRow> = sqlx::query_as(REVOKE)
+            .bind(digest.to_hex())
+            .bind(scope.map(Scope::as_str))
+            .bind(at)
+            .fetch_optional(self.pool())
+            .await
+            .store_err()?;
+        row.map(ApiKeyRow::into_record).transpose()
+    }
+
+    async fn touch_key(&self, digest: &KeyDigest, at: DateTime<Utc>) -> StoreResult<()> {
+        sqlx::query(TOUCH)
+            .bind(digest.to_hex())
+            .bind(at)
+            .execute(self.pool())
+            .await
+            .store_err()?;
+        Ok(())
     }
 }

@@ -77,7 +77,7 @@ pub(crate) use root_columns;
 /// Columns of `api_keys`, in [`ApiKeyRow`] order.
 macro_rules! api_key_columns {
     () => {
-        "sha256, scope, role, created_at"
+        "sha256, scope, role, created_at, expires_at, revoked_at, last_used_at"
     };
 }
 pub(crate) use api_key_columns;
@@ -458,6 +458,9 @@ pub(crate) struct ApiKeyRow {
     scope: String,
     role: String,
     created_at: DateTime<Utc>,
+    expires_at: Option<DateTime<Utc>>,
+    revoked_at: Option<DateTime<Utc>>,
+    last_used_at: Option<DateTime<Utc>>,
 }
 
 impl ApiKeyRow {
@@ -468,6 +471,9 @@ impl ApiKeyRow {
             scope: id(self.scope, "scope", Scope::parse)?,
             role: parse(&self.role, "role")?,
             created_at: self.created_at,
+            expires_at: self.expires_at,
+            revoked_at: self.revoked_at,
+            last_used_at: self.last_used_at,
         })
     }
 }

@@ -63,6 +63,8 @@ pub struct AppState {
     pub drives: TaskTracker,
     /// The longest wait for [`AppState::drives`] on shutdown.
     pub shutdown_drain_ms: u64,
+    /// Concurrency limit and request timeout of the HTTP layer.
+    pub limits: crate::limits::Limits,
 }
 
 /// Longest wait for a fetch's response headers and for each body chunk.
@@ -193,6 +195,7 @@ impl App {
             fetchers: Arc::new(fetchers(settings)?),
             drives,
             shutdown_drain_ms: settings.shutdown_drain_ms,
+            limits: settings.limits,
         })))
     }
 }

@@ -64,20 +64,25 @@ pub async fn create_key(
 ) -> Result<Secret, StoreError> {
     let key = generate_key();
     store
-        .insert_key(ApiKeyRecord {
-            digest: KeyDigest::of_key(key.expose()),
-            scope: scope.clone(),
+        .insert_key(ApiKeyRecord::new(
+            KeyDigest::of_key(key.expose()),
+            scope.clone(),
             role,
-            created_at: chrono::Utc::now(),
-        })
+            chrono::Utc::now(),
+        ))
         .await?;
     Ok(key)
 }
 
-/// Every key source: the static grants, then the stores.
+/// Least time between two `last_used_at` updates of one key by one process, in seconds.
+pub const TOUCH_INTERVAL_S: i64 = 60;
+
+/// Every key source: the static grants, then the stores. Stored keys are read on every request
+/// (no cache), so a revocation takes effect on the next request (SC-140).
 pub struct KeyStore {
     grants: HashMap<KeyDigest, Principal>,
     store: Arc<dyn ApiKeyStore>,
+    touched: std::sync::Mutex<HashMap<KeyDigest, chrono::DateTime<chrono::Utc>>>,
 }
 
 impl fmt::Debug for KeyStore {
@@ -101,7 +106,38 @@ impl KeyStore {
                 (g.digest, principal)
             })
             .collect();
-        Self { grants, store }
+        Self {
+            grants,
+            store,
+            touched: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The stored keys.
+    pub fn store(&self) -> &Arc<dyn ApiKeyStore> {
+        &self.store
+    }
+
+    /// Records a use of `digest` at most once per [`TOUCH_INTERVAL_S`]; a failure is logged and
+    /// never fails the request.
+    async fn touch(&self, digest: &KeyDigest, now: chrono::DateTime<chrono::Utc>) {
+        let due = {
+            let Ok(mut touched) = self.touched.lock() else {
+                return;
+            };
+            let due = touched
+                .get(digest)
+                .is_none_or(|at| (now - *at).num_seconds() >= TOUCH_INTERVAL_S);
+            if due {
+                touched.insert(*digest, now);
+            }
+            due
+        };
+        if due {
+            if let Err(e) = self.store.touch_key(digest, now).await {
+                tracing::warn!(error = %e, "api key last-use update failed");
+            }
+        }
     }
 
     /// Whether any static key is configured.
@@ -135,6 +171,11 @@ impl KeyStore {
             }
         })?;
         let record = stored.ok_or(ApiError::Unauthenticated)?;
+        let now = chrono::Utc::now();
+        if !record.usable_at(now) {
+            return Err(ApiError::Unauthenticated);
+        }
+        self.touch(&digest, now).await;
         Ok(Principal {
             scope: record.scope,
             role: record.role,

@@ -31,6 +31,10 @@ pub const DEFAULT_CONFIG_FILE: &str = "tollgate.toml";
 pub const ENV_PREFIX: &str = "TOLLGATE_";
 /// Default listen address.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:8080";
+pub use crate::limits::{
+    CONCURRENCY_LIMIT_DEFAULT, CONCURRENCY_LIMIT_MAX, REQUEST_TIMEOUT_MS_DEFAULT,
+    REQUEST_TIMEOUT_MS_MAX, REQUEST_TIMEOUT_MS_MIN,
+};
 /// Default scheduler period.
 pub const INTERVAL_MS_DEFAULT: u64 = 1_000;
 /// Shortest and longest scheduler period.
@@ -175,6 +179,8 @@ pub struct Settings {
     pub listen: SocketAddr,
     /// On shutdown, the longest wait for background drives.
     pub shutdown_drain_ms: u64,
+    /// Requests served at once and the per-request timeout (`[server]`).
+    pub limits: crate::limits::Limits,
     /// Database URL; `None` → the embedded default.
     pub database_url: Option<Secret>,
     /// Pool size.
@@ -263,6 +269,30 @@ impl FileConfig {
             0,
             SHUTDOWN_DRAIN_MS_MAX,
         )?;
+        let concurrency_limit = self
+            .server
+            .concurrency_limit
+            .unwrap_or(CONCURRENCY_LIMIT_DEFAULT);
+        range(
+            "server.concurrency_limit",
+            concurrency_limit,
+            1,
+            CONCURRENCY_LIMIT_MAX,
+        )?;
+        let request_timeout_ms = self
+            .server
+            .request_timeout_ms
+            .unwrap_or(REQUEST_TIMEOUT_MS_DEFAULT);
+        range(
+            "server.request_timeout_ms",
+            request_timeout_ms,
+            REQUEST_TIMEOUT_MS_MIN,
+            REQUEST_TIMEOUT_MS_MAX,
+        )?;
+        let limits = crate::limits::Limits {
+            concurrency_limit: usize::try_from(concurrency_limit).unwrap_or(usize::MAX),
+            request_timeout_ms,
+        };
         let interval_ms = self.scheduler.interval_ms.unwrap_or(INTERVAL_MS_DEFAULT);
         range(
             "scheduler.interval_ms",
@@ -302,6 +332,7 @@ impl FileConfig {
         Ok(Settings {
             listen,
             shutdown_drain_ms,
+            limits,
             database_url: self.database.url,
             max_connections,
             session_timeouts,

@@ -12,6 +12,10 @@ use tollgate_core::caps::CapBlocked;
 use tollgate_runner::{Interruption, RunError};
 use tollgate_store::StoreError;
 
+/// Largest request body, in bytes. Inputs are bounded per profile (`max_input_chars`, at most
+/// ten million UTF-16 code units); this bounds what is read before that check.
+pub const BODY_BYTES_MAX: usize = 32 * 1024 * 1024;
+
 /// Every error the HTTP API answers with; each variant has a stable code and status.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ApiError {
@@ -35,6 +39,9 @@ pub enum ApiError {
     /// Malformed body (400).
     #[error("{0}")]
     Malformed(String),
+    /// A body larger than the route accepts (413).
+    #[error("the request body is larger than {0} bytes")]
+    TooLarge(usize),
     /// A well-formed body that cannot be run (422): unknown profile, non-text message,
     /// oversized input, a bad identifier.
     #[error("{0}")]
@@ -65,6 +72,13 @@ pub enum ApiError {
         /// Why.
         cause: &'static str,
     },
+    /// The request took longer than `[server] request_timeout_ms` (504); a run it started
+    /// was told to stop waiting (a sent call finishes in the background).
+    #[error("the request took longer than {0} ms")]
+    RequestTimeout(u64),
+    /// More requests in flight than `[server] concurrency_limit` (503): retry later.
+    #[error("the server is at its concurrency limit; retry later")]
+    Overloaded,
     /// No such route (404) or method (405).
     #[error("no such route")]
     NoRoute(StatusCode),
@@ -85,10 +99,12 @@ impl ApiError {
             | Self::RootExpired(_)
             | Self::InvalidState(_) => StatusCode::CONFLICT,
             Self::Malformed(_) => StatusCode::BAD_REQUEST,
+            Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::CapBlocked(_) => StatusCode::PAYMENT_REQUIRED,
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Interrupted { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::Interrupted { .. } | Self::RequestTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::NoRoute(status) => *status,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -102,12 +118,13 @@ impl ApiError {
             Self::NotFound(_) => "not_found",
             Self::Conflict { .. } => "conflict",
             Self::Malformed(_) | Self::Invalid(_) => "invalid_request",
+            Self::TooLarge(_) => "payload_too_large",
             Self::CapBlocked(_) => "cap_blocked",
             Self::RootClosed(_) => "root_closed",
             Self::RootExpired(_) => "root_expired",
             Self::InvalidState(_) => "invalid_state",
-            Self::Unavailable { .. } => "unavailable",
-            Self::Interrupted { .. } => "interrupted",
+            Self::Unavailable { .. } | Self::Overloaded => "unavailable",
+            Self::Interrupted { .. } | Self::RequestTimeout(_) => "interrupted",
             Self::NoRoute(s) if *s == StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
             Self::NoRoute(_) => "not_found",
             Self::Internal => "internal",
@@ -165,6 +182,7 @@ impl ApiError {
                 error["operation_key"] = json!(operation_key);
                 error["cause"] = json!(cause);
             }
+            Self::RequestTimeout(_) => error["cause"] = json!("request_timeout"),
             _ => {}
         }
         json!({ "error": error })
@@ -239,6 +257,9 @@ impl From<StoreError> for ApiError {
 
 impl From<BytesRejection> for ApiError {
     fn from(rejection: BytesRejection) -> Self {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            return Self::TooLarge(BODY_BYTES_MAX);
+        }
         Self::Malformed(format!("cannot read the body: {}", rejection.body_text()))
     }
 }
@@ -255,17 +276,65 @@ impl From<QueryRejection> for ApiError {
     }
 }
 
-/// A JSON body error, by category and position only: serde's own messages can quote values.
-pub fn malformed_json(error: &serde_json::Error) -> ApiError {
-    let what = match error.classify() {
-        serde_json::error::Category::Data => "does not have the expected shape",
-        _ => "is not valid JSON",
+/// Longest field name quoted back in an error, in characters.
+const FIELD_NAME_MAX_CHARS: usize = 64;
+
+/// A JSON body error by field path, expectation and position only (SC-135): serde's own
+/// messages can quote values, so only the parts that never hold one are kept — the path (made of
+/// field names and indexes), an unknown field's name, a missing field's name, and the text after
+/// the last ", expected " (serde builds it from type and variant names).
+pub fn malformed_json(path: &str, error: &serde_json::Error) -> ApiError {
+    let position = format!("line {}, column {}", error.line(), error.column());
+    if !matches!(error.classify(), serde_json::error::Category::Data) {
+        return ApiError::Malformed(format!("the request body is not valid JSON ({position})"));
+    }
+    let message = error.to_string();
+    let at = if path == "." || path.is_empty() {
+        "the request body".to_string()
+    } else {
+        format!("field {}", printable(path, 200))
     };
-    ApiError::Malformed(format!(
-        "the request body {what} (line {}, column {})",
-        error.line(),
-        error.column()
-    ))
+    let detail = if let Some(rest) = message.strip_prefix("unknown field `") {
+        let name = rest.split('`').next().unwrap_or_default();
+        format!(
+            "unknown field `{}`{}",
+            printable(name, FIELD_NAME_MAX_CHARS),
+            expected(&message)
+        )
+    } else if let Some(rest) = message.strip_prefix("missing field `") {
+        let name = rest.split('`').next().unwrap_or_default();
+        format!("missing field `{}`", printable(name, FIELD_NAME_MAX_CHARS))
+    } else if message.starts_with("unknown variant") {
+        format!("unknown variant{}", expected(&message))
+    } else if message.starts_with("invalid type") {
+        format!("wrong type{}", expected(&message))
+    } else if message.starts_with("invalid length") || message.starts_with("invalid value") {
+        format!("invalid value{}", expected(&message))
+    } else {
+        "does not have the expected shape".to_string()
+    };
+    ApiError::Malformed(format!("{at}: {detail} ({position})"))
+}
+
+/// ", expected …" of a serde message, when it carries no quoted value.
+fn expected(message: &str) -> String {
+    let Some(at) = message.rfind(", expected ") else {
+        return String::new();
+    };
+    let tail = &message[at + ", expected ".len()..];
+    let tail = tail.split(" at line ").next().unwrap_or_default();
+    if tail.contains('"') || tail.len() > 200 {
+        return String::new();
+    }
+    format!(", expected {tail}")
+}
+
+/// `text` cut to `max` characters, control characters replaced.
+fn printable(text: &str, max: usize) -> String {
+    text.chars()
+        .take(max)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }
 
 #[cfg(test)]
@@ -275,7 +344,7 @@ mod tests {
     #[test]
     fn shape_errors_never_quote_the_value() {
         let e = serde_json::from_str::<Vec<u32>>(r#"["sk-secret-123"]"#).unwrap_err();
-        let body = malformed_json(&e).body().to_string();
+        let body = malformed_json("[0]", &e).body().to_string();
         assert!(!body.contains("sk-secret"), "{body}");
         assert!(body.contains("invalid_request"), "{body}");
     }

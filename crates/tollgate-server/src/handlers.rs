@@ -4,15 +4,26 @@
 use crate::app::App;
 use crate::auth::Principal;
 use crate::error::ApiError;
+use crate::schemas::ErrorBody;
+use crate::schemas::{
+    BacklogDoc, EvidenceDoc, ExecutionListDoc, ExpiredCountsDoc, FetchBodyDoc, FetchReportDoc,
+    LedgerReportDoc, ResolveFromEvidenceBodyDoc, ResolveReportDoc, StatusDoc, UsageCountsDoc,
+    ViewDoc,
+};
 use crate::service::admin::{self, ExecutionList, ExecutionsQuery, LedgerQuery};
+use crate::service::admin::{EvidenceBody, PageBody, RecoverBody, ResolveBody};
 use crate::service::backlog::{self, Backlog, BacklogQuery};
+use crate::service::calls::CallBody;
 use crate::service::calls::{self, ProfileList};
+use crate::service::keys::{self, KeyList, KeySummary};
+use crate::service::openai::{self, ChatCompletion, ChatRequest};
 use crate::service::roots::{self, RootView};
+use crate::service::roots::{OpenBody, StepBody};
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
@@ -38,26 +49,109 @@ impl FromRequestParts<App> for Principal {
 }
 
 /// `GET /v1/profiles`.
+#[utoipa::path(
+    get,
+    path = "/v1/profiles",
+    tag = "calls",
+    responses(
+        (status = 200, description = "the loaded profiles", body = ProfileList),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 503, description = "unavailable: read the operation back later", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
 pub async fn profiles(State(app): State<App>, who: Principal) -> Answer<ProfileList> {
     calls::profiles(&app, &who).map(Json)
 }
 
 /// `POST /v1/calls`.
+#[utoipa::path(
+    post,
+    path = "/v1/calls",
+    tag = "calls",
+    request_body = CallBody,
+    responses(
+        (status = 200, description = "the view", body = ViewDoc),
+        (status = 400, description = "invalid_request: unreadable or malformed body, unknown field (the message names the field path)", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 402, description = "cap_blocked", body = ErrorBody),
+        (status = 422, description = "invalid_request: unknown profile, wrong kind, bad identifier or input", body = ErrorBody),
+        (status = 409, description = "conflict: the key is bound differently", body = ErrorBody),
+        (status = 503, description = "unavailable: read the operation back later", body = ErrorBody),
+        (status = 504, description = "interrupted", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
 pub async fn create_call(State(app): State<App>, who: Principal, body: Body) -> Answer<View> {
     calls::create(&app, &who, &body?).await.map(Json)
 }
 
 /// `GET /v1/calls/{operation_key}`.
+#[utoipa::path(
+    get,
+    path = "/v1/calls/{operation_key}",
+    tag = "calls",
+    params(("operation_key" = String, Path, description = "the caller's key")),
+    responses(
+        (status = 200, description = "the view", body = ViewDoc),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 422, description = "invalid_request: bad identifier", body = ErrorBody),
+        (status = 503, description = "unavailable: read the operation back later", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
 pub async fn read_call(State(app): State<App>, who: Principal, key: One) -> Answer<View> {
     calls::read(&app, &who, key?.0).await.map(Json)
 }
 
 /// `POST /v1/roots`.
+#[utoipa::path(
+    post,
+    path = "/v1/roots",
+    tag = "roots",
+    request_body = OpenBody,
+    responses(
+        (status = 200, description = "the root view", body = RootView),
+        (status = 400, description = "invalid_request: unreadable or malformed body, unknown field (the message names the field path)", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 422, description = "invalid_request: unknown profile, wrong kind, bad identifier or input", body = ErrorBody),
+        (status = 409, description = "conflict: the key is bound differently", body = ErrorBody),
+        (status = 503, description = "unavailable: read the operation back later", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
 pub async fn open_root(State(app): State<App>, who: Principal, body: Body) -> Answer<RootView> {
     roots::open(&app, &who, &body?).await.map(Json)
 }
 
 /// `POST /v1/roots/{root_key}/steps`.
+#[utoipa::path(
+    post,
+    path = "/v1/roots/{root_key}/steps",
+    tag = "roots",
+    request_body = StepBody,
+    params(("root_key" = String, Path, description = "the root")),
+    responses(
+        (status = 200, description = "the view", body = ViewDoc),
+        (status = 400, description = "invalid_request: unreadable or malformed body, unknown field (the message names the field path)", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 402, description = "cap_blocked", body = ErrorBody),
+        (status = 422, description = "invalid_request: unknown profile, wrong kind, bad identifier or input", body = ErrorBody),
+        (status = 409, description = "conflict, root_closed, root_expired, invalid_state", body = ErrorBody),
+        (status = 503, description = "unavailable: read the operation back later", body = ErrorBody),
+        (status = 504, description = "interrupted", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
 pub async fn run_step(
     State(app): State<App>,
     who: Principal,
@@ -68,27 +162,104 @@ pub async fn run_step(
 }
 
 /// `GET /v1/roots/{root_key}/steps/{operation_key}`.
+#[utoipa::path(
+    get,
+    path = "/v1/roots/{root_key}/steps/{operation_key}",
+    tag = "roots",
+    params(("root_key" = String, Path, description = "the root"), ("operation_key" = String, Path, description = "the step's key")),
+    responses(
+        (status = 200, description = "the view", body = ViewDoc),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 422, description = "invalid_request: bad identifier", body = ErrorBody),
+        (status = 503, description = "unavailable: read the operation back later", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
 pub async fn read_step(State(app): State<App>, who: Principal, keys: Two) -> Answer<View> {
     let Path((root, key)) = keys?;
     roots::read_step(&app, &who, root, key).await.map(Json)
 }
 
 /// `GET /v1/roots/{root_key}`.
+#[utoipa::path(
+    get,
+    path = "/v1/roots/{root_key}",
+    tag = "roots",
+    params(("root_key" = String, Path, description = "the root")),
+    responses(
+        (status = 200, description = "the root view", body = RootView),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 422, description = "invalid_request: bad identifier", body = ErrorBody),
+        (status = 503, description = "unavailable: read the operation back later", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
 pub async fn read_root(State(app): State<App>, who: Principal, root: One) -> Answer<RootView> {
     roots::read(&app, &who, root?.0).await.map(Json)
 }
 
 /// `POST /v1/roots/{root_key}/close`.
+#[utoipa::path(
+    post,
+    path = "/v1/roots/{root_key}/close",
+    tag = "roots",
+    params(("root_key" = String, Path, description = "the root")),
+    responses(
+        (status = 200, description = "the root view (idempotent)", body = RootView),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 422, description = "invalid_request: bad identifier", body = ErrorBody),
+        (status = 503, description = "unavailable: read the operation back later", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
 pub async fn close_root(State(app): State<App>, who: Principal, root: One) -> Answer<RootView> {
     roots::close(&app, &who, root?.0).await.map(Json)
 }
 
 /// `POST /v1/admin/recover`.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/recover",
+    tag = "admin",
+    request_body = RecoverBody,
+    responses(
+        (status = 200, description = "the view (the current one when nothing was eligible)", body = ViewDoc),
+        (status = 400, description = "invalid_request: unreadable or malformed body, unknown field (the message names the field path)", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 422, description = "invalid_request: unknown profile, wrong kind, bad identifier or input", body = ErrorBody),
+        (status = 503, description = "unavailable: read the operation back later", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
 pub async fn recover(State(app): State<App>, who: Principal, body: Body) -> Answer<View> {
     admin::recover(&app, &who, &body?).await.map(Json)
 }
 
 /// `POST /v1/admin/reconcile/expired`.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/reconcile/expired",
+    tag = "admin",
+    request_body = PageBody,
+    responses(
+        (status = 200, description = "counts", body = ExpiredCountsDoc),
+        (status = 400, description = "invalid_request: unreadable or malformed body, unknown field (the message names the field path)", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 503, description = "unavailable: read the operation back later", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
 pub async fn reconcile_expired(
     State(app): State<App>,
     who: Principal,
@@ -98,6 +269,21 @@ pub async fn reconcile_expired(
 }
 
 /// `POST /v1/admin/reconcile/usage`.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/reconcile/usage",
+    tag = "admin",
+    request_body = PageBody,
+    responses(
+        (status = 200, description = "counts and cursor", body = UsageCountsDoc),
+        (status = 400, description = "invalid_request: unreadable or malformed body, unknown field (the message names the field path)", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 503, description = "unavailable: read the operation back later", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
 pub async fn reconcile_usage(
     State(app): State<App>,
     who: Principal,
@@ -107,6 +293,24 @@ pub async fn reconcile_usage(
 }
 
 /// `POST /v1/admin/usage-evidence`.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/usage-evidence",
+    tag = "admin",
+    request_body = EvidenceBody,
+    responses(
+        (status = 200, description = "the evidence row (source late)", body = EvidenceDoc),
+        (status = 400, description = "invalid_request: unreadable or malformed body, unknown field (the message names the field path)", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 422, description = "invalid_request: unknown profile, wrong kind, bad identifier or input", body = ErrorBody),
+        (status = 409, description = "invalid_state", body = ErrorBody),
+        (status = 503, description = "unavailable: read the operation back later", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
 pub async fn usage_evidence(
     State(app): State<App>,
     who: Principal,
@@ -116,6 +320,21 @@ pub async fn usage_evidence(
 }
 
 /// `GET /v1/admin/executions`.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/executions",
+    tag = "admin",
+    params(ExecutionsQuery),
+    responses(
+        (status = 200, description = "executions, oldest first", body = ExecutionListDoc),
+        (status = 400, description = "invalid_request: unknown or malformed query field", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 422, description = "invalid_request: unknown profile, wrong kind, bad identifier or input", body = ErrorBody),
+        (status = 503, description = "unavailable: read the operation back later", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
 pub async fn executions(
     State(app): State<App>,
     who: Principal,
@@ -125,11 +344,45 @@ pub async fn executions(
 }
 
 /// `POST /v1/admin/executions/{execution_id}/resolve`.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/executions/{execution_id}/resolve",
+    tag = "admin",
+    request_body = ResolveBody,
+    params(("execution_id" = String, Path, description = "the journal row")),
+    responses(
+        (status = 200, description = "the view (source operator)", body = ViewDoc),
+        (status = 400, description = "invalid_request: unreadable or malformed body, unknown field (the message names the field path)", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 422, description = "invalid_request: unknown profile, wrong kind, bad identifier or input", body = ErrorBody),
+        (status = 409, description = "invalid_state", body = ErrorBody),
+        (status = 503, description = "unavailable: read the operation back later", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
 pub async fn resolve(State(app): State<App>, who: Principal, id: One, body: Body) -> Answer<View> {
     admin::resolve(&app, &who, id?.0, &body?).await.map(Json)
 }
 
 /// `GET /v1/admin/audit/ledger`.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/audit/ledger",
+    tag = "admin",
+    params(LedgerQuery),
+    responses(
+        (status = 200, description = "the ledger audit report, clean or not", body = LedgerReportDoc),
+        (status = 400, description = "invalid_request: unknown or malformed query field", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 503, description = "unavailable: read the operation back later", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
 pub async fn audit_ledger(
     State(app): State<App>,
     who: Principal,
@@ -139,6 +392,20 @@ pub async fn audit_ledger(
 }
 
 /// `GET /v1/admin/backlog`.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/backlog",
+    tag = "admin",
+    params(("limit" = Option<u32>, Query, description = "listed at most (default 100, 1..=1000)")),
+    responses(
+        (status = 200, description = "the scope's reconciliation backlog, oldest first", body = BacklogDoc),
+        (status = 400, description = "invalid_request: unknown or malformed query field", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden: not an operator key", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
 pub async fn backlog(
     State(app): State<App>,
     who: Principal,
@@ -148,6 +415,22 @@ pub async fn backlog(
 }
 
 /// `POST /v1/admin/reconcile/fetch-evidence`.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/reconcile/fetch-evidence",
+    tag = "admin",
+    request_body = FetchBodyDoc,
+    responses(
+        (status = 200, description = "what the fetch stored; it never settles", body = FetchReportDoc),
+        (status = 400, description = "invalid_request: malformed body or unknown field", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 422, description = "invalid_request", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden: not an operator key", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
 pub async fn fetch_evidence(
     State(app): State<App>,
     who: Principal,
@@ -157,6 +440,22 @@ pub async fn fetch_evidence(
 }
 
 /// `POST /v1/admin/reconcile/resolve-from-evidence`.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/reconcile/resolve-from-evidence",
+    tag = "admin",
+    request_body = ResolveFromEvidenceBodyDoc,
+    responses(
+        (status = 200, description = "each execution settled, listed (dry run) or skipped", body = ResolveReportDoc),
+        (status = 400, description = "invalid_request: malformed body or unknown field", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 422, description = "invalid_request: neither or both of keys and all", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden: not an operator key", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
 pub async fn resolve_from_evidence(
     State(app): State<App>,
     who: Principal,
@@ -167,17 +466,82 @@ pub async fn resolve_from_evidence(
         .map(Json)
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/admin/keys",
+    tag = "admin",
+    responses(
+        (status = 200, description = "the stored keys of the operator's scope (never the keys)", body = KeyList),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
+/// `GET /v1/admin/keys`.
+pub async fn list_keys(State(app): State<App>, who: Principal) -> Answer<KeyList> {
+    keys::list(&app, &who).await.map(Json)
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/admin/keys/{id}/revoke",
+    tag = "admin",
+    params(("id" = String, Path, description = "the key's id (its SHA-256 in hex)")),
+    responses(
+        (status = 200, description = "the revoked key (idempotent)", body = KeySummary),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found: no such key in the operator's scope", body = ErrorBody),
+        (status = 422, description = "invalid_request: not a key id", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
+/// `POST /v1/admin/keys/{id}/revoke`.
+pub async fn revoke_key(State(app): State<App>, who: Principal, id: One) -> Answer<KeySummary> {
+    keys::revoke(&app, &who, id?.0).await.map(Json)
+}
+
 /// `GET /healthz`: the process is up.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "health",
+    responses(
+        (status = 200, description = "up", body = StatusDoc)
+    ),
+    security(())
+)]
 pub async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
 /// `GET /readyz`: the stores answer (and on Postgres, migrations are current).
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "health",
+    responses(
+        (status = 200, description = "ready", body = StatusDoc),
+        (status = 503, description = "unavailable: read the operation back later", body = ErrorBody)
+    ),
+    security(())
+)]
 pub async fn readyz(State(app): State<App>) -> Result<Json<Value>, ApiError> {
     crate::service::ready(&app).await.map(Json)
 }
 
 /// `GET /metrics`: Prometheus text.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "health",
+    responses(
+        (status = 200, description = "Prometheus text", content_type = "text/plain", body = String)
+    ),
+    security(())
+)]
 pub async fn metrics(State(app): State<App>) -> Response {
     let content_type = [(header::CONTENT_TYPE, "text/plain; version=0.0.4")];
     (content_type, app.metrics.render()).into_response()
@@ -191,4 +555,56 @@ pub async fn no_route() -> ApiError {
 /// Known routes, wrong method.
 pub async fn no_method() -> ApiError {
     ApiError::NoRoute(StatusCode::METHOD_NOT_ALLOWED)
+}
+
+/// `POST /v1/chat/completions`: the OpenAI-compatible front door; errors in OpenAI's shape.
+#[utoipa::path(
+    post,
+    path = "/v1/chat/completions",
+    tag = "openai",
+    request_body = ChatRequest,
+    params(
+        ("Idempotency-Key" = String, Header, description = "the operation key (required)"),
+        ("Tollgate-Session" = Option<String>, Header, description = "session id (default `default`)"),
+        ("Tollgate-Intent" = Option<String>, Header, description = "intent (default `chat.completions`)"),
+        ("Tollgate-Input-Revision" = Option<String>, Header, description = "input revision (default: a digest of the messages)"),
+        ("Tollgate-Root" = Option<String>, Header, description = "the root of a step profile's step (required on step profiles)")
+    ),
+    responses(
+        (status = 200, description = "a chat.completion, or with `stream: true` server-sent chat.completion.chunk events then `data: [DONE]`", body = ChatCompletion),
+        (status = 400, description = "invalid_request: no Idempotency-Key, malformed body, unknown field (OpenAI error shape)", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 402, description = "cap_blocked", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found: the root", body = ErrorBody),
+        (status = 409, description = "conflict, root_closed, root_expired, invalid_state", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 422, description = "invalid_request: unknown profile, system message, bad identifier or input", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+        (status = 504, description = "interrupted", body = ErrorBody)
+    )
+)]
+pub async fn chat_completions(
+    State(app): State<App>,
+    who: Result<Principal, ApiError>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = match (who, body) {
+        (Err(e), _) => Err(e),
+        (Ok(_), Err(e)) => Err(ApiError::from(e)),
+        (Ok(who), Ok(body)) => openai::complete(&app, &who, &headers, &body).await,
+    };
+    match result {
+        Ok(answer) if answer.stream => {
+            let content_type = [
+                (header::CONTENT_TYPE, "text/event-stream"),
+                (header::CACHE_CONTROL, "no-cache"),
+            ];
+            (content_type, openai::sse_body(&answer)).into_response()
+        }
+        Ok(answer) => Json(answer.completion).into_response(),
+        Err(e) => (e.status_code(), Json(openai::error_body(&e))).into_response(),
+    }
 }

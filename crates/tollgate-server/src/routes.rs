@@ -7,43 +7,53 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 
-/// Largest request body, in bytes. Inputs are bounded per profile (`max_input_chars`, at most
-/// ten million UTF-16 code units); this bounds what is read before that check.
-pub const BODY_BYTES_MAX: usize = 32 * 1024 * 1024;
+pub use crate::error::BODY_BYTES_MAX;
 
-/// The router of the service.
+macro_rules! table {
+    ($($method:ident $path:literal => $handler:path),* $(,)?) => {
+        /// Every route as `(method, path)`: the OpenAPI test checks each is documented.
+        pub const ROUTES: &[(&str, &str)] = &[$((stringify!($method), $path)),*];
+
+        fn routes(router: Router<App>) -> Router<App> {
+            router $(.route($path, $method($handler)))*
+        }
+    };
+}
+
+table! {
+    get "/v1/profiles" => h::profiles,
+    post "/v1/calls" => h::create_call,
+    get "/v1/calls/{operation_key}" => h::read_call,
+    post "/v1/chat/completions" => h::chat_completions,
+    post "/v1/roots" => h::open_root,
+    get "/v1/roots/{root_key}" => h::read_root,
+    post "/v1/roots/{root_key}/steps" => h::run_step,
+    get "/v1/roots/{root_key}/steps/{operation_key}" => h::read_step,
+    post "/v1/roots/{root_key}/close" => h::close_root,
+    post "/v1/admin/recover" => h::recover,
+    post "/v1/admin/reconcile/expired" => h::reconcile_expired,
+    post "/v1/admin/reconcile/usage" => h::reconcile_usage,
+    post "/v1/admin/reconcile/fetch-evidence" => h::fetch_evidence,
+    post "/v1/admin/reconcile/resolve-from-evidence" => h::resolve_from_evidence,
+    get "/v1/admin/backlog" => h::backlog,
+    post "/v1/admin/usage-evidence" => h::usage_evidence,
+    get "/v1/admin/executions" => h::executions,
+    post "/v1/admin/executions/{execution_id}/resolve" => h::resolve,
+    get "/v1/admin/audit/ledger" => h::audit_ledger,
+    get "/v1/admin/keys" => h::list_keys,
+    post "/v1/admin/keys/{id}/revoke" => h::revoke_key,
+    get "/openapi.json" => crate::openapi::openapi_json,
+    get "/healthz" => h::healthz,
+    get "/readyz" => h::readyz,
+    get "/metrics" => h::metrics,
+}
+
+/// The router of the service, inside the limits and request-id layers ([`crate::limits`]).
 pub fn router(app: App) -> Router {
-    Router::new()
-        .route("/v1/profiles", get(h::profiles))
-        .route("/v1/calls", post(h::create_call))
-        .route("/v1/calls/{operation_key}", get(h::read_call))
-        .route("/v1/roots", post(h::open_root))
-        .route("/v1/roots/{root_key}", get(h::read_root))
-        .route("/v1/roots/{root_key}/steps", post(h::run_step))
-        .route(
-            "/v1/roots/{root_key}/steps/{operation_key}",
-            get(h::read_step),
-        )
-        .route("/v1/roots/{root_key}/close", post(h::close_root))
-        .route("/v1/admin/recover", post(h::recover))
-        .route("/v1/admin/reconcile/expired", post(h::reconcile_expired))
-        .route("/v1/admin/reconcile/usage", post(h::reconcile_usage))
-        .route(
-            "/v1/admin/reconcile/fetch-evidence",
-            post(h::fetch_evidence),
-        )
-        .route(
-            "/v1/admin/reconcile/resolve-from-evidence",
-            post(h::resolve_from_evidence),
-        )
-        .route("/v1/admin/backlog", get(h::backlog))
-        .route("/v1/admin/usage-evidence", post(h::usage_evidence))
-        .route("/v1/admin/executions", get(h::executions))
-        .route(
-            "/v1/admin/executions/{execution_id}/resolve",
-            post(h::resolve),
-        )
-        .route("/v1/admin/audit/ledger", get(h::audit_ledger))
+    let limits = app.limits;
+    let router = routes(Router::new())
+        // The console's page, assets and reads: the console's own contract (spec/service.md —
+        // Console), kept out of the public API document.
         .route("/console", get(c::index))
         .route("/console/assets/console.js", get(c::script))
         .route("/console/assets/console.css", get(c::stylesheet))
@@ -55,11 +65,9 @@ pub fn router(app: App) -> Router {
         .route("/v1/console/finance", get(c::finance))
         .route("/v1/console/finance/settlements.csv", get(c::finance_csv))
         .route("/v1/console/audit", get(c::audit))
-        .route("/healthz", get(h::healthz))
-        .route("/readyz", get(h::readyz))
-        .route("/metrics", get(h::metrics))
         .fallback(h::no_route)
         .method_not_allowed_fallback(h::no_method)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
-        .with_state(app)
+        .with_state(app);
+    crate::limits::apply(router, limits)
 }

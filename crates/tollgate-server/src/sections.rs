@@ -20,6 +20,10 @@ pub struct ServerSection {
     pub listen: Option<String>,
     /// On shutdown, the longest wait for background drives (calls whose caller left) to finish.
     pub shutdown_drain_ms: Option<u64>,
+    /// Requests served at once; more are answered 503 at once.
+    pub concurrency_limit: Option<u64>,
+    /// Longest a request may take before it is answered 504.
+    pub request_timeout_ms: Option<u64>,
 }
 
 /// `[database]`.

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tollgate_core::ids::Scope;
 use tollgate_mock_provider::MockProvider;
 use tollgate_postgres::{PgStores, SessionTimeouts};
-use tollgate_store::KeyRole;
+use tollgate_store::{ApiKeyRecord, ApiKeyStore, KeyDigest, KeyRole};
 
 /// Where the configuration comes from.
 #[derive(Debug, Clone, Default)]
@@ -193,16 +193,80 @@ pub async fn scheduler(options: Options, shutdown: CancellationToken) -> Result<
 /// # Errors
 /// No `DATABASE_URL`, invalid scope or role, store failure.
 pub async fn create_key(env: &Env, scope: &str, role: &str) -> Result<Secret, StartError> {
-    let scope = Scope::parse(scope).map_err(start_error)?;
-    let role: KeyRole = role.parse().map_err(StartError)?;
+    create_key_expiring(env, scope, role, None)
+        .await
+        .map(|(key, _)| key)
+}
+
+async fn key_stores(env: &Env) -> Result<Arc<PgStores>, StartError> {
     let url = env
         .get("DATABASE_URL")
         .filter(|u| !u.trim().is_empty())
         .ok_or_else(|| {
             StartError("DATABASE_URL is not set (keys are stored in Postgres)".into())
         })?;
-    let stores = connect(&Secret::new(url.clone()), 2, SessionTimeouts::default()).await?;
-    auth::create_key(&*stores, &scope, role)
+    connect(&Secret::new(url.clone()), 2, SessionTimeouts::default()).await
+}
+
+/// Like [`create_key`], with an optional expiry `expires_in_days` from now; also answers the
+/// stored record (never holding the key).
+///
+/// # Errors
+/// A bad scope or role, no `DATABASE_URL`, a store failure.
+pub async fn create_key_expiring(
+    env: &Env,
+    scope: &str,
+    role: &str,
+    expires_in_days: Option<u32>,
+) -> Result<(Secret, ApiKeyRecord), StartError> {
+    let scope = Scope::parse(scope).map_err(start_error)?;
+    let role: KeyRole = role.parse().map_err(StartError)?;
+    if expires_in_days == Some(0) {
+        return Err(StartError("--expires-in-days must be at least 1".into()));
+    }
+    let stores = key_stores(env).await?;
+    let key = auth::generate_key();
+    let now = chrono::Utc::now();
+    let mut record = ApiKeyRecord::new(KeyDigest::of_key(key.expose()), scope, role, now);
+    record.expires_at = expires_in_days.map(|d| now + chrono::Duration::days(i64::from(d)));
+    let digest = record.digest;
+    stores
+        .insert_key(record)
         .await
-        .map_err(|e| StartError(format!("cannot store the key: {e}")))
+        .map_err(|e| StartError(format!("cannot store the key: {e}")))?;
+    // Read back: what was stored (the database keeps microseconds).
+    let stored = stores
+        .key_by_digest(&digest)
+        .await
+        .map_err(|e| StartError(format!("cannot read the key back: {e}")))?
+        .ok_or_else(|| StartError("the stored key is not found".into()))?;
+    Ok((key, stored))
+}
+
+/// The stored keys of `scope` (all when `None`) in `DATABASE_URL`.
+///
+/// # Errors
+/// A bad scope, no `DATABASE_URL`, a store failure.
+pub async fn list_keys(env: &Env, scope: Option<&str>) -> Result<Vec<ApiKeyRecord>, StartError> {
+    let scope = scope.map(Scope::parse).transpose().map_err(start_error)?;
+    let stores = key_stores(env).await?;
+    stores
+        .list_keys(scope.as_ref())
+        .await
+        .map_err(|e| StartError(format!("cannot list the keys: {e}")))
+}
+
+/// Revokes the key whose id (SHA-256 hex) is `id` in `DATABASE_URL`.
+///
+/// # Errors
+/// Not an id, no such key, no `DATABASE_URL`, a store failure.
+pub async fn revoke_key(env: &Env, id: &str) -> Result<ApiKeyRecord, StartError> {
+    let digest = KeyDigest::from_hex(id)
+        .ok_or_else(|| StartError("the key id is 64 lower-case hex digits".into()))?;
+    let stores = key_stores(env).await?;
+    stores
+        .revoke_key(None, &digest, chrono::Utc::now())
+        .await
+        .map_err(|e| StartError(format!("cannot revoke the key: {e}")))?
+        .ok_or_else(|| StartError("no key with that id".into()))
 }

@@ -566,6 +566,9 @@ fault_wrapper! {
     impl ApiKeyStore via service {
         write InsertKey = fn insert_key(key: ApiKeyRecord) -> ();
         read KeyByDigest = fn key_by_digest(digest: &KeyDigest) -> Option<ApiKeyRecord>;
+        read ListKeys = fn list_keys(scope: Option<&Scope>) -> Vec<ApiKeyRecord>;
+        write RevokeKey = fn revoke_key(scope: Option<&Scope>, digest: &KeyDigest, at: DateTime<Utc>) -> Option<ApiKeyRecord>;
+        write TouchKey = fn touch_key(digest: &KeyDigest, at: DateTime<Utc>) -> ();
     }
     impl WorkScan via service {
         read ScopesWithWork = fn scopes_with_work(after: Option<&Scope>, limit: u32) -> Vec<Scope>;

@@ -478,6 +478,31 @@ pub trait ApiKeyStore: Send + Sync {
     /// # Errors
     /// Store failure.
     async fn key_by_digest(&self, digest: &KeyDigest) -> StoreResult<Option<ApiKeyRecord>>;
+
+    /// Every stored key of `scope` (all scopes when `None`), oldest first (then by digest).
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn list_keys(&self, scope: Option<&Scope>) -> StoreResult<Vec<ApiKeyRecord>>;
+
+    /// Revokes the key `digest` at `at` (of `scope` only, when given). Idempotent: a revoked key
+    /// keeps its first revocation time. `None` when there is no such key (in that scope).
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn revoke_key(
+        &self,
+        scope: Option<&Scope>,
+        digest: &KeyDigest,
+        at: DateTime<Utc>,
+    ) -> StoreResult<Option<ApiKeyRecord>>;
+
+    /// Records a use of the key `digest` at `at` (never moves `last_used_at` back). No key: no
+    /// change.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn touch_key(&self, digest: &KeyDigest, at: DateTime<Utc>) -> StoreResult<()>;
 }
 
 /// Where the scheduler finds work.

@@ -186,6 +186,20 @@ enum Keys {
         /// caller, operator or finance.
         #[arg(long)]
         role: String,
+        /// The key stops working this many days from now (default: never).
+        #[arg(long)]
+        expires_in_days: Option<u32>,
+    },
+    /// List the stored keys (id, scope, role, created, last used, expiry, revoked; never a key).
+    List {
+        /// Only this scope's keys.
+        #[arg(long)]
+        scope: Option<String>,
+    },
+    /// Revoke a key by its id (its SHA-256 in hex, as `keys list` shows it).
+    Revoke {
+        /// The key's id.
+        id: String,
     },
 }
 
@@ -246,8 +260,19 @@ fn main() -> ExitCode {
             Command::Serve { config } => serve::serve(config).await,
             Command::Scheduler { config } => serve::scheduler(config).await,
             Command::Keys {
-                what: Keys::Create { scope, role },
-            } => serve::keys_create(&scope, &role, cli.json).await,
+                what:
+                    Keys::Create {
+                        scope,
+                        role,
+                        expires_in_days,
+                    },
+            } => serve::keys_create(&scope, &role, expires_in_days, cli.json).await,
+            Command::Keys {
+                what: Keys::List { scope },
+            } => serve::keys_list(scope.as_deref(), cli.json).await,
+            Command::Keys {
+                what: Keys::Revoke { id },
+            } => serve::keys_revoke(&id, cli.json).await,
             #[cfg(feature = "demo")]
             Command::Demo => demo::run(cli.json).await,
             Command::Migrate => database::migrate().await,

@@ -292,14 +292,12 @@ impl Case {
                 // One key per combination's scope: the database is shared by the combinations.
                 let digest = KeyDigest::of_key(&format!("faults-key-{scope}"));
                 let now = tollgate_runner::Clock::now(world.clock.as_ref());
-                let record = ApiKeyRecord {
-                    digest,
-                    scope: scope.clone(),
-                    role: KeyRole::Caller,
-                    created_at: now,
-                };
+                let record = ApiKeyRecord::new(digest, scope.clone(), KeyRole::Caller, now);
                 let _ = stores.insert_key(record).await;
                 let _ = stores.key_by_digest(&digest).await;
+                let _ = stores.touch_key(&digest, now).await;
+                let _ = stores.list_keys(Some(&scope)).await;
+                let _ = stores.revoke_key(Some(&scope), &digest, now).await;
                 let _ = stores.scopes_with_work(None, 10).await;
             }
             Case::Heartbeat => {

@@ -23,24 +23,24 @@ pub const PAGE_DEFAULT: u32 = 50;
 /// Longest provider reference accepted with late evidence, in bytes.
 pub const PROVIDER_REF_LEN_MAX_BYTES: usize = 200;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct RecoverBody {
+pub(crate) struct RecoverBody {
     operation_key: String,
     lease_ms: Option<u64>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct PageBody {
+pub(crate) struct PageBody {
     limit: Option<u32>,
     after: Option<i64>,
 }
 
 /// Token counts as operators state them (missing classes are zero).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(default, deny_unknown_fields)]
-struct UsageBody {
+pub(crate) struct UsageBody {
     input: u64,
     output: u64,
     cache_read: u64,
@@ -60,23 +60,24 @@ impl From<UsageBody> for Usage {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct EvidenceBody {
+pub(crate) struct EvidenceBody {
     execution_id: uuid::Uuid,
     usage: UsageBody,
     provider_ref: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ResolveBody {
+pub(crate) struct ResolveBody {
     usage: UsageBody,
 }
 
 /// Query of `GET /v1/admin/executions`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ExecutionsQuery {
     /// State (default `reconciliation_required`).
     pub state: Option<String>,
@@ -307,8 +308,9 @@ pub async fn resolve(
 }
 
 /// Query of `GET /v1/admin/audit/ledger`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct LedgerQuery {
     /// The key's own scope, optional: the audit is always of the key's scope, and naming another
     /// scope finds nothing (404).

@@ -17,21 +17,23 @@ use tollgate_store::KeyRole;
 use tracing::Instrument;
 
 /// `POST /v1/calls`. The scope is the key's: the body cannot name one (SC-10).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct CallBody {
-    profile: String,
-    operation_key: String,
-    session_id: String,
-    input_revision: String,
-    intent: String,
-    input: InputBody,
+pub(crate) struct CallBody {
+    pub(crate) profile: String,
+    pub(crate) operation_key: String,
+    pub(crate) session_id: String,
+    pub(crate) input_revision: String,
+    pub(crate) intent: String,
+    pub(crate) input: InputBody,
 }
 
 /// `GET /v1/profiles`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ProfileList {
-    /// Every loaded profile (no secrets: provider keys are not part of a profile).
+    /// Every loaded profile (no secrets: provider keys are not part of a profile): `name`,
+    /// `result_retention` and the call snapshot's fields (spec/service.md — Profiles).
+    #[schema(value_type = Vec<Object>)]
     pub profiles: Vec<Profile>,
 }
 
@@ -52,13 +54,20 @@ pub fn profiles(app: &App, _who: &Principal) -> Result<ProfileList, ApiError> {
 /// `invalid_request`, `conflict`, `cap_blocked`, `unavailable`, `interrupted`, `forbidden`.
 pub async fn create(app: &App, who: &Principal, body: &[u8]) -> Result<View, ApiError> {
     who.require(&[KeyRole::Caller])?;
-    let result = create_checked(app, who, body).await;
+    let result = match parse(body) {
+        Ok(body) => create_checked(app, who, body).await,
+        Err(e) => Err(e),
+    };
     app.metrics.observe(&result);
     result
 }
 
-async fn create_checked(app: &App, who: &Principal, body: &[u8]) -> Result<View, ApiError> {
-    let body: CallBody = parse(body)?;
+/// Runs a parsed call body (the `/v1/calls` route and the OpenAI-compatible front door).
+pub(crate) async fn create_checked(
+    app: &App,
+    who: &Principal,
+    body: CallBody,
+) -> Result<View, ApiError> {
     let loaded = app
         .profiles
         .get(&body.profile)

@@ -8,6 +8,8 @@
 pub mod admin;
 pub mod backlog;
 pub mod calls;
+pub mod keys;
+pub mod openai;
 pub mod roots;
 
 use crate::error::{malformed_json, ApiError};
@@ -26,14 +28,17 @@ use tollgate_runner::RunError;
 use tollgate_store::StoreError;
 
 /// The `input` of a call or step body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InputBody {
-    /// The conversation.
+    /// The conversation: `{role, content}` with `role` `user` or `assistant` and `content` a
+    /// string or a list of parts.
+    #[schema(value_type = Vec<Object>)]
     pub messages: Vec<Message>,
 }
 
-/// Parses a JSON body; an empty body reads as `{}`. Errors name the position, never a value.
+/// Parses a JSON body; an empty body reads as `{}`. Errors name the field path, what was
+/// expected and the position, never a value (SC-135).
 ///
 /// # Errors
 /// `invalid_request` (400).
@@ -43,7 +48,11 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     } else {
         body
     };
-    serde_json::from_slice(body).map_err(|e| malformed_json(&e))
+    let mut reader = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut reader)
+        .map_err(|e| malformed_json(&e.path().to_string(), e.inner()))?;
+    reader.end().map_err(|e| malformed_json(".", &e))?;
+    Ok(value)
 }
 
 /// Parses an identifier (422 naming the field on failure).

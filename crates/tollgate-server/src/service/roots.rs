@@ -20,9 +20,9 @@ use tollgate_store::{KeyRole, RootRecord, RootState};
 use tracing::Instrument;
 
 /// `POST /v1/roots`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct OpenBody {
+pub(crate) struct OpenBody {
     root_key: String,
     profile: String,
     session_id: String,
@@ -32,31 +32,36 @@ struct OpenBody {
 }
 
 /// `POST /v1/roots/{root_key}/steps`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct StepBody {
-    operation_key: String,
-    input: InputBody,
+pub(crate) struct StepBody {
+    pub(crate) operation_key: String,
+    pub(crate) input: InputBody,
 }
 
 /// What the root routes answer with.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct RootView {
     /// The root's key.
+    #[schema(value_type = String)]
     pub root_key: RootKey,
     /// The loaded step profile whose snapshot the root is bound to (null when none is).
     pub profile: Option<String>,
     /// `active`, `closed`, `expired` or `reconciled`.
+    #[schema(value_type = String)]
     pub state: RootState,
     /// Admission deadline.
     pub deadline: DateTime<Utc>,
     /// Calls reserved under the root.
     pub reserved_calls: i64,
     /// Inclusive charged cost (the sum of its root receipts).
+    #[schema(value_type = String)]
     pub charged: Money,
     /// Worst-case holds of its calls in flight.
+    #[schema(value_type = String)]
     pub held: Money,
     /// Currency of the amounts.
+    #[schema(value_type = String)]
     pub currency: Currency,
     /// Opened at.
     pub created_at: DateTime<Utc>,
@@ -136,19 +141,22 @@ pub async fn step(
     body: &[u8],
 ) -> Result<View, ApiError> {
     who.require(&[KeyRole::Caller])?;
-    let result = step_checked(app, who, root_key, body).await;
+    let result = match parse::<StepBody>(body) {
+        Ok(body) => step_checked(app, who, root_key, body).await,
+        Err(e) => Err(e),
+    };
     app.metrics.observe(&result);
     result
 }
 
-async fn step_checked(
+/// Runs a parsed step under `root_key` (the steps route and the OpenAI-compatible front door).
+pub(crate) async fn step_checked(
     app: &App,
     who: &Principal,
     root_key: String,
-    body: &[u8],
+    body: StepBody,
 ) -> Result<View, ApiError> {
     let root_key = caller_id(RootKey::parse, root_key)?;
-    let body: StepBody = parse(body)?;
     let operation_key = caller_id(OperationKey::parse, body.operation_key)?;
     let root = root_of(app, who, &root_key).await?;
     let config = root.binding.config;

@@ -13,6 +13,7 @@ macro_rules! service_conformance {
             sc_10_api_key_is_found_by_its_digest,
             api_key_digest_is_stored_once,
             unknown_api_key_digest_is_none,
+            sc_140_keys_are_listed_revoked_and_touched,
             work_scan_finds_unfinished_executions,
             work_scan_finds_unacknowledged_evidence,
             work_scan_finds_roots_not_reconciled,
@@ -23,12 +24,7 @@ macro_rules! service_conformance {
 }
 
 pub fn api_key(key: &str, scope_: &str, role: KeyRole) -> ApiKeyRecord {
-    ApiKeyRecord {
-        digest: KeyDigest::of_key(key),
-        scope: scope(scope_),
-        role,
-        created_at: t0(),
-    }
+    ApiKeyRecord::new(KeyDigest::of_key(key), scope(scope_), role, t0())
 }
 
 async fn work<S: ServiceStores>(s: &S) -> Vec<String> {
@@ -200,4 +196,62 @@ pub async fn work_scan_pages_in_name_order_after_a_cursor<S: ServiceStores>(s: A
         .is_empty());
     let between = s.scopes_with_work(Some(&scope("aa")), 10).await.unwrap();
     assert_eq!(names(between), ["b", "c"], "the cursor need not have work");
+}
+
+pub async fn sc_140_keys_are_listed_revoked_and_touched<S: ServiceStores>(s: Arc<S>) {
+    let a1 = api_key("tg_a1", "a", KeyRole::Caller);
+    let mut a2 = api_key("tg_a2", "a", KeyRole::Operator);
+    a2.created_at = t0() + Duration::seconds(1);
+    a2.expires_at = Some(t0() + Duration::days(30));
+    let b1 = api_key("tg_b1", "b", KeyRole::Caller);
+    for k in [&a1, &a2, &b1] {
+        s.insert_key(k.clone()).await.unwrap();
+    }
+    let listed = s.list_keys(Some(&scope("a"))).await.unwrap();
+    assert_eq!(
+        listed,
+        vec![a1.clone(), a2.clone()],
+        "own scope, oldest first"
+    );
+    assert_eq!(s.list_keys(None).await.unwrap().len(), 3);
+
+    // Another scope's key is not found; the right scope revokes, idempotently.
+    let later = t0() + Duration::seconds(5);
+    assert_eq!(
+        s.revoke_key(Some(&scope("b")), &a1.digest, later)
+            .await
+            .unwrap(),
+        None
+    );
+    let revoked = s
+        .revoke_key(Some(&scope("a")), &a1.digest, later)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(revoked.revoked_at, Some(later));
+    assert!(!revoked.usable_at(later));
+    let again = s
+        .revoke_key(None, &a1.digest, later + Duration::seconds(9))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        again.revoked_at,
+        Some(later),
+        "the first revocation time stays"
+    );
+    let unknown = KeyDigest::of_key("tg_none");
+    assert_eq!(s.revoke_key(None, &unknown, later).await.unwrap(), None);
+    let b = s.key_by_digest(&b1.digest).await.unwrap().unwrap();
+    assert_eq!(b.revoked_at, None);
+
+    // Expiry is stored; last use only moves forward.
+    let a2_read = s.key_by_digest(&a2.digest).await.unwrap().unwrap();
+    assert_eq!(a2_read.expires_at, a2.expires_at);
+    assert!(a2_read.usable_at(t0()) && !a2_read.usable_at(t0() + Duration::days(31)));
+    s.touch_key(&b1.digest, later).await.unwrap();
+    s.touch_key(&b1.digest, t0()).await.unwrap();
+    s.touch_key(&unknown, later).await.unwrap();
+    let b = s.key_by_digest(&b1.digest).await.unwrap().unwrap();
+    assert_eq!(b.last_used_at, Some(later));
 }

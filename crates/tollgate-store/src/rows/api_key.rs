@@ -117,6 +117,35 @@ pub struct ApiKeyRecord {
     pub role: KeyRole,
     /// When the key was stored.
     pub created_at: DateTime<Utc>,
+    /// When the key stops working, if ever (SC-140).
+    #[serde(default)]
+    pub expires_at: Option<DateTime<Utc>>,
+    /// When the key was revoked; a revoked key never works again (SC-140).
+    #[serde(default)]
+    pub revoked_at: Option<DateTime<Utc>>,
+    /// When the key was last used, to within the toucher's granularity (the service: a minute).
+    #[serde(default)]
+    pub last_used_at: Option<DateTime<Utc>>,
+}
+
+impl ApiKeyRecord {
+    /// A key stored now that never expires and was never used.
+    pub fn new(digest: KeyDigest, scope: Scope, role: KeyRole, created_at: DateTime<Utc>) -> Self {
+        Self {
+            digest,
+            scope,
+            role,
+            created_at,
+            expires_at: None,
+            revoked_at: None,
+            last_used_at: None,
+        }
+    }
+
+    /// Whether the key authenticates at `now`: not revoked and not expired.
+    pub fn usable_at(&self, now: DateTime<Utc>) -> bool {
+        self.revoked_at.is_none() && self.expires_at.is_none_or(|at| now < at)
+    }
 }
 
 #[cfg(test)]
