@@ -187,13 +187,14 @@ impl Case {
                 world.clock.advance_ms(3_600_001);
             }
             Case::Keys => {}
-            // A claim whose process stopped before its dispatch mark; its lease is still live.
+            // A claim whose process stopped before its dispatch mark (loaded input: the mark that
+            // shrinks the hold); its lease is still live.
             Case::Heartbeat => {
                 text_call(
                     world,
                     "live",
                     text_reply(),
-                    Some((StoreOp::MarkDispatched, 1)),
+                    Some((StoreOp::MarkDispatchedWithHold, 1)),
                 )
                 .await;
             }
