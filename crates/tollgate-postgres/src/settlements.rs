@@ -127,7 +127,8 @@ impl SettlementStore for PgStores {
 }
 
 /// The finance feed (SC-141): after `($2, $3)` in `(txid, seq)` order, of scope `$1` (all when
-/// NULL), only rows inserted by transactions older than the oldest still running. Such a row's
+/// NULL), for one scope only rows inserted by transactions older than the oldest still running
+/// (across scopes, for the operator's export, every committed row: a point-in-time listing). Such a row's
 /// transaction has ended, and any row that commits later was inserted by a transaction at or
 /// above that horizon, so it sorts after every row listed now. Serves the scope's feed from
 /// `cost_settlements_feed_scope_idx`, the export across scopes from `cost_settlements_feed_idx`.
@@ -137,7 +138,7 @@ const FEED: &str = concat!(
     ", txid::text::bigint AS feed_txid, seq AS feed_seq FROM cost_settlements \
      WHERE ($1::text IS NULL OR scope = $1) \
        AND (txid, seq) > ($2::bigint::text::xid8, $3) \
-       AND txid < pg_snapshot_xmin(pg_current_snapshot()) \
+       AND ($1::text IS NULL OR txid < pg_snapshot_xmin(pg_current_snapshot())) \
      ORDER BY txid, seq LIMIT $4"
 );
 

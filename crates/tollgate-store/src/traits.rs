@@ -264,9 +264,11 @@ pub trait SettlementStore: Send + Sync {
     ) -> StoreResult<Vec<SettlementRecord>>;
 
     /// The finance feed: up to `limit` settlements of `scope` (all scopes when `None`) after
-    /// `after`, in feed order ([`FeedPosition`]). Only settlements that no running transaction
-    /// can still precede are listed, so a reader resuming after the last position it got never
-    /// misses one that commits later (SC-141).
+    /// `after`, in feed order ([`FeedPosition`]). For a scope, only settlements that no running
+    /// transaction can still precede are listed, so a reader resuming after the last position it
+    /// got never misses one that commits later (SC-141). Across scopes (`None`, the operator's
+    /// export) every committed settlement is listed: a listing of what has committed, without
+    /// that guarantee for rows committing while it pages.
     ///
     /// # Errors
     /// Store failure.
