@@ -1223,3 +1223,42 @@ async fn sc_140_keys_create_with_expiry_list_and_revoke() {
         .env("DATABASE_URL", db.url()));
     assert!(!unknown.status.success());
 }
+
+/// `keys create --expires-at`: the stored expiry is the instant given; a past instant, a text
+/// that is not RFC 3339 and both expiry flags at once are refused and store no key.
+#[tokio::test]
+async fn sc_144_keys_create_expires_at_an_instant() {
+    let db = fresh_database().await;
+    json_ok(&run(tollgate()
+        .arg("migrate")
+        .env("DATABASE_URL", db.url())));
+    let created = json_ok(&run(tollgate()
+        .args(["keys", "create", "--scope", "acme", "--role", "finance"])
+        .args(["--expires-at", "2099-01-02T03:04:05+01:00", "--json"])
+        .env("DATABASE_URL", db.url())));
+    let at = chrono::DateTime::parse_from_rfc3339(created["expires_at"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        at,
+        chrono::DateTime::parse_from_rfc3339("2099-01-02T02:04:05Z").unwrap()
+    );
+    for bad in [
+        vec!["--expires-at", "2020-01-01T00:00:00Z"],
+        vec!["--expires-at", "tomorrow"],
+        vec![
+            "--expires-at",
+            "2099-01-01T00:00:00Z",
+            "--expires-in-days",
+            "3",
+        ],
+    ] {
+        let refused = run(tollgate()
+            .args(["keys", "create", "--scope", "acme", "--role", "caller"])
+            .args(&bad)
+            .env("DATABASE_URL", db.url()));
+        assert!(!refused.status.success(), "{bad:?}");
+    }
+    let listed = json_ok(&run(tollgate()
+        .args(["keys", "list", "--json"])
+        .env("DATABASE_URL", db.url())));
+    assert_eq!(listed["keys"].as_array().unwrap().len(), 1, "{listed}");
+}

@@ -7,8 +7,8 @@ use crate::PgStores;
 use async_trait::async_trait;
 use chrono::NaiveDate;
 use sqlx::PgConnection;
-use tollgate_core::ids::ExecutionId;
-use tollgate_store::rows::SettlementRecord;
+use tollgate_core::ids::{ExecutionId, Scope};
+use tollgate_store::rows::{FeedEntry, FeedPosition, SettlementRecord};
 use tollgate_store::traits::SettlementStore;
 use tollgate_store::{StoreError, StoreResult};
 
@@ -102,6 +102,66 @@ impl SettlementStore for PgStores {
         .await
         .store_err()?;
         rows.into_iter().map(SettlementRow::into_record).collect()
+    }
+
+    async fn settlements_after(
+        &self,
+        scope: Option<&Scope>,
+        after: FeedPosition,
+        limit: u32,
+    ) -> StoreResult<Vec<FeedEntry>> {
+        // A transaction id beyond i64 does not exist (xid8 grows by one per transaction).
+        let Ok(txid) = i64::try_from(after.txid) else {
+            return Ok(Vec::new());
+        };
+        let rows: Vec<FeedRow> = sqlx::query_as(FEED)
+            .bind(scope.map(Scope::as_str))
+            .bind(txid)
+            .bind(after.seq)
+            .bind(i64::from(limit))
+            .fetch_all(self.pool())
+            .await
+            .store_err()?;
+        rows.into_iter().map(FeedRow::into_entry).collect()
+    }
+}
+
+/// The finance feed (SC-141): after `($2, $3)` in `(txid, seq)` order, of scope `$1` (all when
+/// NULL), for one scope only rows inserted by transactions older than the oldest still running
+/// (across scopes, for the operator's export, every committed row: a point-in-time listing). Such a row's
+/// transaction has ended, and any row that commits later was inserted by a transaction at or
+/// above that horizon, so it sorts after every row listed now. Serves the scope's feed from
+/// `cost_settlements_feed_scope_idx`, the export across scopes from `cost_settlements_feed_idx`.
+const FEED: &str = concat!(
+    "SELECT ",
+    settlement_columns!(),
+    ", txid::text::bigint AS feed_txid, seq AS feed_seq FROM cost_settlements \
+     WHERE ($1::text IS NULL OR scope = $1) \
+       AND (txid, seq) > ($2::bigint::text::xid8, $3) \
+       AND ($1::text IS NULL OR txid < pg_snapshot_xmin(pg_current_snapshot())) \
+     ORDER BY txid, seq LIMIT $4"
+);
+
+/// A settlement with its feed position.
+#[derive(sqlx::FromRow)]
+struct FeedRow {
+    #[sqlx(flatten)]
+    settlement: SettlementRow,
+    feed_txid: i64,
+    feed_seq: i64,
+}
+
+impl FeedRow {
+    fn into_entry(self) -> StoreResult<FeedEntry> {
+        let txid = u64::try_from(self.feed_txid)
+            .map_err(|_| StoreError::Corrupt(format!("feed txid {}", self.feed_txid)))?;
+        Ok(FeedEntry {
+            position: FeedPosition {
+                txid,
+                seq: self.feed_seq,
+            },
+            settlement: self.settlement.into_record()?,
+        })
     }
 }
 

@@ -675,3 +675,72 @@ async fn sc_105_spend_currency_migration_splits_rows_fed_in_two_currencies() {
         ]
     );
 }
+
+/// The feed's horizon, deterministically: a transaction that took its id before settlement X
+/// committed holds X out of the feed; when it then inserts settlement Y (a higher `seq`) and
+/// commits, the feed lists Y before X. A feed by `seq` would have handed out X's position and
+/// then missed Y.
+#[tokio::test]
+async fn sc_141_a_settlement_waits_for_older_transactions_and_sorts_after_them() {
+    use tollgate_store::{FeedPosition, SettlementStore};
+    let s = fresh().await;
+    let dispatch = |key: &'static str| {
+        let s = Arc::clone(&s);
+        async move {
+            let mut req = claim_req("a", key, text_config(), "0.5");
+            req.binding.session_id = tollgate_core::ids::SessionId::parse(key).unwrap();
+            let ClaimOutcome::Claimed(r) = s.claim(req).await.unwrap() else {
+                panic!("expected a claim");
+            };
+            s.mark_dispatched(r.fence(), t0()).await.unwrap()
+        }
+    };
+    let x = dispatch("x").await;
+    let y = dispatch("y").await;
+    let mut older = s.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *older)
+        .await
+        .unwrap();
+    s.settle(settle_req(&x, "0.1", "x")).await.unwrap();
+    let feed = s
+        .settlements_after(Some(&scope("a")), FeedPosition::START, 10)
+        .await
+        .unwrap();
+    assert!(
+        feed.is_empty(),
+        "X waits for the older transaction: {feed:?}"
+    );
+    sqlx::query(
+        "INSERT INTO cost_settlements (settlement_id, execution_id, scope, operation_key, kind, \
+         consumer, session_id, accounting_day, provider, model, price_version, policy_version, \
+         currency, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
+         reasoning_tokens, amount, source, settled_at) \
+         SELECT $1, $2, scope, 'y', kind, consumer, 'y', accounting_day, provider, model, \
+         price_version, policy_version, currency, input_tokens, output_tokens, \
+         cache_read_tokens, cache_write_tokens, reasoning_tokens, amount, source, settled_at \
+         FROM cost_settlements WHERE execution_id = $3",
+    )
+    .bind(uuid::Uuid::new_v4())
+    .bind(y.id.0)
+    .bind(x.id.0)
+    .execute(&mut *older)
+    .await
+    .unwrap();
+    older.commit().await.unwrap();
+    // Other databases' transactions on the cluster hold the horizon too: wait for them, bounded.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut feed = Vec::new();
+    while feed.len() < 2 && std::time::Instant::now() < deadline {
+        feed = s
+            .settlements_after(Some(&scope("a")), FeedPosition::START, 10)
+            .await
+            .unwrap();
+    }
+    let ids: Vec<_> = feed.iter().map(|e| e.settlement.execution_id).collect();
+    assert_eq!(ids, [y.id, x.id], "the older transaction's row first");
+    assert!(
+        feed[0].position.seq > feed[1].position.seq,
+        "against seq order"
+    );
+}

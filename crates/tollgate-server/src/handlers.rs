@@ -6,15 +6,16 @@ use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::schemas::ErrorBody;
 use crate::schemas::{
-    BacklogDoc, EvidenceDoc, ExecutionListDoc, ExpiredCountsDoc, FetchBodyDoc, FetchReportDoc,
-    LedgerReportDoc, ResolveFromEvidenceBodyDoc, ResolveReportDoc, StatusDoc, UsageCountsDoc,
-    ViewDoc,
+    BacklogDoc, EvidenceDoc, ExecutionListDoc, ExpiredCountsDoc, FeedPageDoc, FetchBodyDoc,
+    FetchReportDoc, LedgerReportDoc, ResolveFromEvidenceBodyDoc, ResolveReportDoc, StatusDoc,
+    UsageCountsDoc, ViewDoc,
 };
 use crate::service::admin::{self, ExecutionList, ExecutionsQuery, LedgerQuery};
 use crate::service::admin::{EvidenceBody, PageBody, RecoverBody, ResolveBody};
 use crate::service::backlog::{self, Backlog, BacklogQuery};
 use crate::service::calls::CallBody;
 use crate::service::calls::{self, ProfileList};
+use crate::service::finance::{self, FeedPage, FeedQuery};
 use crate::service::keys::{self, KeyList, KeySummary};
 use crate::service::openai::{self, ChatCompletion, ChatRequest};
 use crate::service::roots::{self, RootView};
@@ -412,6 +413,33 @@ pub async fn backlog(
     query: Result<Query<BacklogQuery>, QueryRejection>,
 ) -> Answer<Backlog> {
     backlog::backlog(&app, &who, query?.0).await.map(Json)
+}
+
+/// `GET /v1/finance/settlements`.
+#[utoipa::path(
+    get,
+    path = "/v1/finance/settlements",
+    tag = "finance",
+    params(
+        ("after" = Option<String>, Query, description = "resume after this cursor (a `cursor` or `next` of an earlier page); from the start when absent"),
+        ("limit" = Option<u32>, Query, description = "listed at most (default 100, 1..=1000)")
+    ),
+    responses(
+        (status = 200, description = "the scope's settlements after the cursor, in feed order; a row that commits later never sorts before a cursor already handed out", body = FeedPageDoc),
+        (status = 400, description = "invalid_request: unknown or malformed query field", body = ErrorBody),
+        (status = 401, description = "unauthenticated", body = ErrorBody),
+        (status = 403, description = "forbidden: not a finance key", body = ErrorBody),
+        (status = 422, description = "invalid_request: not a cursor of this feed", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+        (status = 500, description = "internal", body = ErrorBody)
+    )
+)]
+pub async fn finance_settlements(
+    State(app): State<App>,
+    who: Principal,
+    query: Result<Query<FeedQuery>, QueryRejection>,
+) -> Answer<FeedPage> {
+    finance::settlements(&app, &who, query?.0).await.map(Json)
 }
 
 /// `POST /v1/admin/reconcile/fetch-evidence`.

@@ -11,8 +11,8 @@
 use crate::handlers as h;
 use crate::schemas::{
     BacklogDoc, ErrorBody, ErrorDetail, EvidenceDoc, ExecutionListDoc, ExpiredCountsDoc,
-    FetchBodyDoc, FetchReportDoc, LedgerReportDoc, ResolveFromEvidenceBodyDoc, ResolveReportDoc,
-    StatusDoc, UsageCountsDoc, ViewDoc,
+    FeedPageDoc, FetchBodyDoc, FetchReportDoc, LedgerReportDoc, ResolveFromEvidenceBodyDoc,
+    ResolveReportDoc, StatusDoc, UsageCountsDoc, ViewDoc,
 };
 use crate::service::admin::{EvidenceBody, PageBody, RecoverBody, ResolveBody, UsageBody};
 use crate::service::calls::{CallBody, ProfileList};
@@ -61,7 +61,7 @@ impl Modify for Security {
         h::read_root, h::run_step, h::read_step, h::close_root, h::recover,
         h::reconcile_expired, h::reconcile_usage, h::fetch_evidence, h::resolve_from_evidence,
         h::backlog, h::usage_evidence, h::executions, h::resolve,
-        h::audit_ledger, h::list_keys, h::revoke_key, openapi_json, h::healthz, h::readyz, h::metrics
+        h::audit_ledger, h::list_keys, h::revoke_key, h::finance_settlements, openapi_json, h::healthz, h::readyz, h::metrics
     ),
     components(schemas(
         ErrorBody, ErrorDetail, CallBody, InputBody, OpenBody, StepBody, RootView, ProfileList,
@@ -69,7 +69,7 @@ impl Modify for Security {
         StreamOptions, ChatToolCall, ChatFunction, ChatCompletion, ChatChoice, AssistantMessage,
         ChatUsage, TollgateExtension, ViewDoc, EvidenceDoc, LedgerReportDoc, ExpiredCountsDoc,
         UsageCountsDoc, ExecutionListDoc, StatusDoc, KeyList, KeySummary, BacklogDoc, FetchBodyDoc,
-        FetchReportDoc, ResolveFromEvidenceBodyDoc, ResolveReportDoc
+        FetchReportDoc, ResolveFromEvidenceBodyDoc, ResolveReportDoc, FeedPageDoc
     ))
 )]
 pub struct ApiDoc;

@@ -42,6 +42,7 @@ table! {
     get "/v1/admin/audit/ledger" => h::audit_ledger,
     get "/v1/admin/keys" => h::list_keys,
     post "/v1/admin/keys/{id}/revoke" => h::revoke_key,
+    get "/v1/finance/settlements" => h::finance_settlements,
     get "/openapi.json" => crate::openapi::openapi_json,
     get "/healthz" => h::healthz,
     get "/readyz" => h::readyz,

@@ -227,6 +227,38 @@ described!(
 );
 
 described!(
+    /// `crate::service::finance::FeedPage`.
+    FeedPageDoc,
+    "FinanceFeedPage",
+    object("A page of the scope's finance feed (SC-141): settlements after the cursor in feed order, and the cursor to resume from.")
+        .property(
+            "settlements",
+            ArrayBuilder::new().items(
+                object("One settlement (the columns of `finance.settlements`; amounts are decimal strings) and its `cursor`.")
+                    .property("cursor", string())
+                    .property("id", string())
+                    .property("execution_id", string())
+                    .property("scope", string())
+                    .property("operation_key", string())
+                    .property("kind", string())
+                    .property("consumer", string())
+                    .property("session_id", string())
+                    .property("accounting_day", string())
+                    .property("provider", string())
+                    .property("model", string())
+                    .property("price_version", string())
+                    .property("policy_version", string())
+                    .property("currency", string())
+                    .property("usage", object("Token counts."))
+                    .property("amount", string())
+                    .property("source", string())
+                    .property("settled_at", string()),
+            ),
+        )
+        .property("next", string())
+);
+
+described!(
     /// The body of `POST /v1/admin/reconcile/fetch-evidence`.
     FetchBodyDoc,
     "FetchEvidenceBody",

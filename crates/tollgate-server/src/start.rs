@@ -219,16 +219,35 @@ pub async fn create_key_expiring(
     role: &str,
     expires_in_days: Option<u32>,
 ) -> Result<(Secret, ApiKeyRecord), StartError> {
-    let scope = Scope::parse(scope).map_err(start_error)?;
-    let role: KeyRole = role.parse().map_err(StartError)?;
     if expires_in_days == Some(0) {
         return Err(StartError("--expires-in-days must be at least 1".into()));
     }
+    let now = chrono::Utc::now();
+    let expires_at = expires_in_days.map(|d| now + chrono::Duration::days(i64::from(d)));
+    create_key_until(env, scope, role, expires_at).await
+}
+
+/// Creates a key that stops working at `expires_at` (never when `None`; SC-144); it must lie in
+/// the future. Prints nothing; returns the key and the stored record.
+///
+/// # Errors
+/// A bad scope or role, an expiry not in the future, a store failure.
+pub async fn create_key_until(
+    env: &Env,
+    scope: &str,
+    role: &str,
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
+) -> Result<(Secret, ApiKeyRecord), StartError> {
+    let scope = Scope::parse(scope).map_err(start_error)?;
+    let role: KeyRole = role.parse().map_err(StartError)?;
+    let now = chrono::Utc::now();
+    if expires_at.is_some_and(|at| at <= now) {
+        return Err(StartError("--expires-at must lie in the future".into()));
+    }
     let stores = key_stores(env).await?;
     let key = auth::generate_key();
-    let now = chrono::Utc::now();
     let mut record = ApiKeyRecord::new(KeyDigest::of_key(key.expose()), scope, role, now);
-    record.expires_at = expires_in_days.map(|d| now + chrono::Duration::days(i64::from(d)));
+    record.expires_at = expires_at;
     let digest = record.digest;
     stores
         .insert_key(record)

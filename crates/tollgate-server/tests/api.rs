@@ -1011,3 +1011,80 @@ async fn sc_113_the_scheduler_fetches_evidence_only_when_on() {
     assert_eq!(read["state"], "reconciliation_required", "never settled");
     s.stop().await;
 }
+
+/// The finance feed over HTTP: finance keys only, the key's scope only, pages resumed from
+/// `next` without repeats, an empty page keeps the cursor, a foreign cursor is refused.
+#[tokio::test]
+async fn sc_142_finance_feed_pages_the_scope_for_finance_keys() {
+    let s = Server::memory().await;
+    let finance = s
+        .keys
+        .create(&Scope::parse("acme").unwrap(), KeyRole::Finance)
+        .await
+        .unwrap()
+        .expose()
+        .to_string();
+    let mut keys = Vec::new();
+    for i in 0..3 {
+        let key = format!("feed-{i}");
+        let (status, view, _) = s
+            .post("/v1/calls", &s.caller, &call("summarize", &key, "r", "hi"))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{view}");
+        keys.push(key);
+    }
+    let (status, _, _) = s
+        .post(
+            "/v1/calls",
+            &s.stranger,
+            &call("summarize", "feed-x", "r", "hi"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+
+    let (status, answer, _) = s.get("/v1/finance/settlements", &s.caller).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    let (status, answer, _) = s.get("/v1/finance/settlements", &s.operator).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+
+    let mut seen = Vec::new();
+    let mut path = "/v1/finance/settlements?limit=2".to_string();
+    let mut pages = 0;
+    loop {
+        let (status, page, _) = s.get(&path, &finance).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        let rows = page["settlements"].as_array().unwrap();
+        for row in rows {
+            assert_eq!(row["scope"], "acme");
+            assert!(row["amount"].is_string(), "{row}");
+            seen.push(row["operation_key"].as_str().unwrap().to_string());
+        }
+        let next = page["next"].as_str().unwrap().to_string();
+        if rows.is_empty() {
+            assert!(
+                path.ends_with(&format!("after={next}")),
+                "an empty page keeps the cursor"
+            );
+            break;
+        }
+        assert_eq!(rows.last().unwrap()["cursor"].as_str(), Some(next.as_str()));
+        path = format!("/v1/finance/settlements?limit=2&after={next}");
+        pages += 1;
+    }
+    assert_eq!(pages, 2);
+    assert_eq!(
+        seen, keys,
+        "every settlement of the scope once, in settlement order"
+    );
+
+    for bad in ["junk", "1", "-1.2", "1.2.3"] {
+        let (status, answer, _) = s
+            .get(&format!("/v1/finance/settlements?after={bad}"), &finance)
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {answer}");
+        assert_eq!(answer["error"]["code"], "invalid_request");
+    }
+    let (status, _, _) = s.get("/v1/finance/settlements?since=1", &finance).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "unknown query field");
+    s.stop().await;
+}

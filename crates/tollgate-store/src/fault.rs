@@ -518,6 +518,11 @@ fault_wrapper! {
         read Settlement = fn settlement(execution_id: ExecutionId) -> Option<SettlementRecord>;
         read Settlements = fn settlements(from: NaiveDate, to: NaiveDate, limit: u32)
             -> Vec<SettlementRecord>;
+        read SettlementsAfter = fn settlements_after(
+            scope: Option<&Scope>,
+            after: FeedPosition,
+            limit: u32,
+        ) -> Vec<FeedEntry>;
     }
     impl SpendStore via stores {
         read SessionSpend = fn session_spend(

@@ -262,6 +262,22 @@ pub trait SettlementStore: Send + Sync {
         to: NaiveDate,
         limit: u32,
     ) -> StoreResult<Vec<SettlementRecord>>;
+
+    /// The finance feed: up to `limit` settlements of `scope` (all scopes when `None`) after
+    /// `after`, in feed order ([`FeedPosition`]). For a scope, only settlements that no running
+    /// transaction can still precede are listed, so a reader resuming after the last position it
+    /// got never misses one that commits later (SC-141). Across scopes (`None`, the operator's
+    /// export) every committed settlement is listed: a listing of what has committed, without
+    /// that guarantee for rows committing while it pages.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn settlements_after(
+        &self,
+        scope: Option<&Scope>,
+        after: FeedPosition,
+        limit: u32,
+    ) -> StoreResult<Vec<FeedEntry>>;
 }
 
 /// Spend totals, kept per currency (SC-105): a consumer charged in two currencies has one

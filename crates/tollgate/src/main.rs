@@ -187,8 +187,12 @@ enum Keys {
         #[arg(long)]
         role: String,
         /// The key stops working this many days from now (default: never).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "expires_at")]
         expires_in_days: Option<u32>,
+        /// The key stops working at this instant (RFC 3339, e.g. 2027-01-01T00:00:00Z; in the
+        /// future).
+        #[arg(long)]
+        expires_at: Option<String>,
     },
     /// List the stored keys (id, scope, role, created, last used, expiry, revoked; never a key).
     List {
@@ -265,8 +269,18 @@ fn main() -> ExitCode {
                         scope,
                         role,
                         expires_in_days,
+                        expires_at,
                     },
-            } => serve::keys_create(&scope, &role, expires_in_days, cli.json).await,
+            } => {
+                serve::keys_create(
+                    &scope,
+                    &role,
+                    expires_in_days,
+                    expires_at.as_deref(),
+                    cli.json,
+                )
+                .await
+            }
             Command::Keys {
                 what: Keys::List { scope },
             } => serve::keys_list(scope.as_deref(), cli.json).await,

@@ -7,6 +7,7 @@ use crate::error::CommandError;
 use crate::print;
 use chrono::NaiveDate;
 use serde_json::json;
+use std::io::Write;
 use std::sync::Arc;
 use tollgate_core::ids::{OperationKey, Scope};
 use tollgate_postgres::PgStores;
@@ -16,16 +17,16 @@ use tollgate_runner::{views, SystemClock};
 use tollgate_store::audit::{ChainBroken, ChainVerifier};
 use tollgate_store::ledger::{ledger_limit, LedgerReport};
 use tollgate_store::{
-    AllStores, AuditChain, AuditHead, AuditLog, AuditPosition, ExecutionStore, LedgerAudit,
-    ResultStore, SettlementStore, UsageInbox, WorkScan,
+    AllStores, AuditChain, AuditHead, AuditLog, AuditPosition, ExecutionStore, FeedPosition,
+    LedgerAudit, ResultStore, SettlementRecord, SettlementStore, UsageInbox, WorkScan,
 };
 
 /// Scopes read per page when a command runs over every scope with work.
 const SCOPES_PAGE: u32 = 1_000;
 /// Audit rows read per page when verifying or inspecting.
 const AUDIT_PAGE_ROWS: u32 = 1_000;
-/// Settlement rows exported at most.
-const EXPORT_ROWS_MAX: u32 = 100_000;
+/// Settlement rows `finance export` reads per page (it writes each page before reading the next).
+const EXPORT_PAGE_ROWS: u32 = 1_000;
 
 async fn stores() -> Result<Arc<PgStores>, CommandError> {
     let url = database_url().ok_or(CommandError::NoDatabase(
@@ -345,57 +346,112 @@ pub async fn finance_export(
     to: NaiveDate,
     format: &str,
 ) -> Result<(), CommandError> {
-    if !matches!(format, "csv" | "json") {
-        return Err(CommandError::InvalidArgument(format!(
-            "unknown format {format:?} (csv, json)"
-        )));
-    }
+    let format = ExportFormat::parse(format)?;
     let stores = stores().await?;
-    // One row more than the bound tells an export that would be cut short.
-    let rows = stores.settlements(from, to, EXPORT_ROWS_MAX + 1).await?;
-    check_export_size(rows.len())?;
-    if format == "json" {
-        print::json(&serde_json::to_value(&rows)?);
-        return Ok(());
-    }
-    print::line("settlement_id,scope,consumer,session_id,accounting_day,execution_id,operation_key,kind,provider,model,price_version,policy_version,currency,input_tokens,output_tokens,cache_read_tokens,cache_write_tokens,reasoning_tokens,amount,source,settled_at");
-    for r in rows {
-        let fields = [
-            r.id.to_string(),
-            r.scope.to_string(),
-            r.consumer.to_string(),
-            r.session_id.to_string(),
-            r.accounting_day.to_string(),
-            r.execution_id.to_string(),
-            r.operation_key.to_string(),
-            r.kind.to_string(),
-            r.provider.clone(),
-            r.model.clone(),
-            r.price_version.clone(),
-            r.policy_version.clone(),
-            r.currency.to_string(),
-            r.usage.input.to_string(),
-            r.usage.output.to_string(),
-            r.usage.cache_read.to_string(),
-            r.usage.cache_write.to_string(),
-            r.usage.reasoning.to_string(),
-            r.amount.to_string(),
-            r.source.to_string(),
-            r.settled_at.to_rfc3339(),
-        ];
-        print::line(&fields.map(|f| csv_field(&f)).join(","));
-    }
-    Ok(())
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    export_settlements(&*stores, from, to, format, EXPORT_PAGE_ROWS, &mut out).await?;
+    out.flush().map_err(export_io)
 }
 
-/// An export is complete or refused: never silently cut at [`EXPORT_ROWS_MAX`].
-fn check_export_size(rows: usize) -> Result<(), CommandError> {
-    if rows > EXPORT_ROWS_MAX as usize {
-        return Err(CommandError::InvalidArgument(format!(
-            "the range holds more than {EXPORT_ROWS_MAX} settlements: export shorter ranges"
-        )));
+/// How `finance export` writes its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ExportFormat {
+    Csv,
+    /// One JSON array, written row by row.
+    Json,
+}
+
+impl ExportFormat {
+    fn parse(format: &str) -> Result<Self, CommandError> {
+        match format {
+            "csv" => Ok(Self::Csv),
+            "json" => Ok(Self::Json),
+            other => Err(CommandError::InvalidArgument(format!(
+                "unknown format {other:?} (csv, json)"
+            ))),
+        }
     }
-    Ok(())
+}
+
+fn export_io(source: std::io::Error) -> CommandError {
+    CommandError::Io {
+        action: "write the export".into(),
+        source,
+    }
+}
+
+const EXPORT_CSV_HEADER: &str = "settlement_id,scope,consumer,session_id,accounting_day,execution_id,operation_key,kind,provider,model,price_version,policy_version,currency,input_tokens,output_tokens,cache_read_tokens,cache_write_tokens,reasoning_tokens,amount,source,settled_at";
+
+/// Writes every settlement with `from ≤ accounting_day ≤ to` to `out` as it is read, one page
+/// of `page_rows` at a time through the finance feed's cursor (SC-143): no row limit, memory
+/// bounded by a page. The feed lists settlements whose transactions have ended, in feed order.
+async fn export_settlements<S: SettlementStore + ?Sized, W: Write>(
+    stores: &S,
+    from: NaiveDate,
+    to: NaiveDate,
+    format: ExportFormat,
+    page_rows: u32,
+    out: &mut W,
+) -> Result<u64, CommandError> {
+    match format {
+        ExportFormat::Csv => writeln!(out, "{EXPORT_CSV_HEADER}"),
+        ExportFormat::Json => write!(out, "["),
+    }
+    .map_err(export_io)?;
+    let mut after = FeedPosition::START;
+    let mut written = 0u64;
+    loop {
+        let page = stores.settlements_after(None, after, page_rows).await?;
+        let Some(last) = page.last() else { break };
+        after = last.position;
+        for entry in page {
+            let r = entry.settlement;
+            if r.accounting_day < from || r.accounting_day > to {
+                continue;
+            }
+            match format {
+                ExportFormat::Csv => writeln!(out, "{}", csv_row(&r)),
+                ExportFormat::Json => {
+                    let sep = if written == 0 { "" } else { "," };
+                    write!(out, "{sep}{}", serde_json::to_string(&r)?)
+                }
+            }
+            .map_err(export_io)?;
+            written += 1;
+        }
+    }
+    if format == ExportFormat::Json {
+        writeln!(out, "]").map_err(export_io)?;
+    }
+    Ok(written)
+}
+
+/// One settlement as a CSV line (without the newline).
+fn csv_row(r: &SettlementRecord) -> String {
+    let fields = [
+        r.id.to_string(),
+        r.scope.to_string(),
+        r.consumer.to_string(),
+        r.session_id.to_string(),
+        r.accounting_day.to_string(),
+        r.execution_id.to_string(),
+        r.operation_key.to_string(),
+        r.kind.to_string(),
+        r.provider.clone(),
+        r.model.clone(),
+        r.price_version.clone(),
+        r.policy_version.clone(),
+        r.currency.to_string(),
+        r.usage.input.to_string(),
+        r.usage.output.to_string(),
+        r.usage.cache_read.to_string(),
+        r.usage.cache_write.to_string(),
+        r.usage.reasoning.to_string(),
+        r.amount.to_string(),
+        r.source.to_string(),
+        r.settled_at.to_rfc3339(),
+    ];
+    fields.map(|f| csv_field(&f)).join(",")
 }
 
 /// One CSV field. A caller-controlled text that a spreadsheet would read as a formula (it starts
@@ -430,13 +486,60 @@ mod tests {
         assert_eq!(csv_field("@sum"), "'@sum");
     }
 
-    #[test]
-    fn an_export_over_the_bound_is_refused_not_cut() {
-        assert!(check_export_size(EXPORT_ROWS_MAX as usize).is_ok());
-        let refused = check_export_size(EXPORT_ROWS_MAX as usize + 1).unwrap_err();
-        assert!(
-            refused.to_string().contains("more than 100000"),
-            "{refused}"
-        );
+    /// More settlements than a page, with a formula in a caller-controlled cell: all of them
+    /// are written once, outside the day range none, and the formula stays neutralized.
+    #[tokio::test]
+    async fn sc_143_export_pages_through_every_row_of_the_range() {
+        use tollgate_store::conformance::{claim_req, settle_req, text_config};
+        use tollgate_store::{ClaimOutcome, ExecutionStore, MemoryStores};
+        let stores = MemoryStores::new();
+        let mut keys = Vec::new();
+        for i in 0..7 {
+            let key = if i == 3 {
+                "=cmd()".to_string()
+            } else {
+                format!("k{i}")
+            };
+            let ClaimOutcome::Claimed(r) = stores
+                .claim(claim_req("a", &key, text_config(), "0.5"))
+                .await
+                .unwrap()
+            else {
+                panic!("fresh key")
+            };
+            let r = stores
+                .mark_dispatched(r.fence(), tollgate_store::conformance::t0())
+                .await
+                .unwrap();
+            stores.settle(settle_req(&r, "0.01", "x")).await.unwrap();
+            keys.push(key);
+        }
+        let day = tollgate_store::conformance::t0().date_naive();
+        let mut out = Vec::new();
+        let written = export_settlements(&stores, day, day, ExportFormat::Csv, 2, &mut out)
+            .await
+            .unwrap();
+        assert_eq!(written, 7, "7 rows over 4 pages of 2");
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], EXPORT_CSV_HEADER);
+        assert_eq!(lines.len(), 8);
+        assert!(lines[4].contains(",'=cmd(),"), "{}", lines[4]);
+        for (line, key) in lines[1..].iter().zip(&keys) {
+            assert_eq!(line.split(',').nth(6), Some(csv_field(key).as_str()));
+        }
+        let mut json = Vec::new();
+        export_settlements(&stores, day, day, ExportFormat::Json, 3, &mut json)
+            .await
+            .unwrap();
+        let rows: Vec<SettlementRecord> = serde_json::from_slice(&json).unwrap();
+        assert_eq!(rows.len(), 7);
+        let next = day.succ_opt().unwrap();
+        let mut none = Vec::new();
+        let written = export_settlements(&stores, next, next, ExportFormat::Json, 2, &mut none)
+            .await
+            .unwrap();
+        assert_eq!(written, 0);
+        assert_eq!(String::from_utf8(none).unwrap(), "[]\n");
     }
 }

@@ -53,16 +53,29 @@ pub async fn scheduler(config: Option<PathBuf>) -> Result<(), CommandError> {
         .map_err(CommandError::from)
 }
 
-/// `tollgate keys create --scope S --role R [--expires-in-days N] [--json]`: prints the key
-/// once.
+/// `tollgate keys create --scope S --role R [--expires-in-days N | --expires-at T] [--json]`:
+/// prints the key once.
 pub async fn keys_create(
     scope: &str,
     role: &str,
     expires_in_days: Option<u32>,
+    expires_at: Option<&str>,
     json: bool,
 ) -> Result<(), CommandError> {
     let env = std::env::vars().collect();
-    let (key, record) = start::create_key_expiring(&env, scope, role, expires_in_days).await?;
+    let (key, record) = match expires_at {
+        Some(text) => {
+            let at = chrono::DateTime::parse_from_rfc3339(text)
+                .map_err(|e| {
+                    CommandError::InvalidArgument(format!(
+                        "--expires-at must be an RFC 3339 time: {e}"
+                    ))
+                })?
+                .with_timezone(&chrono::Utc);
+            start::create_key_until(&env, scope, role, Some(at)).await?
+        }
+        None => start::create_key_expiring(&env, scope, role, expires_in_days).await?,
+    };
     if json {
         print::json(&serde_json::json!({
             "key": key.expose(), "scope": scope, "role": role,

@@ -300,6 +300,14 @@ impl SettlementStore for SimStores {
     ) -> StoreResult<Vec<SettlementRecord>> {
         read!(self, self.inner().settlements(from, to, limit))
     }
+    async fn settlements_after(
+        &self,
+        scope: Option<&Scope>,
+        after: FeedPosition,
+        limit: u32,
+    ) -> StoreResult<Vec<FeedEntry>> {
+        read!(self, self.inner().settlements_after(scope, after, limit))
+    }
 }
 
 #[async_trait]

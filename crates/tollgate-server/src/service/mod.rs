@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod backlog;
 pub mod calls;
+pub mod finance;
 pub mod keys;
 pub mod openai;
 pub mod roots;

@@ -637,6 +637,31 @@ impl SettlementStore for MemoryStores {
             .cloned()
             .collect())
     }
+
+    async fn settlements_after(
+        &self,
+        scope: Option<&Scope>,
+        after: FeedPosition,
+        limit: u32,
+    ) -> StoreResult<Vec<FeedEntry>> {
+        // Every write is atomic under the lock: insert order is commit order, so the n-th
+        // settlement (from 1) sits at (n, n).
+        Ok(self
+            .lock()?
+            .settlements
+            .iter()
+            .zip(1u64..)
+            .map(|(s, n)| FeedEntry {
+                position: FeedPosition {
+                    txid: n,
+                    seq: i64::try_from(n).unwrap_or(i64::MAX),
+                },
+                settlement: s.clone(),
+            })
+            .filter(|e| e.position > after && scope.is_none_or(|sc| &e.settlement.scope == sc))
+            .take(limit as usize)
+            .collect())
+    }
 }
 
 #[async_trait]
