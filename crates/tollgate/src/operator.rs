@@ -14,11 +14,12 @@ use tollgate_postgres::PgStores;
 use tollgate_runner::backlog::{FetchReport, Selection};
 use tollgate_runner::recovery::Reconciler;
 use tollgate_runner::{views, SystemClock};
+use tollgate_server::console::csv::settlement_row as csv_row;
 use tollgate_store::audit::{ChainBroken, ChainVerifier};
 use tollgate_store::ledger::{ledger_limit, LedgerReport};
 use tollgate_store::{
     AllStores, AuditChain, AuditHead, AuditLog, AuditPosition, ExecutionStore, FeedPosition,
-    LedgerAudit, ResultStore, SettlementRecord, SettlementStore, UsageInbox, WorkScan,
+    LedgerAudit, ResultStore, SettlementStore, UsageInbox, WorkScan,
 };
 
 /// Scopes read per page when a command runs over every scope with work.
@@ -380,7 +381,8 @@ fn export_io(source: std::io::Error) -> CommandError {
     }
 }
 
-const EXPORT_CSV_HEADER: &str = "settlement_id,scope,consumer,session_id,accounting_day,execution_id,operation_key,kind,provider,model,price_version,policy_version,currency,input_tokens,output_tokens,cache_read_tokens,cache_write_tokens,reasoning_tokens,amount,source,settled_at";
+/// The finance view's columns, in order (shared with the console's CSV download).
+const EXPORT_CSV_HEADER: &str = tollgate_server::console::csv::HEADER;
 
 /// Writes every settlement with `from ≤ accounting_day ≤ to` to `out` as it is read, one page
 /// of `page_rows` at a time through the finance feed's cursor (SC-143): no row limit, memory
@@ -426,53 +428,11 @@ async fn export_settlements<S: SettlementStore + ?Sized, W: Write>(
     Ok(written)
 }
 
-/// One settlement as a CSV line (without the newline).
-fn csv_row(r: &SettlementRecord) -> String {
-    let fields = [
-        r.id.to_string(),
-        r.scope.to_string(),
-        r.consumer.to_string(),
-        r.session_id.to_string(),
-        r.accounting_day.to_string(),
-        r.execution_id.to_string(),
-        r.operation_key.to_string(),
-        r.kind.to_string(),
-        r.provider.clone(),
-        r.model.clone(),
-        r.price_version.clone(),
-        r.policy_version.clone(),
-        r.currency.to_string(),
-        r.usage.input.to_string(),
-        r.usage.output.to_string(),
-        r.usage.cache_read.to_string(),
-        r.usage.cache_write.to_string(),
-        r.usage.reasoning.to_string(),
-        r.amount.to_string(),
-        r.source.to_string(),
-        r.settled_at.to_rfc3339(),
-    ];
-    fields.map(|f| csv_field(&f)).join(",")
-}
-
-/// One CSV field. A caller-controlled text that a spreadsheet would read as a formula (it starts
-/// with `=`, `+`, `-`, `@`, a tab or a carriage return) is prefixed with `'`; amounts, counts and
-/// dates never start so.
-fn csv_field(value: &str) -> String {
-    let value = if value.starts_with(['=', '+', '-', '@', '\t', '\r']) {
-        format!("'{value}")
-    } else {
-        value.to_string()
-    };
-    if value.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", value.replace('"', "\"\""))
-    } else {
-        value.to_string()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tollgate_server::console::csv::field as csv_field;
+    use tollgate_store::SettlementRecord;
 
     #[test]
     fn csv_fields_are_quoted_and_formulas_neutralized() {

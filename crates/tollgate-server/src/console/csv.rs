@@ -14,33 +14,39 @@ pub fn settlements_csv(rows: &[SettlementRecord]) -> String {
     out.push_str(HEADER);
     out.push('\n');
     for r in rows {
-        let fields = [
-            r.id.to_string(),
-            r.scope.to_string(),
-            r.consumer.to_string(),
-            r.session_id.to_string(),
-            r.accounting_day.to_string(),
-            r.execution_id.to_string(),
-            r.operation_key.to_string(),
-            r.kind.to_string(),
-            r.provider.clone(),
-            r.model.clone(),
-            r.price_version.clone(),
-            r.policy_version.clone(),
-            r.currency.to_string(),
-            r.usage.input.to_string(),
-            r.usage.output.to_string(),
-            r.usage.cache_read.to_string(),
-            r.usage.cache_write.to_string(),
-            r.usage.reasoning.to_string(),
-            r.amount.to_string(),
-            r.source.to_string(),
-            r.settled_at.to_rfc3339(),
-        ];
-        out.push_str(&fields.map(|f| field(&f)).join(","));
+        out.push_str(&settlement_row(r));
         out.push('\n');
     }
     out
+}
+
+/// One settlement as a CSV line in [`HEADER`]'s columns (without the newline); also what
+/// `tollgate finance export` writes.
+pub fn settlement_row(r: &SettlementRecord) -> String {
+    let fields = [
+        r.id.to_string(),
+        r.scope.to_string(),
+        r.consumer.to_string(),
+        r.session_id.to_string(),
+        r.accounting_day.to_string(),
+        r.execution_id.to_string(),
+        r.operation_key.to_string(),
+        r.kind.to_string(),
+        r.provider.clone(),
+        r.model.clone(),
+        r.price_version.clone(),
+        r.policy_version.clone(),
+        r.currency.to_string(),
+        r.usage.input.to_string(),
+        r.usage.output.to_string(),
+        r.usage.cache_read.to_string(),
+        r.usage.cache_write.to_string(),
+        r.usage.reasoning.to_string(),
+        r.amount.to_string(),
+        r.source.to_string(),
+        r.settled_at.to_rfc3339(),
+    ];
+    fields.map(|f| field(&f)).join(",")
 }
 
 /// One CSV field: a text a spreadsheet would read as a formula (starting with `=`, `+`, `-`,
