@@ -29,6 +29,26 @@ const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const CANARY: &str = "canary-console-9d41e7-never-shown";
 /// Longest wait for the browser, chromedriver or a download.
 const WAIT: Duration = Duration::from_secs(30);
+/// A provider on the Responses protocol (its finished responses can be fetched) and a profile
+/// whose stream is cut after the response id, before any usage.
+const RESPONSES_PROFILE: &str = r#"
+[[providers]]
+name = "mock-responses"
+kind = "openai-responses"
+base_url = "{mock_url}"
+
+[[profiles]]
+name = "cut-responses"
+kind = "text"
+provider = "mock-responses"
+model = "mock-cut-before-usage"
+policy_version = "policy-1"
+price_version = "prices-t"
+consumer = "team-a"
+max_tokens = 64
+max_input_chars = 200
+run_timeout_ms = 10000
+"#;
 
 /// chromedriver on a free loopback port, ended when dropped.
 struct Driver {
@@ -272,16 +292,17 @@ fn csv_rows(text: &str) -> BTreeSet<(String, String, String)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sc_153_sc_154_sc_155_sc_158_sc_159_the_console_in_a_real_browser() {
+async fn sc_147_sc_148_sc_149_sc_153_sc_154_sc_155_sc_158_sc_159_the_console_in_a_real_browser() {
     let driver = start_driver().await;
     let db = TestDatabase::create(&admin_url()).await.unwrap();
     let stores = db.stores(4).await.unwrap();
     stores.migrate().await.unwrap();
     let stores = Arc::new(stores);
-    let s = Server::start(Backend::Postgres(stores)).await;
+    let s = Server::start_with(Backend::Postgres(stores), RESPONSES_PROFILE).await;
     let base = s.base.clone();
     let operator = key(&s, KeyRole::Operator).await;
     let finance = key(&s, KeyRole::Finance).await;
+    let doomed = key(&s, KeyRole::Caller).await;
 
     // Calls whose content carries the canary: three settle, one is cut and awaits an operator.
     for n in 0..3 {
@@ -304,6 +325,16 @@ async fn sc_153_sc_154_sc_155_sc_158_sc_159_the_console_in_a_real_browser() {
         .await;
     assert_eq!(status, StatusCode::OK, "{cut}");
     assert_eq!(cut["state"], "reconciliation_required");
+    // Cut on the Responses protocol after the response id: its usage can be fetched later.
+    let (status, cut_r, _) = s
+        .post(
+            "/v1/calls",
+            &s.caller,
+            &call("cut-responses", "order-evidence", "r", CANARY),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{cut_r}");
+    assert_eq!(cut_r["state"], "reconciliation_required");
 
     let downloads = tempdir();
     let client = browser(&driver, &downloads).await;
@@ -326,14 +357,64 @@ async fn sc_153_sc_154_sc_155_sc_158_sc_159_the_console_in_a_real_browser() {
     let (settled_before, held_before) = team_a_spend(&client).await;
     assert!(
         held_before > Decimal::ZERO,
-        "the cut call holds its worst case"
+        "the cut calls hold their worst case"
     );
-    assert_eq!(text_of(&client, "#backlog-count").await, "1");
+    assert_eq!(text_of(&client, "#backlog-count").await, "2");
     screenshot(&client, "overview").await;
     sources.push(client.source().await.unwrap());
 
+    // SC-147: the backlog shows the evidence status; fetching stores the Responses call's usage
+    // as late evidence and settles nothing (the chat call cannot be fetched).
     open_page(&client, "backlog").await;
-    text_of(&client, "#backlog-table tr[data-operation-key='order-cut']").await;
+    for key in ["order-cut", "order-evidence"] {
+        let css = format!("#backlog-table tr[data-operation-key='{key}'][data-evidence='none']");
+        text_of(&client, &css).await;
+    }
+    client
+        .find(Locator::Css("#fetch-evidence"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let fetched = text_of(
+        &client,
+        "tr[data-operation-key='order-evidence'][data-evidence='late_exact'] td.evidence",
+    )
+    .await;
+    let (_, admin, _) = s.get("/v1/admin/backlog", &operator).await;
+    let admin_entry = admin["backlog"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["operation_key"] == "order-evidence")
+        .unwrap()
+        .clone();
+    assert_eq!(admin_entry["evidence"], "late_exact");
+    let evidence_amount = Decimal::from_str(admin_entry["amount"].as_str().unwrap()).unwrap();
+    assert!(evidence_amount > Decimal::ZERO);
+    assert!(
+        fetched.contains(&format!(
+            "would charge {}",
+            admin_entry["amount"].as_str().unwrap()
+        )),
+        "{fetched}"
+    );
+    let report = text_of(&client, "#fetch-report").await;
+    assert!(
+        report.contains("1 stored") && report.contains("order-cut (unsupported)"),
+        "{report}"
+    );
+    text_of(
+        &client,
+        "tr[data-operation-key='order-cut'][data-evidence='none'] button.resolve",
+    )
+    .await;
+    let (_, unchanged, _) = s.get("/v1/calls/order-evidence", &s.caller).await;
+    assert_eq!(
+        unchanged["state"], "reconciliation_required",
+        "a fetch never settles"
+    );
     screenshot(&client, "backlog").await;
     sources.push(client.source().await.unwrap());
     client
@@ -387,7 +468,83 @@ async fn sc_153_sc_154_sc_155_sc_158_sc_159_the_console_in_a_real_browser() {
     let (settled_after, held_after) = team_a_spend(&client).await;
     assert_eq!(settled_after - settled_before, amount);
     assert!(held_after < held_before);
+    assert_eq!(text_of(&client, "#backlog-count").await, "1");
+
+    // SC-148: the Responses item is resolved from its evidence: a dry run shows the amount and
+    // changes nothing; the confirmation settles it once; the settled spend moves by that amount.
+    open_page(&client, "backlog").await;
+    client
+        .find(Locator::Css(
+            "tr[data-operation-key='order-evidence'] button.resolve-evidence",
+        ))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    client
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("#evidence-dry-run"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let dry = client
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("#evidence-quote"))
+        .await
+        .unwrap();
+    let dry_amount = Decimal::from_str(&dry.attr("data-amount").await.unwrap().unwrap()).unwrap();
+    assert_eq!(dry_amount, evidence_amount);
+    let (_, unchanged, _) = s.get("/v1/calls/order-evidence", &s.caller).await;
+    assert_eq!(
+        unchanged["state"], "reconciliation_required",
+        "a dry run changes nothing"
+    );
+    screenshot(&client, "backlog-evidence-dry-run").await;
+    client
+        .find(Locator::Css("#confirm-evidence"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let settled = client
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("#resolved[data-amount]"))
+        .await
+        .unwrap();
+    let charged = Decimal::from_str(&settled.attr("data-amount").await.unwrap().unwrap()).unwrap();
+    assert_eq!(charged, dry_amount);
+    screenshot(&client, "backlog-evidence-settled").await;
+    // Once: a second settlement finds nothing awaiting an operator and charges nothing (the
+    // spend below moves by the one amount).
+    let again = json!({"keys": ["order-evidence"]});
+    let (_, replay, _) = s
+        .post(
+            "/v1/admin/reconcile/resolve-from-evidence",
+            &operator,
+            &again,
+        )
+        .await;
+    assert_eq!(replay["items"][0]["reason"], "not_awaiting_operator");
+    let (settled_evidence, _) = team_a_spend(&client).await;
+    assert_eq!(settled_evidence - settled_after, dry_amount);
     assert_eq!(text_of(&client, "#backlog-count").await, "0");
+    let (_, view, _) = s.get("/v1/calls/order-evidence", &s.caller).await;
+    assert_eq!(view["state"], "completed");
+    assert_eq!(
+        exact(view["receipt"]["amount"].as_str().unwrap()),
+        exact(&dry_amount.to_string())
+    );
+    open_page(&client, "execution/order-evidence").await;
+    let trail = text_of(&client, "#audit-trail").await;
+    assert!(trail.contains("settled"), "{trail}");
+    sources.push(client.source().await.unwrap());
 
     open_page(&client, "execution/order-cut").await;
     assert_eq!(text_of(&client, "#journal-state").await, "completed");
@@ -398,6 +555,87 @@ async fn sc_153_sc_154_sc_155_sc_158_sc_159_the_console_in_a_real_browser() {
     assert!(trail.contains("reconciliation_required") && trail.contains("settled"));
     screenshot(&client, "execution").await;
     sources.push(client.source().await.unwrap());
+
+    // SC-149: the keys page lists the scope's keys, never a key; a revocation needs a
+    // confirmation and the revoked key is refused on its next request.
+    let (_, listed, _) = s.get("/v1/admin/keys", &operator).await;
+    let ids: Vec<String> = listed["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        ids.len(),
+        5,
+        "caller, two operators, finance and the doomed caller"
+    );
+    let doomed_id = tollgate_store::KeyDigest::of_key(&doomed).to_hex();
+    assert!(ids.contains(&doomed_id));
+    open_page(&client, "keys").await;
+    let rows = client
+        .find_all(Locator::Css("#keys-table tbody tr"))
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), ids.len());
+    let keys_page = client.source().await.unwrap();
+    for secret in [&s.caller, &s.operator, &operator, &finance, &doomed] {
+        assert!(
+            !keys_page.contains(secret.as_str()),
+            "the keys page shows a key"
+        );
+    }
+    client
+        .find(Locator::Css(&format!(
+            "tr[data-key-id='{doomed_id}'] button.revoke"
+        )))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    text_of(
+        &client,
+        &format!("#revoke-confirm[data-key-id='{doomed_id}']"),
+    )
+    .await;
+    let (status, _, _) = s.get("/v1/calls/order-0", &doomed).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "nothing is revoked before the confirmation"
+    );
+    screenshot(&client, "keys-confirm").await;
+    client
+        .find(Locator::Css("#confirm-revoke"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    text_of(
+        &client,
+        &format!("tr[data-key-id='{doomed_id}'][data-revoked='true']"),
+    )
+    .await;
+    let (status, _, _) = s.get("/v1/calls/order-0", &doomed).await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "the revoked key is refused"
+    );
+    assert_eq!(
+        client
+            .find_all(Locator::Css("#keys-table tr[data-revoked='true']"))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    screenshot(&client, "keys").await;
+    sources.push(client.source().await.unwrap());
+    assert_same_origin(&loaded_urls(&client).await, &base);
+    assert_no_policy_violation(&client).await;
 
     open_page(&client, "audit").await;
     let chain = text_of(&client, "#chain-status").await;
@@ -451,7 +689,7 @@ async fn sc_153_sc_154_sc_155_sc_158_sc_159_the_console_in_a_real_browser() {
         .into_iter()
         .map(|(id, amount, source)| (id, exact(&amount), source))
         .collect();
-    assert_eq!(view.len(), 4);
+    assert_eq!(view.len(), 5);
     assert_eq!(csv_rows(&csv), view, "{csv}");
     assert!(csv.starts_with(tollgate_server::console::csv::HEADER));
     assert_same_origin(&loaded_urls(&client).await, &base);
@@ -609,5 +847,38 @@ async fn console_audit_page_names_the_first_violation_of_chain_and_ledger() {
     let (_, overview, _) = s.get("/v1/console/overview", &operator).await;
     assert_eq!(overview["ledger"]["ok"], false);
     assert!(overview["ledger"]["first_violation"].is_string());
+    s.stop().await;
+}
+
+/// SC-147: the console's backlog read is the reconciler's backlog: the same items, evidence
+/// status and exact amount as `GET /v1/admin/backlog`, before and after late evidence arrives.
+#[tokio::test]
+async fn sc_147_the_console_backlog_shows_the_admin_backlogs_evidence_status() {
+    let s = Server::memory().await;
+    let (_, cut, _) = s
+        .post("/v1/calls", &s.caller, &call("cut", "e-cut", "r", "hi"))
+        .await;
+    assert_eq!(cut["state"], "reconciliation_required");
+    let (_, console, _) = s.get("/v1/console/backlog", &s.operator).await;
+    let item = &console["items"][0];
+    assert_eq!(item["operation_key"], "e-cut");
+    assert_eq!(item["evidence"], "none");
+    assert_eq!(item["exact_amount"], Value::Null);
+    let evidence =
+        json!({"execution_id": cut["execution_id"], "usage": {"input": 10, "output": 20}});
+    let (status, _, _) = s
+        .post("/v1/admin/usage-evidence", &s.operator, &evidence)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, console, _) = s.get("/v1/console/backlog", &s.operator).await;
+    let (_, admin, _) = s.get("/v1/admin/backlog", &s.operator).await;
+    let (item, entry) = (&console["items"][0], &admin["backlog"][0]);
+    assert_eq!(item["evidence"], "late_exact");
+    assert_eq!(item["evidence"], entry["evidence"]);
+    assert_eq!(item["exact_amount"], "0.00005");
+    assert_eq!(item["exact_amount"], entry["amount"]);
+    assert_eq!(item["exact_usage"], entry["usage"]);
+    assert_eq!(item["hold"], entry["held"]);
+    assert_eq!(item["provider_ref"], entry["provider_ref"]);
     s.stop().await;
 }

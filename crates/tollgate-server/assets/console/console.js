@@ -9,7 +9,7 @@
   const $ = (id) => document.getElementById(id);
   const TITLES = {
     overview: "Overview", backlog: "Backlog", execution: "Execution",
-    finance: "Finance", audit: "Audit",
+    finance: "Finance", audit: "Audit", keys: "Keys",
   };
   let session = null;
 
@@ -114,7 +114,7 @@
     buildNav();
     view.replaceChildren(el("p", { class: "hint" }, "Loading…"));
     try {
-      const pages = { overview, backlog, execution, finance, audit };
+      const pages = { overview, backlog, execution, finance, audit, keys };
       const content = await pages[page](arg);
       view.replaceChildren(content);
       view.setAttribute("data-page", page);
@@ -224,30 +224,118 @@
         showError(error.message);
       }
     });
-    container.replaceChildren(el("h2", {}, "Resolve " + item.operation_key), form, out);
+    container.replaceChildren(el("h2", {}, "Resolve " + item.operation_key + " with stated usage"), form, out);
+  }
+
+  // Settling from stored evidence: a dry run shows the amount, the confirmation settles once
+  // (POST /v1/admin/reconcile/resolve-from-evidence, the operator's audited route).
+  function evidenceForm(item, container) {
+    const out = el("div", { class: "quote-area" });
+    const dry = el("button", { type: "button", id: "evidence-dry-run" }, "Show the charge");
+    const reason = (it) => it ? (it.reason || it.action) : "no answer";
+    dry.addEventListener("click", async () => {
+      showError("");
+      dry.disabled = true;
+      try {
+        const report = await postJson("/v1/admin/reconcile/resolve-from-evidence",
+          { keys: [item.operation_key], dry_run: true });
+        const planned = report.items[0];
+        if (!planned || planned.action !== "would_settle") {
+          out.replaceChildren(el("p", { id: "evidence-skipped", class: "status-bad" },
+            "Cannot settle from evidence: " + reason(planned)));
+          dry.disabled = false;
+          return;
+        }
+        const confirm = el("button", { type: "button", class: "danger", id: "confirm-evidence" },
+          "Charge " + planned.amount + " " + item.currency);
+        confirm.addEventListener("click", async () => {
+          confirm.disabled = true;
+          showError("");
+          try {
+            const done = await postJson("/v1/admin/reconcile/resolve-from-evidence", { keys: [item.operation_key] });
+            const settled = done.items[0];
+            if (!settled || settled.action !== "settled") {
+              out.replaceChildren(el("p", { id: "evidence-skipped", class: "status-bad" },
+                "Not settled: " + reason(settled)));
+              return;
+            }
+            out.replaceChildren(el("p", { id: "resolved", class: "status-ok", "data-amount": settled.amount },
+              "Settled from evidence " + text(settled.evidence_id) + ": charged " + settled.amount + " " + item.currency +
+              (settled.amount === planned.amount ? "" : " (the dry run showed " + planned.amount + ")")));
+            const row = document.querySelector("tr[data-operation-key=\"" + CSS.escape(item.operation_key) + "\"]");
+            if (row) row.remove();
+            dry.remove();
+          } catch (error) {
+            showError(error.message);
+          }
+        });
+        out.replaceChildren(el("div", { class: "quote", id: "evidence-quote", "data-amount": planned.amount },
+          el("p", {}, "Settling from the stored evidence (", usageText(planned.usage), ") will charge ",
+            el("strong", { id: "evidence-amount" }, planned.amount + " " + item.currency),
+            " and release the hold of " + item.hold + " " + item.currency + ". Nothing has changed yet."),
+          confirm));
+      } catch (error) {
+        showError(error.message);
+        dry.disabled = false;
+      }
+    });
+    container.replaceChildren(el("h2", {}, "Resolve " + item.operation_key + " from evidence"),
+      el("p", {}, "Evidence: " + item.evidence + " (" + usageText(item.exact_usage) + ")"), dry, out);
+  }
+
+  let fetchNotice = "";
+
+  async function fetchEvidence() {
+    showError("");
+    try {
+      const r = await postJson("/v1/admin/reconcile/fetch-evidence", {});
+      fetchNotice = "Fetched: " + r.scanned + " looked at, " + r.stored + " stored, " + r.duplicate + " already stored" +
+        (r.skipped.length ? "; skipped " + r.skipped.map((k) => k.operation_key + " (" + k.reason + ")").join(", ") : "") + ".";
+      await render();
+    } catch (error) {
+      showError(error.message);
+    }
+  }
+
+  function evidenceText(item) {
+    const ev = item.latest_evidence;
+    const parts = [item.evidence];
+    if (item.exact_amount) parts.push("would charge " + item.exact_amount + " " + item.currency);
+    if (ev) parts.push(item.evidence_rows + " rows, latest " + ev.source + (ev.exact ? " exact" : "") + (ev.acknowledged ? ", acknowledged" : ""));
+    return parts.join(" · ");
   }
 
   async function backlog() {
     const b = await getJson("/v1/console/backlog");
     const panel = el("section", { class: "card", id: "resolve-panel", hidden: true });
     const rows = b.items.map((item) => {
-      const ev = item.latest_evidence;
-      const button = el("button", { type: "button", class: "resolve", "data-execution": item.execution_id }, "Resolve…");
-      button.addEventListener("click", () => { panel.hidden = false; resolveForm(item, panel); });
-      return el("tr", { "data-operation-key": item.operation_key },
+      const settleable = item.exact_amount !== null && item.exact_amount !== undefined;
+      let button;
+      if (settleable) {
+        button = el("button", { type: "button", class: "resolve-evidence", "data-execution": item.execution_id }, "Resolve from evidence…");
+        button.addEventListener("click", () => { panel.hidden = false; evidenceForm(item, panel); });
+      } else {
+        button = el("button", { type: "button", class: "resolve", "data-execution": item.execution_id }, "Resolve with stated usage…");
+        button.addEventListener("click", () => { panel.hidden = false; resolveForm(item, panel); });
+      }
+      return el("tr", { "data-operation-key": item.operation_key, "data-evidence": item.evidence },
         el("td", {}, el("a", { href: "#execution/" + encodeURIComponent(item.operation_key) }, item.operation_key)),
         el("td", {}, item.consumer + " / " + item.model),
         el("td", {}, text(item.reconciliation_reason)),
         el("td", { class: "num" }, age(item.age_secs)),
         el("td", { class: "num hold" }, item.hold + " " + item.currency),
         el("td", {}, text(item.provider_ref)),
-        el("td", {}, item.evidence_rows === 0 ? "none" :
-          item.evidence_rows + " (latest " + ev.source + (ev.exact ? ", exact" : "") + (ev.acknowledged ? ", acknowledged" : "") +
-          (ev.amount ? ", would charge " + ev.amount : "") + ")"),
+        el("td", { class: "evidence evidence-" + item.evidence }, evidenceText(item)),
         el("td", {}, button));
     });
+    const fetchButton = el("button", { type: "button", id: "fetch-evidence" }, "Fetch evidence");
+    fetchButton.addEventListener("click", () => { fetchButton.disabled = true; fetchEvidence(); });
+    const notice = fetchNotice;
+    fetchNotice = "";
     return el("div", { id: "backlog" },
       el("h2", {}, "Backlog: executions awaiting an operator"),
+      el("p", {}, fetchButton, " ", el("span", { id: "fetch-report", class: "hint" }, notice ||
+        "Asks the providers that keep finished responses for their usage; stores it as evidence, never settles.")),
       b.items.length ? table(["operation key", "consumer / model", "reason", { label: "age", num: true },
         { label: "held", num: true }, "provider ref", "evidence", ""], rows, { id: "backlog-table" })
         : el("p", { id: "backlog-empty" }, "Nothing awaits an operator."),
@@ -301,6 +389,7 @@
   }
 
   function usageText(u) {
+    if (!u) return "none";
     return CLASSES.filter((c) => u[c]).map((c) => c + " " + u[c]).join(", ") || "none";
   }
 
@@ -389,6 +478,48 @@
           ledger.ok ? "clean" : ledger.violations_total + " violations"),
         kv(Object.entries(ledger.checked).map(([k, v]) => [k.replaceAll("_", " "), v])),
         first ? el("p", {}, "First violation: ", el("code", { id: "first-violation" }, JSON.stringify(first))) : null));
+  }
+
+  // ---- keys --------------------------------------------------------------------------------
+  // Metadata of the scope's keys (GET /v1/admin/keys: ids are digests, never a key) and their
+  // revocation after a confirmation (POST /v1/admin/keys/{id}/revoke).
+  async function keys() {
+    const k = await getJson("/v1/admin/keys");
+    const status = el("div", { id: "revoke-area" });
+    const rows = k.keys.map((key) => {
+      const short = key.id.slice(0, 12);
+      let action = el("span", { class: "hint" }, "revoked");
+      if (!key.revoked) {
+        action = el("button", { type: "button", class: "revoke", "data-key-id": key.id }, "Revoke…");
+        action.addEventListener("click", () => {
+          showError("");
+          const confirm = el("button", { type: "button", class: "danger", id: "confirm-revoke" }, "Revoke " + short + "…");
+          const cancel = el("button", { type: "button", id: "cancel-revoke" }, "Cancel");
+          cancel.addEventListener("click", () => status.replaceChildren());
+          confirm.addEventListener("click", async () => {
+            confirm.disabled = true;
+            try {
+              await postJson("/v1/admin/keys/" + encodeURIComponent(key.id) + "/revoke");
+              await render();
+            } catch (error) {
+              showError(error.message);
+              confirm.disabled = false;
+            }
+          });
+          status.replaceChildren(el("div", { class: "quote", id: "revoke-confirm", "data-key-id": key.id },
+            el("p", {}, "Revoke the " + key.role + " key " + short + "…? It stops working on its next request; this cannot be undone."),
+            confirm, " ", cancel));
+        });
+      }
+      return el("tr", { "data-key-id": key.id, "data-revoked": String(key.revoked) },
+        el("td", {}, el("code", {}, short + "…")), el("td", {}, key.role), el("td", {}, key.created_at),
+        el("td", {}, text(key.last_used_at)), el("td", {}, text(key.expires_at)),
+        el("td", { class: "revoked" }, key.revoked ? "revoked " + text(key.revoked_at) : "active"), el("td", {}, action));
+    });
+    return el("div", { id: "keys" },
+      el("h2", {}, "Keys · " + session.scope),
+      card("API keys of this scope (ids only; a key is never shown)",
+        table(["id", "role", "created", "last used", "expires", "state", ""], rows, { id: "keys-table" }), status));
   }
 
   // ---- session -----------------------------------------------------------------------------

@@ -1,7 +1,9 @@
-//! The backlog page (operators): executions awaiting an operator, with their age, hold,
-//! provider reference and evidence, and the quote of a resolution with stated usage — the amount
-//! it will charge, priced with the execution's own snapshot, before anything is charged. The
-//! resolution itself is `POST /v1/admin/executions/{execution_id}/resolve`.
+//! The backlog page (operators): executions awaiting an operator, listed by the reconciler's
+//! backlog (the call `GET /v1/admin/backlog` makes) with their age, hold, provider reference and
+//! evidence status, and the quote of a resolution with stated usage — the amount it will charge,
+//! priced with the execution's own snapshot, before anything is charged. The page settles with
+//! the admin routes themselves: `POST /v1/admin/reconcile/resolve-from-evidence` (dry run first)
+//! and `POST /v1/admin/executions/{execution_id}/resolve`.
 
 use super::session::{allow, Page};
 use crate::app::App;
@@ -14,6 +16,7 @@ use tollgate_core::ids::{ConsumerId, ExecutionId, OperationKey};
 use tollgate_core::money::{Currency, Money};
 use tollgate_core::state::{ExecutionState, ReconciliationReason};
 use tollgate_core::usage::Usage;
+use tollgate_runner::backlog::EvidenceStatus;
 use tollgate_store::{Evidence, EvidenceSource};
 
 /// Executions listed, at most (oldest first).
@@ -59,6 +62,13 @@ pub struct BacklogItem {
     pub currency: Currency,
     /// Provider reference, when known.
     pub provider_ref: Option<String>,
+    /// What the inbox holds: `none`, `late_exact`, `exact`, `conflicting`, `inexact` (the
+    /// backlog's evidence status, SC-112).
+    pub evidence: EvidenceStatus,
+    /// The usage of the one consistent exact piece, when there is one.
+    pub exact_usage: Option<Usage>,
+    /// What settling from that piece charges, at the snapshot's prices.
+    pub exact_amount: Option<Money>,
     /// Evidence rows recorded.
     pub evidence_rows: usize,
     /// The latest of them.
@@ -81,17 +91,20 @@ pub struct BacklogView {
 pub async fn backlog(app: &App, who: &Principal) -> Result<BacklogView, ApiError> {
     allow(who, Page::Backlog)?;
     let stores = app.backend.stores();
-    let now = Utc::now();
-    let rows = stores
-        .by_state(
-            &who.scope,
-            ExecutionState::ReconciliationRequired,
-            BACKLOG_ROWS_MAX + 1,
-        )
+    let entries = app
+        .reconciler
+        .backlog(&who.scope, BACKLOG_ROWS_MAX + 1)
         .await?;
-    let truncated = rows.len() > BACKLOG_ROWS_MAX as usize;
+    let truncated = entries.len() > BACKLOG_ROWS_MAX as usize;
     let mut items = Vec::new();
-    for r in rows.into_iter().take(BACKLOG_ROWS_MAX as usize) {
+    for entry in entries.into_iter().take(BACKLOG_ROWS_MAX as usize) {
+        // Settled or gone since the listing: no longer part of the backlog.
+        let Some(r) = stores
+            .execution_by_id(&who.scope, entry.execution_id)
+            .await?
+        else {
+            continue;
+        };
         let evidence: Vec<Evidence> = stores.evidence_for(r.id).await?;
         let prices = &r.binding.config.prices;
         let latest_evidence = evidence.last().map(|e| EvidenceBrief {
@@ -103,18 +116,21 @@ pub async fn backlog(app: &App, who: &Principal) -> Result<BacklogView, ApiError
             amount: prices.cost(&e.usage).ok(),
         });
         items.push(BacklogItem {
-            execution_id: r.id,
+            execution_id: entry.execution_id,
             consumer: r.binding.config.consumer.clone(),
-            model: r.binding.config.model.clone(),
-            reconciliation_reason: r.reconciliation_reason,
-            age_secs: (now - r.created_at).num_seconds().max(0),
-            created_at: r.created_at,
-            hold: r.hold,
+            model: entry.model,
+            reconciliation_reason: entry.reconciliation_reason,
+            age_secs: entry.age_ms / 1000,
+            created_at: entry.created_at,
+            hold: entry.held,
             currency: r.binding.config.currency.clone(),
-            provider_ref: r.provider_ref.clone(),
+            provider_ref: entry.provider_ref,
+            evidence: entry.evidence,
+            exact_usage: entry.usage,
+            exact_amount: entry.amount,
             evidence_rows: evidence.len(),
             latest_evidence,
-            operation_key: r.operation_key,
+            operation_key: entry.operation_key,
         });
     }
     Ok(BacklogView { items, truncated })

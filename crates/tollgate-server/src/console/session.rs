@@ -19,12 +19,20 @@ pub enum Page {
     Finance,
     /// The audit chain and the ledger audit.
     Audit,
+    /// The scope's API keys (metadata only) and their revocation.
+    Keys,
 }
 
 /// The pages a role may open, in menu order.
 pub fn pages_of(role: KeyRole) -> &'static [Page] {
     match role {
-        KeyRole::Operator => &[Page::Overview, Page::Backlog, Page::Execution, Page::Audit],
+        KeyRole::Operator => &[
+            Page::Overview,
+            Page::Backlog,
+            Page::Execution,
+            Page::Audit,
+            Page::Keys,
+        ],
         KeyRole::Finance => &[Page::Overview, Page::Finance],
         KeyRole::Caller => &[],
     }
@@ -94,6 +102,8 @@ mod tests {
         assert!(allow(&finance, Page::Finance).is_ok());
         assert!(allow(&finance, Page::Backlog).is_err());
         assert!(allow(&finance, Page::Audit).is_err());
+        assert!(allow(&operator, Page::Keys).is_ok());
+        assert!(allow(&finance, Page::Keys).is_err());
         assert_eq!(session(&finance).unwrap().role, "finance");
     }
 }

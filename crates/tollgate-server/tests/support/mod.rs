@@ -169,12 +169,14 @@ impl Server {
         Self::start_with(backend, "").await
     }
 
-    /// Like [`Server::start`], with `extra` TOML (e.g. more profiles) after the base config.
+    /// Like [`Server::start`], with `extra` TOML (e.g. more profiles) after the base config;
+    /// `{mock_url}` in `extra` is the mock provider's base URL.
     pub async fn start_with(backend: Backend, extra: &str) -> Self {
         let mock = MockProvider::start(([127, 0, 0, 1], 0).into())
             .await
             .unwrap();
         let env = Env::new();
+        let extra = extra.replace("{mock_url}", &mock.base_url());
         let text = format!("{}{extra}", config_text(&mock.base_url(), ""));
         let settings = FileConfig::from_toml(&text, &env)
             .unwrap()
