@@ -127,7 +127,19 @@ impl PgStores {
     ///
     /// Locks in the crate's order: the new execution row (the insert), the root row, the
     /// session spend row, the day spend row, the audit head.
+    ///
+    /// A replay is a plain read first (H-9): when the key already has a row, it is returned
+    /// without a write transaction. Only an absent key takes the insert path, where a claimer
+    /// racing on the same key is settled by `ON CONFLICT`.
     pub(crate) async fn claim_tx(&self, request: ClaimRequest) -> StoreResult<ClaimOutcome> {
+        {
+            let mut conn = self.pool().acquire().await.store_err()?;
+            if let Some(existing) =
+                locks::execution_by_key(&mut conn, &request.scope, &request.operation_key).await?
+            {
+                return Ok(ClaimOutcome::Existing(existing));
+            }
+        }
         let mut tx = self.pool().begin().await.store_err()?;
         let record = rules::new_execution(&request);
         let lease_now = self.lease_now(request.now);
