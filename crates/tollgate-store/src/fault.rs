@@ -588,7 +588,7 @@ mod tests {
         assert_eq!(names.len(), StoreOp::ALL.len());
         assert!(StoreOp::Settle.is_write() && !StoreOp::Execution.is_write());
         assert_eq!(StoreOp::RootReceipt.store(), "RootStore");
-        assert_eq!(StoreOp::ALL.iter().filter(|op| op.is_write()).count(), 20);
+        assert_eq!(StoreOp::ALL.iter().filter(|op| op.is_write()).count(), 22);
     }
 
     #[test]
