@@ -193,7 +193,9 @@ impl Case {
                     world,
                     "live",
                     text_reply(),
-                    Some((StoreOp::MarkDispatched, 1)),
+                    // The text call's hold shrinks to the loaded input's worst case, so its
+                    // dispatch mark is `mark_dispatched_with_hold` (SC-122).
+                    Some((StoreOp::MarkDispatchedWithHold, 1)),
                 )
                 .await;
             }

@@ -152,7 +152,9 @@ pub async fn assert_completed_untouched(
 /// heartbeat renews the lease from the claim on, and the call completes with its output.
 pub async fn sc_100_slow_dispatch_mark_keeps_its_lease(base: Arc<dyn Stores>) {
     let faults = Arc::new(FaultyStores::new(base.clone()));
+    // Whichever dispatch mark the runner takes (a hold fitted to the input shrinks, SC-122).
     faults.delay(StoreOp::MarkDispatched, MARK_DELAY_MS);
+    faults.delay(StoreOp::MarkDispatchedWithHold, MARK_DELAY_MS);
     let client = client();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let runner = runner(faults.clone(), clock.clone(), &client);
@@ -175,7 +177,9 @@ pub async fn sc_100_slow_dispatch_mark_keeps_its_lease(base: Arc<dyn Stores>) {
 /// would tick (and call the store) while the test waits ten leases after the answer.
 pub async fn sc_103_heartbeat_ends_with_the_call(base: Arc<dyn Stores>) {
     let faults = Arc::new(FaultyStores::new(base.clone()));
+    // Whichever dispatch mark the runner takes (a hold fitted to the input shrinks, SC-122).
     faults.delay(StoreOp::MarkDispatched, MARK_DELAY_MS);
+    faults.delay(StoreOp::MarkDispatchedWithHold, MARK_DELAY_MS);
     let client = client();
     let runner = runner(faults.clone(), Arc::new(SystemClock), &client);
     let view = runner.run(request("ends")).await.unwrap();
