@@ -381,6 +381,11 @@ pub(crate) struct SpendRow {
 }
 
 impl SpendRow {
+    /// The totals of a `settled` and a `held` column read without this struct.
+    pub(crate) fn totals(settled: Decimal, held: Decimal) -> StoreResult<SpendTotals> {
+        Self { settled, held }.into_totals()
+    }
+
     /// The totals.
     pub(crate) fn into_totals(self) -> StoreResult<SpendTotals> {
         Ok(SpendTotals {
