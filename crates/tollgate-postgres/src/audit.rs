@@ -70,10 +70,23 @@ async fn lock_head(
 /// # Errors
 /// Store failure; a corrupt head.
 pub(crate) async fn append(conn: &mut PgConnection, event: AuditEvent) -> StoreResult<AuditRow> {
+    let head = lock_head(conn, &event.scope, event.chain()).await?;
+    append_at(conn, event, head).await
+}
+
+/// Appends `event` after its chain's head `(last_seq, last_hash)`, which the caller has locked
+/// in this transaction (by [`append`]'s lock or in its own statement).
+///
+/// # Errors
+/// Store failure; a corrupt head.
+pub(crate) async fn append_at(
+    conn: &mut PgConnection,
+    event: AuditEvent,
+    (last_seq, last_hash): (i64, String),
+) -> StoreResult<AuditRow> {
     let mut event = event;
     event.at = audit_time(event.at);
     let chain = event.chain();
-    let (last_seq, last_hash) = lock_head(conn, &event.scope, chain).await?;
     let prev = Digest256::from_hex(&last_hash).map_err(|_| corrupt("audit head hash"))?;
     let seq = last_seq
         .checked_add(1)

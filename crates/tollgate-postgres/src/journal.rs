@@ -7,8 +7,9 @@ use crate::rows::{execution_columns, ExecutionRow};
 use crate::spend::{self, SpendKeys};
 use crate::PgStores;
 use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
 use sqlx::types::Json;
-use sqlx::PgConnection;
+use sqlx::{FromRow, PgConnection, Row};
 use tollgate_core::caps::CurrencySpend;
 use tollgate_core::ids::{ExecutionId, OperationKey, Scope};
 use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
@@ -25,12 +26,29 @@ const INSERT: &str = concat!(
     execution_columns!()
 );
 
-/// A fenced state change: only the current fence, only from an allowed state.
+/// A fenced state change: only the current fence, only from an allowed state. In the same round
+/// trip, after the row, it locks the head of the row's audit chain (`$8`) and returns it as
+/// `seq:hash` (`NULL` before the scope's first append), so the transition's audit append needs
+/// one statement more, not two (H-11). Row, then head: the crate's lock order.
 const FENCED: &str = concat!(
-    "UPDATE executions SET state = $4, provider_ref = COALESCE($5, provider_ref), \
-     updated_at = $6, reconciliation_reason = COALESCE($7, reconciliation_reason) WHERE id = $1 AND fence = $2 AND state = ANY($3) RETURNING ",
-    execution_columns!()
+    "WITH e AS (UPDATE executions SET state = $4, provider_ref = COALESCE($5, provider_ref), \
+     updated_at = $6, reconciliation_reason = COALESCE($7, reconciliation_reason) \
+     WHERE id = $1 AND fence = $2 AND state = ANY($3) RETURNING ",
+    execution_columns!(),
+    ") SELECT e.*, (SELECT h.last_seq::text || ':' || h.last_hash FROM audit_heads h \
+     WHERE h.scope = e.scope AND h.chain = $8 FOR UPDATE) AS audit_head FROM e"
 );
+
+/// A locked audit head as [`FENCED`] returns it.
+fn parse_head(head: &str) -> StoreResult<(i64, String)> {
+    let (seq, hash) = head
+        .split_once(':')
+        .ok_or_else(|| StoreError::Corrupt("audit head".into()))?;
+    let seq = seq
+        .parse()
+        .map_err(|_| StoreError::Corrupt("audit head seq".into()))?;
+    Ok((seq, hash.to_string()))
+}
 
 const NOT_DISPATCHED: &str = concat!(
     "UPDATE executions SET state = $2, not_dispatched_cause = $3, hold = 0, updated_at = $4 \
@@ -127,7 +145,19 @@ impl PgStores {
     ///
     /// Locks in the crate's order: the new execution row (the insert), the root row, the
     /// session spend row, the day spend row, the audit head.
+    ///
+    /// A replay is a plain read first (H-9): when the key already has a row, it is returned
+    /// without a write transaction. Only an absent key takes the insert path, where a claimer
+    /// racing on the same key is settled by `ON CONFLICT`.
     pub(crate) async fn claim_tx(&self, request: ClaimRequest) -> StoreResult<ClaimOutcome> {
+        {
+            let mut conn = self.pool().acquire().await.store_err()?;
+            if let Some(existing) =
+                locks::execution_by_key(&mut conn, &request.scope, &request.operation_key).await?
+            {
+                return Ok(ClaimOutcome::Existing(existing));
+            }
+        }
         let mut tx = self.pool().begin().await.store_err()?;
         let record = rules::new_execution(&request);
         let lease_now = self.lease_now(request.now);
@@ -206,7 +236,10 @@ impl PgStores {
         now: DateTime<Utc>,
     ) -> StoreResult<ExecutionRecord> {
         let mut tx = self.pool().begin().await.store_err()?;
-        let row: Option<ExecutionRow> = sqlx::query_as(FENCED)
+        let chain = AuditChain::of_execution(fence.execution_id);
+        let chain_number =
+            i16::try_from(chain.0).map_err(|_| StoreError::Corrupt("audit chain".into()))?;
+        let row: Option<PgRow> = sqlx::query(FENCED)
             .bind(fence.execution_id.0)
             .bind(fence.token.0)
             .bind(state_names(allowed))
@@ -214,14 +247,25 @@ impl PgStores {
             .bind(provider_ref)
             .bind(now)
             .bind(reason.map(|r| r.as_str()))
+            .bind(chain_number)
             .fetch_optional(&mut *tx)
             .await
             .store_err()?;
         let Some(row) = row else {
             return Err(refused(&mut tx, fence.execution_id).await);
         };
-        let record = row.into_record()?;
-        audit::append(&mut tx, rules::transition_event(&record, kind, now)).await?;
+        let head: Option<String> = row.try_get("audit_head").store_err()?;
+        let record = ExecutionRow::from_row(&row).store_err()?.into_record()?;
+        let event = rules::transition_event(&record, kind, now);
+        match head {
+            Some(head) if event.chain() == chain => {
+                audit::append_at(&mut tx, event, parse_head(&head)?).await?;
+            }
+            // The scope's heads do not exist yet (or another chain): the usual lock.
+            _ => {
+                audit::append(&mut tx, event).await?;
+            }
+        }
         tx.commit().await.store_err()?;
         Ok(record)
     }

@@ -51,7 +51,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use std::str::FromStr;
 #[cfg(feature = "test-support")]
 pub use test_support::{
-    fresh_test_database, test_admin_url, Tamper, TestDatabase, TEST_POOL_CONNECTIONS,
+    fresh_test_database, test_admin_url, ExecutionWritesBlocked, Tamper, TestDatabase,
+    TEST_POOL_CONNECTIONS,
 };
 use tollgate_store::StoreError;
 

@@ -381,6 +381,11 @@ pub(crate) struct SpendRow {
 }
 
 impl SpendRow {
+    /// The totals of a `settled` and a `held` column read without this struct.
+    pub(crate) fn totals(settled: Decimal, held: Decimal) -> StoreResult<SpendTotals> {
+        Self { settled, held }.into_totals()
+    }
+
     /// The totals.
     pub(crate) fn into_totals(self) -> StoreResult<SpendTotals> {
         Ok(SpendTotals {
@@ -475,5 +480,85 @@ impl ApiKeyRow {
             revoked_at: self.revoked_at,
             last_used_at: self.last_used_at,
         })
+    }
+}
+
+/// Reads the columns of a row of `T`'s table that a join aliased as `{prefix}{column}`; `None`
+/// when the `LEFT JOIN` found no row (the first column is `NULL`).
+fn joined<'r, T>(row: &'r sqlx::postgres::PgRow, prefix: &str, column: &str) -> sqlx::Result<T>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    use sqlx::Row;
+    row.try_get(format!("{prefix}{column}").as_str())
+}
+
+impl ResultRow {
+    /// The `r_`-aliased result columns of a joined row (see `executions::VIEW_BY_KEY`).
+    pub(crate) fn joined(row: &sqlx::postgres::PgRow) -> sqlx::Result<Option<Self>> {
+        let p = "r_";
+        let Some(execution_id) = joined::<Option<Uuid>>(row, p, "execution_id")? else {
+            return Ok(None);
+        };
+        Ok(Some(Self {
+            execution_id,
+            outcome: joined(row, p, "outcome")?,
+            stop: joined(row, p, "stop")?,
+            output: joined(row, p, "output")?,
+            step: joined(row, p, "step")?,
+            warnings: joined(row, p, "warnings")?,
+            retention_expires_at: joined(row, p, "retention_expires_at")?,
+            erased_at: joined(row, p, "erased_at")?,
+        }))
+    }
+}
+
+impl SettlementRow {
+    /// The `s_`-aliased settlement columns of a joined row (see `executions::VIEW_BY_KEY`).
+    pub(crate) fn joined(row: &sqlx::postgres::PgRow) -> sqlx::Result<Option<Self>> {
+        let p = "s_";
+        let Some(settlement_id) = joined::<Option<Uuid>>(row, p, "settlement_id")? else {
+            return Ok(None);
+        };
+        Ok(Some(Self {
+            settlement_id,
+            execution_id: joined(row, p, "execution_id")?,
+            scope: joined(row, p, "scope")?,
+            operation_key: joined(row, p, "operation_key")?,
+            kind: joined(row, p, "kind")?,
+            consumer: joined(row, p, "consumer")?,
+            session_id: joined(row, p, "session_id")?,
+            accounting_day: joined(row, p, "accounting_day")?,
+            provider: joined(row, p, "provider")?,
+            model: joined(row, p, "model")?,
+            price_version: joined(row, p, "price_version")?,
+            policy_version: joined(row, p, "policy_version")?,
+            currency: joined(row, p, "currency")?,
+            input_tokens: joined(row, p, "input_tokens")?,
+            output_tokens: joined(row, p, "output_tokens")?,
+            cache_read_tokens: joined(row, p, "cache_read_tokens")?,
+            cache_write_tokens: joined(row, p, "cache_write_tokens")?,
+            reasoning_tokens: joined(row, p, "reasoning_tokens")?,
+            amount: joined(row, p, "amount")?,
+            source: joined(row, p, "source")?,
+            settled_at: joined(row, p, "settled_at")?,
+        }))
+    }
+}
+
+impl ReceiptRow {
+    /// The `rr_`-aliased root receipt columns of a joined row (see `executions::VIEW_BY_KEY`).
+    pub(crate) fn joined(row: &sqlx::postgres::PgRow) -> sqlx::Result<Option<Self>> {
+        let p = "rr_";
+        let Some(root_id) = joined::<Option<Uuid>>(row, p, "root_id")? else {
+            return Ok(None);
+        };
+        Ok(Some(Self {
+            root_id,
+            execution_id: joined(row, p, "execution_id")?,
+            amount: joined(row, p, "amount")?,
+            currency: joined(row, p, "currency")?,
+            created_at: joined(row, p, "created_at")?,
+        }))
     }
 }

@@ -527,6 +527,26 @@ impl TestDatabase {
         let chain = u16::try_from(chain).map_err(|_| StoreError::Corrupt("audit chain".into()))?;
         Ok((chain, seq))
     }
+
+    /// Holds a lock on `executions` that every write of the table waits for (`SHARE` mode,
+    /// which plain reads pass), until the returned block is dropped.
+    ///
+    /// # Errors
+    /// The database cannot be reached.
+    pub async fn block_execution_writes(&self) -> Result<ExecutionWritesBlocked, StoreError> {
+        let mut conn = self.connection().await?;
+        sqlx::raw_sql("BEGIN; LOCK TABLE executions IN SHARE MODE")
+            .execute(&mut conn)
+            .await
+            .store_err()?;
+        Ok(ExecutionWritesBlocked { _conn: conn })
+    }
+}
+
+/// A connection whose open transaction blocks writes of `executions` (see
+/// [`TestDatabase::block_execution_writes`]); dropping it closes the connection and the lock.
+pub struct ExecutionWritesBlocked {
+    _conn: PgConnection,
 }
 
 /// Damage for the money conformance cases (SC-107, SC-108), done with SQL behind the stores'

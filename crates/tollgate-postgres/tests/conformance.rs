@@ -744,3 +744,34 @@ async fn sc_141_a_settlement_waits_for_older_transactions_and_sorts_after_them()
         "against seq order"
     );
 }
+
+/// A replay is answered from a plain read (H-9): with every write of `executions` blocked by
+/// another transaction, claiming an existing key still returns the row at once. The insert path
+/// (what a replay ran before) would wait for that lock.
+#[tokio::test]
+async fn h_9_a_replay_claim_writes_nothing() {
+    let database = TestDatabase::create(&test_admin_url()).await.unwrap();
+    let s = database.stores(4).await.unwrap();
+    s.migrate().await.unwrap();
+    let s = s.with_caller_lease_clock();
+    let ClaimOutcome::Claimed(first) = s
+        .claim(claim_req("a", "k1", text_config(), "0.5"))
+        .await
+        .unwrap()
+    else {
+        panic!("expected a claim");
+    };
+    let blocked = database.block_execution_writes().await.unwrap();
+    let replay = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        s.claim(claim_req("a", "k1", text_config(), "0.5")),
+    )
+    .await
+    .expect("a replay must not wait for a write lock")
+    .unwrap();
+    drop(blocked);
+    let ClaimOutcome::Existing(existing) = replay else {
+        panic!("expected the existing row");
+    };
+    assert_eq!(existing, first);
+}

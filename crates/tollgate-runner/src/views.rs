@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use tollgate_core::ids::{OperationKey, Scope};
 use tollgate_core::state::{ExecutionState, Outcome};
 use tollgate_core::view::{Receipt, View, ViewState};
-use tollgate_store::{ExecutionRecord, SettlementRecord, StoreResult, Stores};
+use tollgate_store::{ExecutionRecord, ResultRecord, SettlementRecord, StoreResult, Stores};
 
 /// The receipt of a settlement.
 pub fn receipt(settlement: &SettlementRecord) -> Receipt {
@@ -44,7 +44,8 @@ pub fn bare(operation_key: OperationKey, state: ViewState) -> View {
     }
 }
 
-/// The view of a journal row, reading its result and settlement.
+/// The view of a journal row; a `completed` row's result and settlement come from one read
+/// (H-10).
 ///
 /// # Errors
 /// Store failure.
@@ -53,7 +54,25 @@ pub async fn view_of(
     record: &ExecutionRecord,
     now: DateTime<Utc>,
 ) -> StoreResult<View> {
-    let view = match record.state {
+    if record.state != ExecutionState::Completed {
+        return Ok(view_from(record, None, None, now));
+    }
+    let joined = stores
+        .execution_view(&record.scope, &record.operation_key)
+        .await?
+        .filter(|v| v.execution.id == record.id);
+    let (result, settlement) = joined.map_or((None, None), |v| (v.result, v.settlement));
+    Ok(view_from(record, result, settlement, now))
+}
+
+/// The view of a journal row given its result and settlement.
+fn view_from(
+    record: &ExecutionRecord,
+    result: Option<ResultRecord>,
+    settlement: Option<SettlementRecord>,
+    now: DateTime<Utc>,
+) -> View {
+    match record.state {
         ExecutionState::Prepared | ExecutionState::Dispatched => {
             base(record, ViewState::InProgress)
         }
@@ -62,20 +81,20 @@ pub async fn view_of(
             not_dispatched_cause: record.not_dispatched_cause,
             ..base(record, ViewState::NotDispatched)
         },
-        ExecutionState::Completed => completed_view(stores, record, now).await?,
-    };
-    Ok(view)
+        ExecutionState::Completed => completed_view(record, result, settlement, now),
+    }
 }
 
-async fn completed_view(
-    stores: &dyn Stores,
+fn completed_view(
     record: &ExecutionRecord,
+    result: Option<ResultRecord>,
+    settlement: Option<SettlementRecord>,
     now: DateTime<Utc>,
-) -> StoreResult<View> {
+) -> View {
     let mut view = base(record, ViewState::Completed);
     view.outcome = record.outcome;
-    view.receipt = stores.settlement(record.id).await?.as_ref().map(receipt);
-    if let Some(result) = stores.result(record.id).await? {
+    view.receipt = settlement.as_ref().map(receipt);
+    if let Some(result) = result {
         view.outcome = Some(result.outcome);
         view.warnings = result.warnings;
         // Erased or expired content is unavailable, even after a successful history (SC-22).
@@ -89,10 +108,10 @@ async fn completed_view(
             view.step = result.step;
         }
     }
-    Ok(view)
+    view
 }
 
-/// `read(scope, key)`: nothing, or the view.
+/// `read(scope, key)`: nothing, or the view, from one read (H-10).
 ///
 /// # Errors
 /// Store failure.
@@ -102,8 +121,8 @@ pub async fn read(
     key: &OperationKey,
     now: DateTime<Utc>,
 ) -> StoreResult<Option<View>> {
-    match stores.execution(scope, key).await? {
-        Some(record) => Ok(Some(view_of(stores, &record, now).await?)),
-        None => Ok(None),
-    }
+    Ok(stores
+        .execution_view(scope, key)
+        .await?
+        .map(|v| view_from(&v.execution, v.result, v.settlement, now)))
 }

@@ -134,7 +134,14 @@ impl FaultPoint {
             Self::Settle => (&[StoreOp::Settle], FailBefore),
             Self::SettleAfterCommit => (&[StoreOp::Settle], FailAfterCommit),
             Self::RecordEvidence => (&[StoreOp::RecordEvidence], FailBefore),
-            Self::Read => (&[StoreOp::Execution, StoreOp::ExecutionById], FailBefore),
+            Self::Read => (
+                &[
+                    StoreOp::Execution,
+                    StoreOp::ExecutionView,
+                    StoreOp::ExecutionById,
+                ],
+                FailBefore,
+            ),
             Self::CloseRoot => (&[StoreOp::CloseRoot], FailBefore),
             Self::HideRootReceipt => (&[StoreOp::RootReceipt], Hide),
             Self::KeyLookup => (&[StoreOp::KeyByDigest], FailBefore),
@@ -495,6 +502,8 @@ fault_wrapper! {
         write RenewLease = fn renew_lease(fence: Fence, lease_ms: u64, now: DateTime<Utc>)
             -> ExecutionRecord;
         read Execution = fn execution(scope: &Scope, key: &OperationKey) -> Option<ExecutionRecord>;
+        read ExecutionView = fn execution_view(scope: &Scope, key: &OperationKey)
+            -> Option<ExecutionView>;
         read ExecutionById = fn execution_by_id(scope: &Scope, id: ExecutionId)
             -> Option<ExecutionRecord>;
         read Expired = fn expired(scope: &Scope, now: DateTime<Utc>, limit: u32)

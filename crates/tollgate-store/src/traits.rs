@@ -141,6 +141,17 @@ pub trait ExecutionStore: Send + Sync {
         key: &OperationKey,
     ) -> StoreResult<Option<ExecutionRecord>>;
 
+    /// Reads one execution with its result, settlement and root receipt in one read (H-10):
+    /// what a replay's or a read-back's view needs.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn execution_view(
+        &self,
+        scope: &Scope,
+        key: &OperationKey,
+    ) -> StoreResult<Option<ExecutionView>>;
+
     /// Reads one execution by id, within `scope`.
     ///
     /// # Errors

@@ -212,6 +212,13 @@ impl ExecutionStore for SimStores {
     ) -> StoreResult<Option<ExecutionRecord>> {
         read!(self, self.inner().execution(scope, key))
     }
+    async fn execution_view(
+        &self,
+        scope: &Scope,
+        key: &OperationKey,
+    ) -> StoreResult<Option<ExecutionView>> {
+        read!(self, self.inner().execution_view(scope, key))
+    }
     async fn execution_by_id(
         &self,
         scope: &Scope,

@@ -30,6 +30,7 @@ macro_rules! store_conformance {
         $crate::store_conformance!(@tests $factory;
             sc_12_claim_inserts_prepared_row_and_holds,
             sc_13_second_claim_returns_existing_row_untouched,
+            h_10_execution_view_reads_row_result_and_settlement_together,
             sc_16_blocked_claim_writes_nothing,
             h_3_stale_fence_writes_nothing,
             sc_30_not_dispatched_releases_hold,
@@ -199,6 +200,45 @@ pub async fn sc_13_second_claim_returns_existing_row_untouched<S: Stores>(s: Arc
         o => panic!("{o:?}"),
     }
     assert_eq!(daily(&*s, &r).await.held, money("0.5"), "no second hold");
+}
+
+pub async fn h_10_execution_view_reads_row_result_and_settlement_together<S: Stores>(s: Arc<S>) {
+    assert!(s
+        .execution_view(&scope("a"), &key("k1"))
+        .await
+        .unwrap()
+        .is_none());
+    let r = claimed(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
+    let open = s
+        .execution_view(&scope("a"), &key("k1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(open.execution, r);
+    assert!(open.result.is_none() && open.settlement.is_none() && open.root_receipt.is_none());
+    let d = s.mark_dispatched(r.fence(), t0()).await.unwrap();
+    s.settle(settle_req(&d, "0.1", "x")).await.unwrap();
+    let done = s
+        .execution_view(&scope("a"), &key("k1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        Some(done.execution.clone()),
+        s.execution(&scope("a"), &key("k1")).await.unwrap()
+    );
+    assert_eq!(done.execution.state, ExecutionState::Completed);
+    assert_eq!(done.result, s.result(r.id).await.unwrap());
+    assert!(done.result.is_some());
+    assert_eq!(done.settlement, s.settlement(r.id).await.unwrap());
+    assert!(done.settlement.is_some());
+    assert!(done.root_receipt.is_none(), "not under a root");
+    // Another scope's key is another row.
+    assert!(s
+        .execution_view(&scope("b"), &key("k1"))
+        .await
+        .unwrap()
+        .is_none());
 }
 
 pub async fn sc_16_blocked_claim_writes_nothing<S: Stores>(s: Arc<S>) {

@@ -132,7 +132,14 @@ pub async fn st_6_one_send_one_charge_one_root_receipt<S: AllStores>(s: Arc<S>) 
         let out = s.settle(settle_req(&d, amount, "x")).await.unwrap();
         let receipt = out.root_receipt.unwrap();
         assert_eq!(receipt.amount, money(amount));
-        assert_eq!(s.root_receipt(r.id).await.unwrap(), Some(receipt));
+        assert_eq!(s.root_receipt(r.id).await.unwrap(), Some(receipt.clone()));
+        // The view's one read carries the root receipt too (H-10).
+        let joined = s
+            .execution_view(&scope("a"), &key(&format!("c{i}")))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(joined.root_receipt, Some(receipt));
         assert!(s.settle(settle_req(&d, amount, "x")).await.is_err());
         amounts.push(money(amount));
     }

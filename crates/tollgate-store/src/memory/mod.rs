@@ -428,6 +428,33 @@ impl ExecutionStore for MemoryStores {
             .cloned())
     }
 
+    async fn execution_view(
+        &self,
+        scope: &Scope,
+        key: &OperationKey,
+    ) -> StoreResult<Option<ExecutionView>> {
+        let t = self.lock()?;
+        let Some(execution) = t
+            .by_key
+            .get(&(scope.clone(), key.clone()))
+            .and_then(|id| t.executions.get(id))
+            .cloned()
+        else {
+            return Ok(None);
+        };
+        let id = execution.id;
+        Ok(Some(ExecutionView {
+            result: t.results.get(&id).cloned(),
+            settlement: t
+                .settlement_by_execution
+                .get(&id)
+                .and_then(|i| t.settlements.get(*i))
+                .cloned(),
+            root_receipt: t.root_receipts.get(&id).cloned(),
+            execution,
+        }))
+    }
+
     async fn execution_by_id(
         &self,
         scope: &Scope,

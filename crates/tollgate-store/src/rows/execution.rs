@@ -115,3 +115,17 @@ pub enum ClaimOutcome {
     /// Nothing was written.
     RootRefused(super::RootRecord),
 }
+
+/// One journal row with what its view needs, read together (H-10): its result, its settlement
+/// and, for a call under a root, its root receipt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutionView {
+    /// The journal row.
+    pub execution: ExecutionRecord,
+    /// Its result, once settled.
+    pub result: Option<super::ResultRecord>,
+    /// Its settlement, once settled.
+    pub settlement: Option<super::SettlementRecord>,
+    /// Its root receipt, once settled under a root.
+    pub root_receipt: Option<super::RootReceipt>,
+}
