@@ -257,8 +257,24 @@ fn sdk_python() -> PathBuf {
 
 #[tokio::test]
 async fn sc_133_the_official_openai_sdk_is_a_working_client() {
+    sdk_tour(Server::memory().await).await;
+}
+
+#[tokio::test]
+async fn sc_133_the_official_openai_sdk_is_a_working_client_on_postgres() {
+    let admin = tollgate_postgres::test_admin_url();
+    let stores = std::sync::Arc::new(
+        tollgate_postgres::fresh_test_database(&admin)
+            .await
+            .unwrap(),
+    );
+    sdk_tour(Server::start(tollgate_server::Backend::Postgres(stores)).await).await;
+}
+
+/// The SDK's tour (call, replay, conflict, stream, no key) against `s`: one provider request for
+/// the call and one for the stream, none for the rest.
+async fn sdk_tour(s: Server) {
     let python = sdk_python();
-    let s = Server::memory().await;
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/openai_sdk.py");
     let output = tokio::process::Command::new(python)
         .arg(script)
