@@ -142,6 +142,15 @@ wire_enum!(
 );
 
 impl ExecutionState {
+    /// Every state, in the journal's order.
+    pub const ALL: [ExecutionState; 5] = [
+        Self::Prepared,
+        Self::Dispatched,
+        Self::Completed,
+        Self::NotDispatched,
+        Self::ReconciliationRequired,
+    ];
+
     /// Whether no further transition is possible without an operator.
     pub fn is_final(&self) -> bool {
         matches!(self, Self::Completed | Self::NotDispatched)

@@ -32,10 +32,10 @@ const REVOKE: &str = concat!(
     api_key_columns!()
 );
 
-const TOUCH: &str = "UPDATE api_keys SET last_used_at = GREATEST(last_used_at, $2) \
+pub(crate) const TOUCH: &str = "UPDATE api_keys SET last_used_at = GREATEST(last_used_at, $2) \
      WHERE sha256 = $1 AND (last_used_at IS NULL OR last_used_at < $2)";
 
-const BY_DIGEST: &str = concat!(
+pub(crate) const BY_DIGEST: &str = concat!(
     "SELECT ",
     api_key_columns!(),
     " FROM api_keys WHERE sha256 = $1"

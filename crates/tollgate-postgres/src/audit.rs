@@ -17,7 +17,7 @@ use tollgate_store::traits::AuditLog;
 use tollgate_store::StoreResult;
 
 /// Locks the head of one chain of a scope; returns its last seq and hash.
-const LOCK_HEAD: &str = "SELECT last_seq, last_hash FROM audit_heads \
+pub(crate) const LOCK_HEAD: &str = "SELECT last_seq, last_hash FROM audit_heads \
      WHERE scope = $1 AND chain = $2 FOR UPDATE";
 
 /// Creates every head of a new scope, in chain order (so two first appends of one scope wait for

@@ -132,6 +132,126 @@ fn walk(plan: &serde_json::Value, nodes: &mut Vec<String>, rows: &mut f64) {
     }
 }
 
+/// A statement of the call path and the index its plan must reach its rows through (H-12).
+#[derive(Debug, Clone, Copy)]
+pub struct HotStatement {
+    /// What the statement is for.
+    pub name: &'static str,
+    /// Its text, as the store sends it.
+    pub sql: &'static str,
+    /// The index the plan must use.
+    pub index: &'static str,
+}
+
+/// Every lookup of a call, a replay, a settlement and a reconciliation page, with its index.
+pub fn hot_statements() -> Vec<HotStatement> {
+    let s = |name, sql, index| HotStatement { name, sql, index };
+    vec![
+        s(
+            "execution by key",
+            crate::locks::EXECUTION_BY_KEY,
+            "executions_operation_key_scope_key",
+        ),
+        s(
+            "view by key",
+            crate::executions::VIEW_BY_KEY,
+            "executions_operation_key_scope_key",
+        ),
+        s(
+            "execution by id",
+            crate::executions::BY_ID,
+            "executions_pkey",
+        ),
+        s(
+            "execution lock",
+            crate::locks::EXECUTION_LOCK,
+            "executions_pkey",
+        ),
+        s(
+            "fenced transition",
+            crate::journal::FENCED,
+            "executions_pkey",
+        ),
+        s(
+            "lease renewal",
+            crate::journal::RENEW_LEASE,
+            "executions_pkey",
+        ),
+        s("completion", crate::settle::COMPLETE, "executions_pkey"),
+        s(
+            "expired leases",
+            crate::executions::EXPIRED,
+            "executions_open_scope_idx",
+        ),
+        s(
+            "rows in one state",
+            crate::executions::BY_STATE,
+            "executions_state_scope_created_idx",
+        ),
+        s(
+            "result by execution",
+            crate::results::RESULT_BY_ID,
+            "execution_results_pkey",
+        ),
+        s(
+            "settlement by execution",
+            crate::settlements::SETTLEMENT_BY_EXECUTION,
+            "cost_settlements_execution_id_key",
+        ),
+        s(
+            "evidence by execution",
+            crate::inbox::EVIDENCE_OF,
+            "usage_inbox_execution_idx",
+        ),
+        s(
+            "open evidence page",
+            crate::inbox::OPEN,
+            "usage_inbox_open_idx",
+        ),
+        s(
+            "evidence acknowledgement",
+            crate::inbox::ACKNOWLEDGE,
+            "usage_inbox_pkey",
+        ),
+        s("spend write", crate::spend::WRITE, "spend_sessions_pkey"),
+        s(
+            "audit head lock",
+            crate::audit::LOCK_HEAD,
+            "audit_heads_pkey",
+        ),
+        s("api key", crate::api_keys::BY_DIGEST, "api_keys_pkey"),
+        s("api key use", crate::api_keys::TOUCH, "api_keys_pkey"),
+    ]
+}
+
+/// The generic plan of one statement: its scan nodes as `Node Type on index-or-table`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenericPlan {
+    /// Every node, outermost first.
+    pub nodes: Vec<String>,
+    /// Every index the plan reads.
+    pub indexes: Vec<String>,
+}
+
+fn collect_generic(plan: &serde_json::Value, out: &mut GenericPlan) {
+    let kind = plan["Node Type"].as_str().unwrap_or("?");
+    match plan["Index Name"].as_str() {
+        Some(index) => {
+            out.indexes.push(index.to_string());
+            out.nodes.push(format!("{kind} on {index}"));
+        }
+        None => match plan["Relation Name"].as_str() {
+            Some(table) => out.nodes.push(format!("{kind} on {table}")),
+            None => out.nodes.push(kind.to_string()),
+        },
+    }
+    if let Some(children) = plan["Plans"].as_array() {
+        for child in children {
+            collect_generic(child, out);
+        }
+    }
+}
+
 impl TestDatabase {
     /// The database's counters now. Statistics reach `pg_stat_database` when a backend goes idle
     /// (at most about once a second), so read them a moment after the work.
@@ -318,6 +438,48 @@ impl TestDatabase {
             });
         }
         let _ = conn.close().await;
+        Ok(out)
+    }
+
+    /// The plan a connection caches for `sql` once it stops planning per execution (`plan_cache_mode
+    /// = force_generic_plan`), on this database as it is now: what a long-lived pool runs when it
+    /// prepared its statements before the tables had statistics.
+    ///
+    /// # Errors
+    /// The statement does not prepare, or the database cannot be read.
+    pub async fn generic_plan(&self, sql: &str) -> Result<GenericPlan, StoreError> {
+        let mut conn = self.connection().await?;
+        sqlx::query("SET plan_cache_mode = force_generic_plan")
+            .execute(&mut conn)
+            .await
+            .store_err()?;
+        sqlx::raw_sql(&format!("PREPARE tollgate_plan AS {sql}"))
+            .execute(&mut conn)
+            .await
+            .store_err()?;
+        let params: i32 = sqlx::query_scalar(
+            "SELECT cardinality(parameter_types) FROM pg_prepared_statements \
+             WHERE name = 'tollgate_plan'",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .store_err()?;
+        let nulls = vec!["NULL"; usize::try_from(params).unwrap_or(0)].join(", ");
+        let explain = if nulls.is_empty() {
+            "EXPLAIN (FORMAT JSON) EXECUTE tollgate_plan".to_string()
+        } else {
+            format!("EXPLAIN (FORMAT JSON) EXECUTE tollgate_plan({nulls})")
+        };
+        let plan: serde_json::Value = sqlx::query_scalar(&explain)
+            .fetch_one(&mut conn)
+            .await
+            .store_err()?;
+        let _ = conn.close().await;
+        let mut out = GenericPlan {
+            nodes: Vec::new(),
+            indexes: Vec::new(),
+        };
+        collect_generic(&plan[0]["Plan"], &mut out);
         Ok(out)
     }
 }

@@ -15,24 +15,25 @@ use tollgate_store::rows::*;
 use tollgate_store::traits::ExecutionStore;
 use tollgate_store::StoreResult;
 
-const BY_ID: &str = concat!(
+pub(crate) const BY_ID: &str = concat!(
     "SELECT ",
     execution_columns!(),
     " FROM executions WHERE id = $1 AND scope = $2"
 );
 
-/// Unfinished rows whose lease ended by the database's clock (index
-/// `executions_scope_state_lease_idx`; `$3` is `NULL` outside tests).
-const EXPIRED: &str = concat!(
+/// Unfinished rows whose lease ended by the database's clock (`$2` is `NULL` outside tests).
+/// The states are written out so that the plan reads the scope's open rows only, through the
+/// partial index `executions_open_scope_idx` (H-12).
+pub(crate) const EXPIRED: &str = concat!(
     "SELECT ",
     execution_columns!(),
-    " FROM executions WHERE scope = $1 AND state = ANY($2) \
-     AND lease_expires_at <= COALESCE($3, clock_timestamp()) \
-     ORDER BY lease_expires_at, id LIMIT $4"
+    " FROM executions WHERE scope = $1 AND state IN ('prepared', 'dispatched') \
+     AND lease_expires_at <= COALESCE($2, clock_timestamp()) \
+     ORDER BY lease_expires_at, id LIMIT $3"
 );
 
-/// Rows in one state, oldest first (index `executions_scope_state_created_idx`).
-const BY_STATE: &str = concat!(
+/// Rows in one state, oldest first (index `executions_state_scope_created_idx`).
+pub(crate) const BY_STATE: &str = concat!(
     "SELECT ",
     execution_columns!(),
     " FROM executions WHERE scope = $1 AND state = $2 ORDER BY created_at, id LIMIT $3"
@@ -41,7 +42,8 @@ const BY_STATE: &str = concat!(
 /// A journal row with its result, settlement and root receipt in one statement (H-10): the
 /// execution's columns by name, the others aliased `r_`, `s_` and `rr_` (each join is on a
 /// unique index of `execution_id`).
-const VIEW_BY_KEY: &str = "SELECT e.id, e.scope, e.operation_key, e.kind, e.root_key, e.binding, \
+pub(crate) const VIEW_BY_KEY: &str =
+    "SELECT e.id, e.scope, e.operation_key, e.kind, e.root_key, e.binding, \
      e.binding_digest, e.accounting_day, e.state, e.not_dispatched_cause, e.outcome, e.fence, \
      e.lease_expires_at, e.hold, e.provider_ref, e.created_at, e.updated_at, \
      e.reconciliation_reason, \
@@ -208,13 +210,8 @@ impl ExecutionStore for PgStores {
         now: DateTime<Utc>,
         limit: u32,
     ) -> StoreResult<Vec<ExecutionRecord>> {
-        let unfinished = [
-            ExecutionState::Prepared.as_str(),
-            ExecutionState::Dispatched.as_str(),
-        ];
         let rows: Vec<ExecutionRow> = sqlx::query_as(EXPIRED)
             .bind(scope.as_str())
-            .bind(&unfinished[..])
             .bind(self.lease_now(now))
             .bind(i64::from(limit))
             .fetch_all(self.pool())

@@ -20,12 +20,14 @@ const INSERT: &str = concat!(
     evidence_columns!()
 );
 
-/// A scope's open evidence after a cursor (index `usage_inbox_open_idx`).
+/// A scope's open evidence after a cursor (index `usage_inbox_open_idx`). Ordered by the
+/// partial index's own `(scope, seq)` (the same order, the scope being fixed), so no plan walks
+/// `usage_inbox_seq_key` past the scope's acknowledged rows (H-12).
 pub(crate) const OPEN: &str = concat!(
     "SELECT ",
     evidence_columns!(),
     " FROM usage_inbox WHERE scope = $1 AND seq > $2 AND acknowledged_at IS NULL \
-     ORDER BY seq LIMIT $3"
+     ORDER BY scope, seq LIMIT $3"
 );
 
 /// An execution's evidence (index `usage_inbox_execution_idx`).
@@ -35,9 +37,13 @@ pub(crate) const EVIDENCE_OF: &str = concat!(
     " FROM usage_inbox WHERE execution_id = $1 ORDER BY seq"
 );
 
-const ACKNOWLEDGE: &str = concat!(
+/// Acknowledges one open row of the scope. The row is found by its primary key in a subquery
+/// that does not name `acknowledged_at`, so no plan can reach it through the partial open index
+/// (which is led by the scope and would filter the scope's whole backlog; H-12).
+pub(crate) const ACKNOWLEDGE: &str = concat!(
     "UPDATE usage_inbox SET acknowledged_at = $3 \
-     WHERE id = $1 AND scope = $2 AND acknowledged_at IS NULL RETURNING ",
+     WHERE id = (SELECT t.id FROM usage_inbox t WHERE t.id = $1 AND t.scope = $2) \
+     AND acknowledged_at IS NULL RETURNING ",
     evidence_columns!()
 );
 

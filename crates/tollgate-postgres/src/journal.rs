@@ -30,7 +30,7 @@ const INSERT: &str = concat!(
 /// trip, after the row, it locks the head of the row's audit chain (`$8`) and returns it as
 /// `seq:hash` (`NULL` before the scope's first append), so the transition's audit append needs
 /// one statement more, not two (H-11). Row, then head: the crate's lock order.
-const FENCED: &str = concat!(
+pub(crate) const FENCED: &str = concat!(
     "WITH e AS (UPDATE executions SET state = $4, provider_ref = COALESCE($5, provider_ref), \
      updated_at = $6, reconciliation_reason = COALESCE($7, reconciliation_reason) \
      WHERE id = $1 AND fence = $2 AND state = ANY($3) RETURNING ",
@@ -73,7 +73,7 @@ const TAKE_FENCE: &str = concat!(
 );
 
 /// The heartbeat: a fenced lease extension of an unfinished row, from the database's clock.
-const RENEW_LEASE: &str = concat!(
+pub(crate) const RENEW_LEASE: &str = concat!(
     "UPDATE executions \
      SET lease_expires_at = COALESCE($4, clock_timestamp()) + $3::bigint * interval '1 millisecond' \
      WHERE id = $1 AND fence = $2 AND state = ANY($5) RETURNING ",

@@ -40,7 +40,9 @@ const DAYS: &str = "SELECT consumer, day, currency, settled, held FROM spend_day
 const ROOTS: &str = "SELECT id, root_key, charged, held FROM roots WHERE scope = $1";
 
 /// One row per execution of the scope (settlements and root receipts are unique per
-/// execution), with the price snapshot taken out of the binding.
+/// execution), with the price snapshot taken out of the binding. `$2` is every journal state, so
+/// the scope's rows are reached through `executions_state_scope_created_idx` (no index of
+/// `executions` is led by the scope; H-12).
 const EXECUTIONS: &str = "SELECT e.id, e.operation_key, e.state, e.hold, e.accounting_day, \
      e.root_key, e.binding->>'session_id' AS session_id, \
      e.binding->'config'->>'consumer' AS consumer, \
@@ -58,7 +60,7 @@ const EXECUTIONS: &str = "SELECT e.id, e.operation_key, e.state, e.hold, e.accou
      LEFT JOIN roots o ON o.scope = e.scope AND o.root_key = e.root_key \
      LEFT JOIN cost_settlements s ON s.execution_id = e.id \
      LEFT JOIN root_receipts r ON r.execution_id = e.id \
-     WHERE e.scope = $1";
+     WHERE e.state = ANY($2) AND e.scope = $1";
 
 /// Settlements written in the scope whose execution is not in it (index
 /// `cost_settlements_scope_idx`).
@@ -369,6 +371,7 @@ async fn audit_scope(
     {
         let mut rows = sqlx::query_as::<_, ExecutionRow>(EXECUTIONS)
             .bind(name)
+            .bind(ExecutionState::ALL.map(|s| s.as_str()).to_vec())
             .fetch(&mut *conn);
         while let Some(row) = rows.try_next().await.store_err()? {
             checker.execution(row.into_facts()?);

@@ -44,7 +44,7 @@ mod test_support;
 mod work;
 
 #[cfg(feature = "test-support")]
-pub use bench_support::{DbActivity, PlanSummary};
+pub use bench_support::{hot_statements, DbActivity, GenericPlan, HotStatement, PlanSummary};
 use error::{db, sqlstate, DbResultExt, UNDEFINED_TABLE};
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};

@@ -16,7 +16,7 @@ pub(crate) const EXECUTION_BY_KEY: &str = concat!(
     " FROM executions WHERE scope = $1 AND operation_key = $2"
 );
 
-const EXECUTION_LOCK: &str = concat!(
+pub(crate) const EXECUTION_LOCK: &str = concat!(
     "SELECT ",
     execution_columns!(),
     " FROM executions WHERE id = $1 FOR UPDATE"

@@ -99,15 +99,6 @@ const CANDIDATES: &str = concat!(
 const CALL_STATES: &str = "SELECT state, count(*) FROM executions \
      WHERE scope = $1 AND root_key = $2 GROUP BY state";
 
-/// Every journal state; the final ones are those with [`ExecutionState::is_final`].
-const EXECUTION_STATES: [ExecutionState; 5] = [
-    ExecutionState::Prepared,
-    ExecutionState::Dispatched,
-    ExecutionState::Completed,
-    ExecutionState::NotDispatched,
-    ExecutionState::ReconciliationRequired,
-];
-
 fn record(row: Option<RootRow>) -> StoreResult<Option<RootRecord>> {
     row.map(RootRow::into_record).transpose()
 }
@@ -398,7 +389,7 @@ impl RootStore for PgStores {
         limit: u32,
     ) -> StoreResult<Vec<RootRecord>> {
         let waiting = [RootState::Closed.as_str(), RootState::Expired.as_str()];
-        let finals: Vec<&str> = EXECUTION_STATES
+        let finals: Vec<&str> = ExecutionState::ALL
             .iter()
             .filter(|s| s.is_final())
             .map(ExecutionState::as_str)

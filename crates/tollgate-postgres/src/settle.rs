@@ -24,7 +24,7 @@ const INSERT_RESULT: &str = concat!(
     result_columns!()
 );
 
-const COMPLETE: &str = concat!(
+pub(crate) const COMPLETE: &str = concat!(
     "UPDATE executions SET state = $2, outcome = $3, hold = $4, provider_ref = $5, \
      updated_at = $6 WHERE id = $1 RETURNING ",
     execution_columns!()

@@ -21,7 +21,7 @@ use tollgate_store::StoreResult;
 /// totals, in one statement (one round trip). The day's insert reads from the session's, so the
 /// session row is locked before the day row whatever plan the join takes (the crate's lock
 /// order, spec/journal.md).
-const LOCK_BOTH: &str = "WITH s AS (\
+pub(crate) const LOCK_BOTH: &str = "WITH s AS (\
        INSERT INTO spend_sessions (scope, consumer, session_id, currency) \
        VALUES ($1, $2, $3, $4) \
        ON CONFLICT (scope, consumer, session_id, currency) \
@@ -35,7 +35,7 @@ const LOCK_BOTH: &str = "WITH s AS (\
      SELECT s.settled, s.held, d.settled AS day_settled, d.held AS day_held FROM s, d";
 
 /// Writes both (already locked) rows.
-const WRITE: &str = "WITH s AS (UPDATE spend_sessions SET settled = $4, held = $5 \
+pub(crate) const WRITE: &str = "WITH s AS (UPDATE spend_sessions SET settled = $4, held = $5 \
          WHERE scope = $1 AND consumer = $2 AND session_id = $3 AND currency = $9) \
      UPDATE spend_days SET settled = $7, held = $8 \
      WHERE scope = $1 AND consumer = $2 AND day = $6 AND currency = $9";
