@@ -485,6 +485,60 @@ async fn sc_133_the_openai_python_sdk_against_tollgate_serve_on_postgres() {
     s.stop().await;
 }
 
+/// `node` (`TOLLGATE_NODE`, else the one on `PATH`) with the pinned `openai` package installed
+/// in `examples/node_modules` (`npm ci --prefix examples`).
+fn sdk_node() -> PathBuf {
+    let modules = repo_file("examples/node_modules/openai/package.json");
+    assert!(
+        modules.exists(),
+        "the openai npm package is not installed at {}: run `npm ci --prefix examples` \
+         (README — OpenAI SDK)",
+        modules.display()
+    );
+    let node = std::env::var_os("TOLLGATE_NODE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("node"));
+    let found = std::process::Command::new(&node)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "no node at {}: install Node.js 20 or later (apt-get install nodejs) or set TOLLGATE_NODE",
+        node.display()
+    );
+    node
+}
+
+/// SC-162: `examples/openai_sdk.mjs` (the official `openai` npm package) against
+/// `tollgate serve` on Postgres: call, replay, conflict (409), stream, no key; one provider
+/// request per call that ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_162_the_openai_node_sdk_against_tollgate_serve_on_postgres() {
+    let node = sdk_node();
+    let s = Service::start("").await;
+    let output = tokio::process::Command::new(node)
+        .arg(repo_file("examples/openai_sdk.mjs"))
+        .env("TOLLGATE_BASE_URL", &s.base)
+        .env("TOLLGATE_API_KEY", &s.caller)
+        .output()
+        .await
+        .unwrap();
+    let out = String::from_utf8_lossy(&output.stdout);
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{out}\n{err}");
+    let steps: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<&str> = steps.iter().map(|s| s["step"].as_str().unwrap()).collect();
+    assert_eq!(names, ["call", "replay", "conflict", "stream", "no_key"]);
+    assert_eq!(steps[0]["id"], steps[1]["id"], "the replay is the call");
+    assert_eq!(steps[2]["code"], "conflict");
+    assert_eq!(s.mock.request_count(), 2, "one provider request per call");
+    s.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Keys
 // ---------------------------------------------------------------------------------------------
