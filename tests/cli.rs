@@ -14,7 +14,9 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Output;
-use support::{fresh_database, json_ok, run, serve_on, stderr, stdout, tollgate, TempFile};
+use support::{
+    fresh_database, json_ok, normalized, run, serve_on, stderr, stdout, tollgate, TempFile,
+};
 
 /// Captured provider streams shared by the project (optional).
 /// Every key of the `parse-stream` object (spec/cli.md).
@@ -653,18 +655,6 @@ fn migrate_without_a_database_url_fails_with_one_line() {
     let err = stderr(&output);
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("DATABASE_URL"), "{err}");
-}
-
-/// `x.xx000` → `x.xx`, so that NUMERIC text and the report's decimal strings compare.
-fn normalized(amount: &str) -> String {
-    if amount.contains('.') {
-        amount
-            .trim_end_matches('0')
-            .trim_end_matches('.')
-            .to_string()
-    } else {
-        amount.to_string()
-    }
 }
 
 #[tokio::test]

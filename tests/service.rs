@@ -14,7 +14,9 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use support::{fresh_database, json_ok, run, serve_on, stderr, stdout, tollgate, TempFile};
+use support::{
+    fresh_database, json_ok, normalized, run, serve_on, stderr, stdout, tollgate, TempFile,
+};
 use tollgate_mock_provider::MockProvider;
 use tollgate_postgres::TestDatabase;
 
@@ -720,18 +722,6 @@ async fn feed_page(s: &Service, after: Option<&str>) -> (Vec<Value>, String) {
     let rows = page["settlements"].as_array().unwrap().clone();
     assert!(rows.len() <= FEED_PAGE as usize, "{page}");
     (rows, page["next"].as_str().unwrap_or_default().to_string())
-}
-
-/// `x.xx000` → `x.xx`, so that NUMERIC text and the feed's decimal strings compare.
-fn normalized(amount: &str) -> String {
-    if amount.contains('.') {
-        amount
-            .trim_end_matches('0')
-            .trim_end_matches('.')
-            .to_string()
-    } else {
-        amount.to_string()
-    }
 }
 
 /// SC-141, SC-142: a finance consumer pages `GET /v1/finance/settlements?after=` with a small

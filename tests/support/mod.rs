@@ -119,3 +119,15 @@ pub async fn serve_on(config: &Path, db_url: &str) -> (ServeChild, String) {
     }
     panic!("serve never became ready");
 }
+
+/// `x.xx000` → `x.xx`, so that NUMERIC text and the decimal strings of reports and answers compare.
+pub fn normalized(amount: &str) -> String {
+    if amount.contains('.') {
+        amount
+            .trim_end_matches('0')
+            .trim_end_matches('.')
+            .to_string()
+    } else {
+        amount.to_string()
+    }
+}
