@@ -8,11 +8,15 @@
 //! more than an hour old.
 #![cfg(test)]
 
+mod support;
+
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use tollgate_postgres::{test_admin_url, TestDatabase};
+use std::process::Output;
+use support::{
+    fresh_database, json_ok, normalized, run, serve_on, stderr, stdout, tollgate, TempFile,
+};
 
 /// Captured provider streams shared by the project (optional).
 /// Every key of the `parse-stream` object (spec/cli.md).
@@ -27,41 +31,6 @@ const PARSE_KEYS: [&str; 6] = [
 /// Every key of a usage object (the receipt's keys).
 const USAGE_KEYS: [&str; 5] = ["input", "output", "cache_read", "cache_write", "reasoning"];
 
-/// The built binary, with an environment that cannot leak the developer's database or log level.
-fn tollgate() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
-    command
-        .env_remove("DATABASE_URL")
-        .env_remove("DATABASE_OWNER_URL")
-        .env_remove("RUST_LOG");
-    command
-}
-
-fn run(command: &mut Command) -> Output {
-    command.output().expect("the tollgate binary runs")
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-/// Asserts exit 0 and parses stdout as one JSON value.
-fn json_ok(output: &Output) -> Value {
-    assert!(
-        output.status.success(),
-        "exit {:?}\nstderr: {}",
-        output.status,
-        stderr(output)
-    );
-    serde_json::from_str(stdout(output).trim()).unwrap_or_else(|e| {
-        panic!("stdout is not one JSON value ({e}): {}", stdout(output));
-    })
-}
-
 fn keys(value: &Value) -> BTreeSet<&str> {
     value
         .as_object()
@@ -69,26 +38,6 @@ fn keys(value: &Value) -> BTreeSet<&str> {
         .keys()
         .map(String::as_str)
         .collect()
-}
-
-/// A file under the temp dir holding `content`, removed on drop.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(name: &str, content: &str) -> Self {
-        let path = std::env::temp_dir().join(format!(
-            "tollgate-cli-{}-{name}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        std::fs::write(&path, content).unwrap();
-        Self(path)
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -557,13 +506,6 @@ fn sc_118_parse_stream_matches_the_captured_fixtures() {
 // Postgres: migrate and demo
 // ---------------------------------------------------------------------------------------------
 
-/// A brand-new empty database (dropped once the returned guard is gone).
-async fn fresh_database() -> TestDatabase {
-    TestDatabase::create(&test_admin_url())
-        .await
-        .unwrap_or_else(|e| panic!("cannot create a test database: {e}"))
-}
-
 fn migration_files() -> i64 {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../migrations");
     std::fs::read_dir(dir)
@@ -713,18 +655,6 @@ fn migrate_without_a_database_url_fails_with_one_line() {
     let err = stderr(&output);
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("DATABASE_URL"), "{err}");
-}
-
-/// `x.xx000` → `x.xx`, so that NUMERIC text and the report's decimal strings compare.
-fn normalized(amount: &str) -> String {
-    if amount.contains('.') {
-        amount
-            .trim_end_matches('0')
-            .trim_end_matches('.')
-            .to_string()
-    } else {
-        amount.to_string()
-    }
 }
 
 #[tokio::test]
@@ -932,16 +862,6 @@ async fn sc_97_audit_verify_notices_a_lost_tail() {
 // Postgres: the reconciliation backlog (SC-110, SC-111, SC-112)
 // ---------------------------------------------------------------------------------------------
 
-/// A `tollgate serve` child, killed (SIGKILL) and reaped on drop.
-struct ServeChild(std::process::Child);
-
-impl Drop for ServeChild {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn backlog_config(mock_url: &str) -> String {
     format!(
         r#"
@@ -976,46 +896,6 @@ max_input_chars = 200
 run_timeout_ms = 10000
 "#
     )
-}
-
-/// Starts `tollgate serve` and returns it with its base URL once it answers `/readyz`.
-async fn serve_on(config: &Path, db_url: &str) -> (ServeChild, String) {
-    use std::io::{BufRead, BufReader};
-    let mut child = tollgate()
-        .arg("serve")
-        .arg("--config")
-        .arg(config)
-        .env("DATABASE_URL", db_url)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let child = ServeChild(child);
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if let Some(rest) = line.split("listening on ").nth(1) {
-                let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().into());
-            }
-        }
-    });
-    let base =
-        tokio::task::spawn_blocking(move || rx.recv_timeout(std::time::Duration::from_secs(60)))
-            .await
-            .unwrap()
-            .expect("serve starts listening");
-    let http = reqwest::Client::new();
-    for _ in 0..3000 {
-        let ready = http.get(format!("{base}/readyz")).send().await;
-        if ready.is_ok_and(|r| r.status().is_success()) {
-            return (child, base);
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    panic!("serve never became ready");
 }
 
 fn reconcile(db_url: &str, args: &[&str]) -> Value {

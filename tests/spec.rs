@@ -27,8 +27,8 @@ const PREFIXES: [&str; 6] = ["SC", "ST", "SR", "RF", "TC", "H"];
 const CODE_DIRS: [&str; 3] = ["crates", "tests", "benches"];
 /// Extensions of the files whose citations are checked.
 const CITING_EXTENSIONS: [&str; 5] = ["rs", "md", "toml", "sh", "sql"];
-/// Directories never read.
-const SKIPPED_DIRS: [&str; 2] = ["target", ".git"];
+/// Directories never read (`node_modules`: the examples' installed npm packages).
+const SKIPPED_DIRS: [&str; 3] = ["target", ".git", "node_modules"];
 /// This file: its examples name ids and outside documents on purpose.
 const THIS_FILE: &str = "tests/spec.rs";
 

@@ -140,6 +140,18 @@ impl KeyStore {
         }
     }
 
+    /// The static grants (`[[keys]]`) of `scope` (all when `None`), by id.
+    pub fn grants(&self, scope: Option<&Scope>) -> Vec<(KeyDigest, Principal)> {
+        let mut grants: Vec<_> = self
+            .grants
+            .iter()
+            .filter(|(_, p)| scope.is_none_or(|s| p.scope == *s))
+            .map(|(d, p)| (*d, p.clone()))
+            .collect();
+        grants.sort_by_key(|(d, _)| d.to_hex());
+        grants
+    }
+
     /// Whether any static key is configured.
     pub fn has_grants(&self) -> bool {
         !self.grants.is_empty()

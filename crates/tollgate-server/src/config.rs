@@ -244,6 +244,20 @@ impl FileConfig {
         Ok(config)
     }
 
+    /// The `[[keys]]` grants alone, checked as [`FileConfig::validate`] checks them (for the
+    /// `keys` commands, which need neither providers nor profiles).
+    ///
+    /// # Errors
+    /// A bad scope, role or hash, or a hash declared twice.
+    pub fn key_grants(&self) -> Result<Vec<KeyGrant>, ConfigError> {
+        keys(&self.keys)
+    }
+
+    /// The database URL (`DATABASE_URL` or `[database] url`), if any.
+    pub fn database_url(&self) -> Option<&Secret> {
+        self.database.url.as_ref()
+    }
+
     /// Whether no database is configured (→ the embedded default).
     pub fn is_embedded(&self) -> bool {
         self.database.url.is_none()

@@ -55,6 +55,10 @@ pub enum ApiError {
     /// The root is expired (409).
     #[error("root {0} is expired")]
     RootExpired(String),
+    /// A key from `[[keys]]` of the configuration cannot be revoked (409): it stops working when
+    /// removed from the configuration and the server restarts.
+    #[error("key {0} is configured in [[keys]]: it cannot be revoked; remove it from the configuration and restart")]
+    KeyInConfig(String),
     /// The execution is not in a state this operation applies to (409).
     #[error("{0}")]
     InvalidState(String),
@@ -97,7 +101,8 @@ impl ApiError {
             Self::Conflict { .. }
             | Self::RootClosed(_)
             | Self::RootExpired(_)
-            | Self::InvalidState(_) => StatusCode::CONFLICT,
+            | Self::InvalidState(_)
+            | Self::KeyInConfig(_) => StatusCode::CONFLICT,
             Self::Malformed(_) => StatusCode::BAD_REQUEST,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -123,6 +128,7 @@ impl ApiError {
             Self::RootClosed(_) => "root_closed",
             Self::RootExpired(_) => "root_expired",
             Self::InvalidState(_) => "invalid_state",
+            Self::KeyInConfig(_) => "key_in_config",
             Self::Unavailable { .. } | Self::Overloaded => "unavailable",
             Self::Interrupted { .. } | Self::RequestTimeout(_) => "interrupted",
             Self::NoRoute(s) if *s == StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",

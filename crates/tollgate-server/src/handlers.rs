@@ -499,7 +499,7 @@ pub async fn resolve_from_evidence(
     path = "/v1/admin/keys",
     tag = "admin",
     responses(
-        (status = 200, description = "the stored keys of the operator's scope (never the keys)", body = KeyList),
+        (status = 200, description = "the keys of the operator's scope, configured and stored (never a key)", body = KeyList),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 403, description = "forbidden", body = ErrorBody),
         (status = 503, description = "unavailable", body = ErrorBody),
@@ -521,6 +521,7 @@ pub async fn list_keys(State(app): State<App>, who: Principal) -> Answer<KeyList
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 403, description = "forbidden", body = ErrorBody),
         (status = 404, description = "not_found: no such key in the operator's scope", body = ErrorBody),
+        (status = 409, description = "key_in_config: a key of [[keys]] in the configuration, which cannot be revoked", body = ErrorBody),
         (status = 422, description = "invalid_request: not a key id", body = ErrorBody),
         (status = 503, description = "unavailable", body = ErrorBody),
         (status = 500, description = "internal", body = ErrorBody)

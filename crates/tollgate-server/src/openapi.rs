@@ -8,6 +8,7 @@
 //! described here by hand, as components named after them: those crates do not depend on
 //! `utoipa`.
 
+use crate::console::handlers as c;
 use crate::handlers as h;
 use crate::schemas::{
     BacklogDoc, ErrorBody, ErrorDetail, EvidenceDoc, ExecutionListDoc, ExpiredCountsDoc,
@@ -61,7 +62,9 @@ impl Modify for Security {
         h::read_root, h::run_step, h::read_step, h::close_root, h::recover,
         h::reconcile_expired, h::reconcile_usage, h::fetch_evidence, h::resolve_from_evidence,
         h::backlog, h::usage_evidence, h::executions, h::resolve,
-        h::audit_ledger, h::list_keys, h::revoke_key, h::finance_settlements, openapi_json, h::healthz, h::readyz, h::metrics
+        h::audit_ledger, h::list_keys, h::revoke_key, h::finance_settlements, openapi_json, h::healthz, h::readyz, h::metrics,
+        c::index, c::script, c::stylesheet, c::whoami, c::overview, c::backlog, c::quote,
+        c::execution, c::finance, c::finance_csv, c::audit
     ),
     components(schemas(
         ErrorBody, ErrorDetail, CallBody, InputBody, OpenBody, StepBody, RootView, ProfileList,

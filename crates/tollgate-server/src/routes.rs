@@ -11,7 +11,9 @@ pub use crate::error::BODY_BYTES_MAX;
 
 macro_rules! table {
     ($($method:ident $path:literal => $handler:path),* $(,)?) => {
-        /// Every route as `(method, path)`: the OpenAPI test checks each is documented.
+        /// Every route as `(method, path)`: the OpenAPI test checks each is documented. The
+        /// router registers routes here only ([`router`] adds no other), so this is the list
+        /// of what it serves.
         pub const ROUTES: &[(&str, &str)] = &[$((stringify!($method), $path)),*];
 
         fn routes(router: Router<App>) -> Router<App> {
@@ -47,25 +49,26 @@ table! {
     get "/healthz" => h::healthz,
     get "/readyz" => h::readyz,
     get "/metrics" => h::metrics,
+    // The console's page, assets and reads (spec/service.md — Console).
+    get "/console" => c::index,
+    get "/console/assets/console.js" => c::script,
+    get "/console/assets/console.css" => c::stylesheet,
+    get "/v1/console/session" => c::whoami,
+    get "/v1/console/overview" => c::overview,
+    get "/v1/console/backlog" => c::backlog,
+    post "/v1/console/backlog/{execution_id}/quote" => c::quote,
+    get "/v1/console/executions/{operation_key}" => c::execution,
+    get "/v1/console/finance" => c::finance,
+    get "/v1/console/finance/settlements.csv" => c::finance_csv,
+    get "/v1/console/audit" => c::audit,
 }
 
 /// The router of the service, inside the limits and request-id layers ([`crate::limits`]).
 pub fn router(app: App) -> Router {
     let limits = app.limits;
+    // Every route comes from the table: no `.route`, `.nest` or `.merge` beside it (the
+    // OpenAPI test checks this file for them).
     let router = routes(Router::new())
-        // The console's page, assets and reads: the console's own contract (spec/service.md —
-        // Console), kept out of the public API document.
-        .route("/console", get(c::index))
-        .route("/console/assets/console.js", get(c::script))
-        .route("/console/assets/console.css", get(c::stylesheet))
-        .route("/v1/console/session", get(c::whoami))
-        .route("/v1/console/overview", get(c::overview))
-        .route("/v1/console/backlog", get(c::backlog))
-        .route("/v1/console/backlog/{execution_id}/quote", post(c::quote))
-        .route("/v1/console/executions/{operation_key}", get(c::execution))
-        .route("/v1/console/finance", get(c::finance))
-        .route("/v1/console/finance/settlements.csv", get(c::finance_csv))
-        .route("/v1/console/audit", get(c::audit))
         .fallback(h::no_route)
         .method_not_allowed_fallback(h::no_method)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))

@@ -262,27 +262,64 @@ pub async fn create_key_until(
     Ok((key, stored))
 }
 
-/// The stored keys of `scope` (all when `None`) in `DATABASE_URL`.
-///
-/// # Errors
-/// A bad scope, no `DATABASE_URL`, a store failure.
-pub async fn list_keys(env: &Env, scope: Option<&str>) -> Result<Vec<ApiKeyRecord>, StartError> {
-    let scope = scope.map(Scope::parse).transpose().map_err(start_error)?;
-    let stores = key_stores(env).await?;
-    stores
-        .list_keys(scope.as_ref())
-        .await
-        .map_err(|e| StartError(format!("cannot list the keys: {e}")))
+/// The configured grants (`[[keys]]` of the configuration) and the stores of the database the
+/// configuration names (`DATABASE_URL` or `[database] url`).
+async fn configured_keys(
+    options: &Options,
+) -> Result<(Vec<crate::config::KeyGrant>, Arc<PgStores>), StartError> {
+    let file = FileConfig::load(options.config.as_deref(), &options.env).map_err(start_error)?;
+    let grants = file.key_grants().map_err(start_error)?;
+    let url = file.database_url().ok_or_else(|| {
+        StartError(
+            "no database: set DATABASE_URL or [database] url (keys are stored in Postgres)".into(),
+        )
+    })?;
+    let stores = connect(url, 2, SessionTimeouts::default()).await?;
+    Ok((grants, stores))
 }
 
-/// Revokes the key whose id (SHA-256 hex) is `id` in `DATABASE_URL`.
+/// The keys of `scope` (all when `None`): the configured ones (`[[keys]]`, by id), then the
+/// stored ones, oldest first; never a key (SC-161).
 ///
 /// # Errors
-/// Not an id, no such key, no `DATABASE_URL`, a store failure.
-pub async fn revoke_key(env: &Env, id: &str) -> Result<ApiKeyRecord, StartError> {
+/// A bad scope, an invalid configuration, no database, a store failure.
+pub async fn list_keys(
+    options: &Options,
+    scope: Option<&str>,
+) -> Result<Vec<crate::service::keys::KeySummary>, StartError> {
+    use crate::service::keys::KeySummary;
+    let scope = scope.map(Scope::parse).transpose().map_err(start_error)?;
+    let (grants, stores) = configured_keys(options).await?;
+    let stored = stores
+        .list_keys(scope.as_ref())
+        .await
+        .map_err(|e| StartError(format!("cannot list the keys: {e}")))?;
+    let mut configured: Vec<_> = grants
+        .iter()
+        .filter(|g| scope.as_ref().is_none_or(|s| g.scope == *s))
+        .map(|g| KeySummary::configured(&g.digest, &g.scope, g.role))
+        .collect();
+    configured.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(configured
+        .into_iter()
+        .chain(stored.into_iter().map(KeySummary::from))
+        .collect())
+}
+
+/// Revokes the stored key whose id (SHA-256 hex) is `id`; a configured key (`[[keys]]`) is
+/// refused, naming the configuration (SC-161).
+///
+/// # Errors
+/// Not an id, a configured key, no such key, no database, a store failure.
+pub async fn revoke_key(options: &Options, id: &str) -> Result<ApiKeyRecord, StartError> {
     let digest = KeyDigest::from_hex(id)
         .ok_or_else(|| StartError("the key id is 64 lower-case hex digits".into()))?;
-    let stores = key_stores(env).await?;
+    let (grants, stores) = configured_keys(options).await?;
+    if grants.iter().any(|g| g.digest == digest) {
+        return Err(StartError(
+            crate::error::ApiError::KeyInConfig(id.to_string()).to_string(),
+        ));
+    }
     stores
         .revoke_key(None, &digest, chrono::Utc::now())
         .await

@@ -1,5 +1,5 @@
 //! The OpenAI-compatible front door, over HTTP with reqwest and with the official `openai`
-//! Python SDK as a real client (`examples/openai_sdk.py`).
+//! Python and Node SDKs as real clients (`examples/openai_sdk.py`, `examples/openai_sdk.mjs`).
 #![cfg(test)]
 
 mod support;
@@ -294,6 +294,59 @@ async fn sdk_tour(s: Server) {
     assert_eq!(names, ["call", "replay", "conflict", "stream", "no_key"]);
     // One send for the call, one for the stream: the replay, the conflict and the keyless
     // request sent nothing.
+    assert_eq!(s.mock.request_count(), 2);
+    s.stop().await;
+}
+
+/// `node` (`TOLLGATE_NODE`, else the one on `PATH`) with the pinned `openai` package installed
+/// in `examples/node_modules` (`npm ci --prefix examples`, as `.ci/run` does).
+fn sdk_node() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let modules = root.join("examples/node_modules/openai/package.json");
+    assert!(
+        modules.exists(),
+        "the openai npm package is not installed at {}: run `npm ci --prefix examples` \
+         (README — OpenAI SDK)",
+        modules.display()
+    );
+    let node = std::env::var_os("TOLLGATE_NODE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("node"));
+    let found = std::process::Command::new(&node)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "no node at {}: install Node.js 20 or later (apt-get install nodejs) or set TOLLGATE_NODE",
+        node.display()
+    );
+    node
+}
+
+/// SC-162: the official `openai` npm package as a client of the front door: the same tour as
+/// the Python SDK's (call, replay, conflict, stream, no key), one provider request per call.
+#[tokio::test]
+async fn sc_162_the_official_openai_node_sdk_is_a_working_client() {
+    let node = sdk_node();
+    let s = Server::memory().await;
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/openai_sdk.mjs");
+    let output = tokio::process::Command::new(node)
+        .arg(script)
+        .env("TOLLGATE_BASE_URL", &s.base)
+        .env("TOLLGATE_API_KEY", &s.caller)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let steps: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<&str> = steps.iter().map(|s| s["step"].as_str().unwrap()).collect();
+    assert_eq!(names, ["call", "replay", "conflict", "stream", "no_key"]);
     assert_eq!(s.mock.request_count(), 2);
     s.stop().await;
 }

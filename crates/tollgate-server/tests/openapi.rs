@@ -125,3 +125,99 @@ async fn sc_134_the_served_document_is_the_checked_in_one_and_covers_every_route
         );
     }
 }
+
+/// A path of the document with its parameters filled in.
+fn concrete(route: &str) -> String {
+    route
+        .split('/')
+        .map(|segment| {
+            if segment.starts_with('{') {
+                "00000000-0000-4000-8000-000000000000"
+            } else {
+                segment
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// SC-160: the router serves its routes from the table only, so a route registered beside it
+/// (as the console's once were) fails here; and every route of the table, console included,
+/// is documented and answers its method (neither 404 nor 405) with the document's roles.
+#[tokio::test]
+async fn sc_160_every_route_the_router_serves_is_in_the_document() {
+    let source =
+        std::fs::read_to_string(repo_file("crates/tollgate-server/src/routes.rs")).unwrap();
+    assert_eq!(
+        source.matches(".route(").count(),
+        1,
+        "routes.rs registers a route outside the `table!` macro: put it in the table"
+    );
+    for other in [
+        ".nest(",
+        ".merge(",
+        ".route_service(",
+        ".nest_service(",
+        ".fallback_service(",
+    ] {
+        assert!(
+            !source.contains(other),
+            "routes.rs serves routes through {other}: put them in the table"
+        );
+    }
+
+    let doc: Value = serde_json::from_str(&tollgate_server::openapi::document_json()).unwrap();
+    let documented: BTreeSet<(String, String)> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(path, ops)| {
+            ops.as_object()
+                .unwrap()
+                .keys()
+                .map(move |m| (m.clone(), path.clone()))
+        })
+        .collect();
+    let served: BTreeSet<(String, String)> = ROUTES
+        .iter()
+        .map(|(m, p)| ((*m).to_string(), (*p).to_string()))
+        .collect();
+    assert_eq!(documented, served, "the document and the router differ");
+    for console in [
+        "/console",
+        "/v1/console/session",
+        "/v1/console/backlog/{execution_id}/quote",
+        "/v1/console/finance/settlements.csv",
+    ] {
+        assert!(
+            doc["paths"][console].is_object(),
+            "{console} is not documented"
+        );
+    }
+    // The console's keyed reads declare who may not read them.
+    let backlog = &doc["paths"]["/v1/console/backlog"]["get"]["responses"];
+    assert!(backlog["403"]["description"]
+        .as_str()
+        .is_some_and(|d| d.contains("operator")));
+
+    let s = Server::memory().await;
+    for (method, route) in ROUTES {
+        let url = format!("{}{}", s.base, concrete(route));
+        let request = match *method {
+            "get" => s.http.get(&url),
+            "post" => s.http.post(&url).json(&serde_json::json!({})),
+            other => panic!("a {other} route: teach this test its method"),
+        };
+        let response = request.bearer_auth(&s.operator).send().await.unwrap();
+        let status = response.status();
+        let body = response.text().await.unwrap_or_default();
+        assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {route}");
+        // A route's own 404 (no such key) names what it did not find; the router's says
+        // there is no such route.
+        assert!(
+            !body.contains("no such route"),
+            "{method} {route} is not served: {status} {body}"
+        );
+    }
+    s.stop().await;
+}

@@ -194,16 +194,24 @@ enum Keys {
         #[arg(long)]
         expires_at: Option<String>,
     },
-    /// List the stored keys (id, scope, role, created, last used, expiry, revoked; never a key).
+    /// List the keys, configured (`[[keys]]`) and stored (id, scope, role, source, revocable,
+    /// created, last used, expiry, revoked; never a key).
     List {
         /// Only this scope's keys.
         #[arg(long)]
         scope: Option<String>,
+        /// Configuration file (default: tollgate.toml when present).
+        #[arg(long)]
+        config: Option<std::path::PathBuf>,
     },
-    /// Revoke a key by its id (its SHA-256 in hex, as `keys list` shows it).
+    /// Revoke a stored key by its id (its SHA-256 in hex, as `keys list` shows it); a key of
+    /// `[[keys]]` is refused (remove it from the configuration instead).
     Revoke {
         /// The key's id.
         id: String,
+        /// Configuration file (default: tollgate.toml when present).
+        #[arg(long)]
+        config: Option<std::path::PathBuf>,
     },
 }
 
@@ -282,11 +290,11 @@ fn main() -> ExitCode {
                 .await
             }
             Command::Keys {
-                what: Keys::List { scope },
-            } => serve::keys_list(scope.as_deref(), cli.json).await,
+                what: Keys::List { scope, config },
+            } => serve::keys_list(scope.as_deref(), config, cli.json).await,
             Command::Keys {
-                what: Keys::Revoke { id },
-            } => serve::keys_revoke(&id, cli.json).await,
+                what: Keys::Revoke { id, config },
+            } => serve::keys_revoke(&id, config, cli.json).await,
             #[cfg(feature = "demo")]
             Command::Demo => demo::run(cli.json).await,
             Command::Migrate => database::migrate().await,

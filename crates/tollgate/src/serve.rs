@@ -88,31 +88,34 @@ pub async fn keys_create(
 }
 
 fn key_json(k: &tollgate_store::ApiKeyRecord) -> serde_json::Value {
-    serde_json::json!({
-        "id": k.digest.to_hex(), "scope": k.scope.as_str(), "role": k.role.as_str(),
-        "created_at": k.created_at, "last_used_at": k.last_used_at,
-        "expires_at": k.expires_at, "revoked": k.revoked_at.is_some(), "revoked_at": k.revoked_at
-    })
+    serde_json::to_value(tollgate_server::service::keys::KeySummary::from(k.clone()))
+        .unwrap_or_default()
 }
 
 fn or_dash<T: std::fmt::Display>(value: Option<T>) -> String {
     value.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
-/// `tollgate keys list [--scope S] [--json]`: every stored key, never the key itself.
-pub async fn keys_list(scope: Option<&str>, json: bool) -> Result<(), CommandError> {
-    let env = std::env::vars().collect();
-    let keys = start::list_keys(&env, scope).await?;
+/// `tollgate keys list [--scope S] [--config FILE] [--json]`: the configured keys (`[[keys]]`)
+/// and the stored ones, never a key itself.
+pub async fn keys_list(
+    scope: Option<&str>,
+    config: Option<PathBuf>,
+    json: bool,
+) -> Result<(), CommandError> {
+    let keys = start::list_keys(&Options::from_process(config), scope).await?;
     if json {
-        print::json(&serde_json::json!({"keys": keys.iter().map(key_json).collect::<Vec<_>>()}));
+        print::json(&serde_json::json!({ "keys": keys }));
     } else {
         for k in &keys {
             print::line(&format!(
-                "{} {} {} created={} last_used={} expires={} revoked={}",
-                k.digest.to_hex(),
+                "{} {} {} source={} revocable={} created={} last_used={} expires={} revoked={}",
+                k.id,
                 k.scope,
-                k.role.as_str(),
-                k.created_at.to_rfc3339(),
+                k.role,
+                k.source,
+                k.revocable,
+                or_dash(k.created_at.map(|t| t.to_rfc3339())),
                 or_dash(k.last_used_at.map(|t| t.to_rfc3339())),
                 or_dash(k.expires_at.map(|t| t.to_rfc3339())),
                 or_dash(k.revoked_at.map(|t| t.to_rfc3339())),
@@ -122,10 +125,14 @@ pub async fn keys_list(scope: Option<&str>, json: bool) -> Result<(), CommandErr
     Ok(())
 }
 
-/// `tollgate keys revoke ID [--json]`: revokes a key (idempotent).
-pub async fn keys_revoke(id: &str, json: bool) -> Result<(), CommandError> {
-    let env = std::env::vars().collect();
-    let key = start::revoke_key(&env, id).await?;
+/// `tollgate keys revoke ID [--config FILE] [--json]`: revokes a stored key (idempotent); a
+/// configured key is refused.
+pub async fn keys_revoke(
+    id: &str,
+    config: Option<PathBuf>,
+    json: bool,
+) -> Result<(), CommandError> {
+    let key = start::revoke_key(&Options::from_process(config), id).await?;
     if json {
         print::json(&key_json(&key));
     } else {

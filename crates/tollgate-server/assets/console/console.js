@@ -488,8 +488,8 @@
     const status = el("div", { id: "revoke-area" });
     const rows = k.keys.map((key) => {
       const short = key.id.slice(0, 12);
-      let action = el("span", { class: "hint" }, "revoked");
-      if (!key.revoked) {
+      let action = el("span", { class: "hint" }, key.revocable ? "revoked" : "configured (not revocable)");
+      if (!key.revoked && key.revocable) {
         action = el("button", { type: "button", class: "revoke", "data-key-id": key.id }, "Revoke…");
         action.addEventListener("click", () => {
           showError("");
@@ -512,7 +512,7 @@
         });
       }
       return el("tr", { "data-key-id": key.id, "data-revoked": String(key.revoked) },
-        el("td", {}, el("code", {}, short + "…")), el("td", {}, key.role), el("td", {}, key.created_at),
+        el("td", {}, el("code", {}, short + "…")), el("td", {}, key.role), el("td", {}, text(key.created_at)),
         el("td", {}, text(key.last_used_at)), el("td", {}, text(key.expires_at)),
         el("td", { class: "revoked" }, key.revoked ? "revoked " + text(key.revoked_at) : "active"), el("td", {}, action));
     });

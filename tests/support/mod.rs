@@ -1,0 +1,133 @@
+//! Helpers shared by the black-box tests of the built `tollgate` binary (`tests/cli.rs`,
+//! `tests/service.rs`): running it, reading its output, temporary files, a fresh Postgres
+//! database per test and a `tollgate serve` child on it.
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use tollgate_postgres::{test_admin_url, TestDatabase};
+
+/// The built binary, with an environment that cannot leak the developer's database or log level.
+pub fn tollgate() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+    command
+        .env_remove("DATABASE_URL")
+        .env_remove("DATABASE_OWNER_URL")
+        .env_remove("RUST_LOG");
+    command
+}
+
+pub fn run(command: &mut Command) -> Output {
+    command.output().expect("the tollgate binary runs")
+}
+
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Asserts exit 0 and parses stdout as one JSON value.
+pub fn json_ok(output: &Output) -> Value {
+    assert!(
+        output.status.success(),
+        "exit {:?}\nstderr: {}",
+        output.status,
+        stderr(output)
+    );
+    serde_json::from_str(stdout(output).trim()).unwrap_or_else(|e| {
+        panic!("stdout is not one JSON value ({e}): {}", stdout(output));
+    })
+}
+
+/// A file under the temp dir holding `content`, removed on drop.
+pub struct TempFile(pub PathBuf);
+
+impl TempFile {
+    pub fn new(name: &str, content: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "tollgate-test-{}-{name}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::write(&path, content).unwrap();
+        Self(path)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A brand-new empty database (dropped once the returned guard is gone).
+pub async fn fresh_database() -> TestDatabase {
+    TestDatabase::create(&test_admin_url())
+        .await
+        .unwrap_or_else(|e| panic!("cannot create a test database: {e}"))
+}
+
+/// A `tollgate serve` child, killed (SIGKILL) and reaped on drop.
+pub struct ServeChild(pub std::process::Child);
+
+impl Drop for ServeChild {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `tollgate serve` and returns it with its base URL once it answers `/readyz`.
+pub async fn serve_on(config: &Path, db_url: &str) -> (ServeChild, String) {
+    use std::io::{BufRead, BufReader};
+    let mut child = tollgate()
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .env("DATABASE_URL", db_url)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let child = ServeChild(child);
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().into());
+            }
+        }
+    });
+    let base =
+        tokio::task::spawn_blocking(move || rx.recv_timeout(std::time::Duration::from_secs(60)))
+            .await
+            .unwrap()
+            .expect("serve starts listening");
+    let http = reqwest::Client::new();
+    for _ in 0..3000 {
+        let ready = http.get(format!("{base}/readyz")).send().await;
+        if ready.is_ok_and(|r| r.status().is_success()) {
+            return (child, base);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("serve never became ready");
+}
+
+/// `x.xx000` → `x.xx`, so that NUMERIC text and the decimal strings of reports and answers compare.
+pub fn normalized(amount: &str) -> String {
+    if amount.contains('.') {
+        amount
+            .trim_end_matches('0')
+            .trim_end_matches('.')
+            .to_string()
+    } else {
+        amount.to_string()
+    }
+}
