@@ -36,7 +36,7 @@ const APPEND: &str = concat!(
 );
 
 /// Locks the head of `chain` of `scope`, creating the scope's heads on its first append.
-async fn lock_head(
+pub(crate) async fn lock_head(
     conn: &mut PgConnection,
     scope: &Scope,
     chain: AuditChain,

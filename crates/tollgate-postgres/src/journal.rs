@@ -39,17 +39,6 @@ pub(crate) const FENCED: &str = concat!(
      WHERE h.scope = e.scope AND h.chain = $8 FOR UPDATE) AS audit_head FROM e"
 );
 
-/// A locked audit head as [`FENCED`] returns it.
-fn parse_head(head: &str) -> StoreResult<(i64, String)> {
-    let (seq, hash) = head
-        .split_once(':')
-        .ok_or_else(|| StoreError::Corrupt("audit head".into()))?;
-    let seq = seq
-        .parse()
-        .map_err(|_| StoreError::Corrupt("audit head seq".into()))?;
-    Ok((seq, hash.to_string()))
-}
-
 const NOT_DISPATCHED: &str = concat!(
     "UPDATE executions SET state = $2, not_dispatched_cause = $3, hold = 0, updated_at = $4 \
      WHERE id = $1 RETURNING ",
@@ -138,13 +127,13 @@ async fn insert(
 impl PgStores {
     /// [`ExecutionStore::claim`](tollgate_store::ExecutionStore::claim): one transaction that
     /// inserts the row (or finds the existing one), takes the root lock when the call is under a
-    /// root, locks both spend rows, admits the hold against the block caps (then against the
-    /// root block cap on the root's inclusive cost), adds it to the spend rows and the root, and
-    /// audits `claimed`. A refusal rolls everything back — a root that is `reconciled` or past its
+    /// root, audits `claimed`, locks both spend rows, admits the hold against the block caps
+    /// (then against the root block cap on the root's inclusive cost) and adds it to the spend
+    /// rows and the root. A refusal rolls everything back — a root that is `reconciled` or past its
     /// deadline refuses (ST-36); a missing root is `NotFound`.
     ///
-    /// Locks in the crate's order: the new execution row (the insert), the root row, the
-    /// session spend row, the day spend row, the audit head.
+    /// Locks in the crate's order: the new execution row (the insert), the root row, the audit
+    /// head, the session spend row, the day spend row.
     ///
     /// A replay is a plain read first (H-9): when the key already has a row, it is returned
     /// without a write transaction. Only an absent key takes the insert path, where a claimer
@@ -170,6 +159,10 @@ impl PgStores {
             return Ok(ClaimOutcome::Existing(existing));
         };
         let record = row.into_record()?;
+        let currency = rules::currency_of(&record);
+        let caps = &request.binding.config.caps;
+        // The root lock before the audit head and the spend rows (the crate's lock order); its
+        // verdicts come after the spend caps', as in the in-memory store.
         let root = match &request.root_key {
             Some(root_key) => Some((
                 root_key,
@@ -177,12 +170,17 @@ impl PgStores {
             )),
             None => None,
         };
+        audit::append(
+            &mut tx,
+            rules::transition_event(&record, "claimed", request.now),
+        )
+        .await?;
+        // The spend rows last (the crate's lock order): the hottest locks are held for two
+        // statements and the commit.
         let keys = SpendKeys::of(&record);
         let (session, daily) = spend::lock(&mut tx, &keys).await?;
-        let caps = &request.binding.config.caps;
         // The spend rows are the snapshot's currency's (SC-105); a mismatch returns before the
         // commit, so the dropped transaction writes nothing (SC-106).
-        let currency = rules::currency_of(&record);
         let admitted = caps.admit(
             currency,
             &CurrencySpend::new(currency.clone(), session),
@@ -215,11 +213,6 @@ impl PgStores {
         let session = rules::add_hold(session, request.hold)?;
         let daily = rules::add_hold(daily, request.hold)?;
         spend::write(&mut tx, &keys, session, daily).await?;
-        audit::append(
-            &mut tx,
-            rules::transition_event(&record, "claimed", request.now),
-        )
-        .await?;
         tx.commit().await.store_err()?;
         Ok(ClaimOutcome::Claimed(record))
     }
@@ -259,7 +252,7 @@ impl PgStores {
         let event = rules::transition_event(&record, kind, now);
         match head {
             Some(head) if event.chain() == chain => {
-                audit::append_at(&mut tx, event, parse_head(&head)?).await?;
+                audit::append_at(&mut tx, event, locks::parse_head(&head)?).await?;
             }
             // The scope's heads do not exist yet (or another chain): the usual lock.
             _ => {
@@ -288,13 +281,6 @@ impl PgStores {
                 locks::write_totals(&mut tx, root.id, totals, None).await?;
             }
         }
-        let keys = SpendKeys::of(&before);
-        let (session, daily) = spend::lock(&mut tx, &keys).await?;
-        // An over-release returns before the commit: the dropped transaction writes nothing
-        // (SC-107).
-        let session = rules::release_hold(session, before.hold)?;
-        let daily = rules::release_hold(daily, before.hold)?;
-        spend::write(&mut tx, &keys, session, daily).await?;
         let row: ExecutionRow = sqlx::query_as(NOT_DISPATCHED)
             .bind(before.id.0)
             .bind(ExecutionState::NotDispatched.as_str())
@@ -309,6 +295,13 @@ impl PgStores {
             rules::transition_event(&record, "not_dispatched", now),
         )
         .await?;
+        let keys = SpendKeys::of(&before);
+        let (session, daily) = spend::lock(&mut tx, &keys).await?;
+        // An over-release returns before the commit: the dropped transaction writes nothing
+        // (SC-107).
+        let session = rules::release_hold(session, before.hold)?;
+        let daily = rules::release_hold(daily, before.hold)?;
+        spend::write(&mut tx, &keys, session, daily).await?;
         tx.commit().await.store_err()?;
         Ok(record)
     }
@@ -332,11 +325,6 @@ impl PgStores {
                 locks::write_totals(&mut tx, root.id, totals, None).await?;
             }
         }
-        let keys = SpendKeys::of(&before);
-        let (session, daily) = spend::lock(&mut tx, &keys).await?;
-        let session = rules::release_hold(session, shrink)?;
-        let daily = rules::release_hold(daily, shrink)?;
-        spend::write(&mut tx, &keys, session, daily).await?;
         let row: ExecutionRow = sqlx::query_as(DISPATCHED_WITH_HOLD)
             .bind(before.id.0)
             .bind(ExecutionState::Dispatched.as_str())
@@ -347,6 +335,11 @@ impl PgStores {
             .store_err()?;
         let record = row.into_record()?;
         audit::append(&mut tx, rules::transition_event(&record, "dispatched", now)).await?;
+        let keys = SpendKeys::of(&before);
+        let (session, daily) = spend::lock(&mut tx, &keys).await?;
+        let session = rules::release_hold(session, shrink)?;
+        let daily = rules::release_hold(daily, shrink)?;
+        spend::write(&mut tx, &keys, session, daily).await?;
         tx.commit().await.store_err()?;
         Ok(record)
     }

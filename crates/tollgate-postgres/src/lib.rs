@@ -12,11 +12,12 @@
 //! 2. the operation root's row, "the root lock" (`SELECT … FOR UPDATE` in `claim`,
 //!    `mark_not_dispatched` and `settle` of a call under a root, and in the root operations;
 //!    root receipts come with it; `reconcile_roots` skips locked roots instead of waiting);
-//! 3. the consumer's session spend row, then its day spend row (upserted and locked in one
-//!    statement each, so they exist before they are locked);
-//! 4. last, the head of the audit chain the event goes to (`audit_heads`: 16 per scope, chosen
-//!    by execution id), which serializes that chain's appends and makes its `seq` gapless. A
-//!    transaction holding a head waits for nothing but its commit.
+//! 3. the head of the audit chain the event goes to (`audit_heads`: 16 per scope, chosen by
+//!    execution id), which serializes that chain's appends and makes its `seq` gapless;
+//! 4. last, the consumer's session spend row, then its day spend row (upserted and locked in
+//!    one statement, so they exist before they are locked). They are the hottest rows (every
+//!    call of a consumer takes them), so they come last: a transaction holding them has at most
+//!    its writes and its commit left.
 //!
 //! SQL is fixed text with bound parameters (never formatted values), checked at run time, so
 //! building never needs a database. Migrations are embedded from the workspace's

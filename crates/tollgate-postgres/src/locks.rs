@@ -4,9 +4,11 @@
 use crate::error::DbResultExt;
 use crate::rows::{execution_columns, root_columns, ExecutionRow, RootRow};
 use chrono::{DateTime, Utc};
-use sqlx::PgConnection;
+use sqlx::postgres::PgRow;
+use sqlx::{FromRow, PgConnection, Row};
 use tollgate_core::caps::SpendTotals;
 use tollgate_core::ids::{ExecutionId, OperationKey, RootId, RootKey, Scope};
+use tollgate_store::rows::AuditChain;
 use tollgate_store::rows::{ExecutionRecord, RootRecord};
 use tollgate_store::{StoreError, StoreResult};
 
@@ -20,6 +22,18 @@ pub(crate) const EXECUTION_LOCK: &str = concat!(
     "SELECT ",
     execution_columns!(),
     " FROM executions WHERE id = $1 FOR UPDATE"
+);
+
+/// Locks the execution row, then, for an execution outside a root, the head of its audit chain
+/// (`$2`), in one round trip; the head as `seq:hash`, `NULL` under a root (whose lock comes
+/// between the two) and before the scope's first append (H-11).
+const EXECUTION_LOCK_WITH_HEAD: &str = concat!(
+    "WITH e AS (SELECT ",
+    execution_columns!(),
+    " FROM executions WHERE id = $1 FOR UPDATE) \
+     SELECT e.*, (SELECT h.last_seq::text || ':' || h.last_hash FROM audit_heads h \
+     WHERE e.root_key IS NULL AND h.scope = e.scope AND h.chain = $2 FOR UPDATE) AS audit_head \
+     FROM e"
 );
 
 /// Reads the root row `FOR UPDATE` by `(scope, root_key)`: second in the lock order.
@@ -63,6 +77,41 @@ pub(crate) async fn lock_execution(
         .store_err()?;
     row.ok_or_else(|| StoreError::NotFound(id.to_string()))?
         .into_record()
+}
+
+/// Locks the row `id`, then, outside a root, the head of the audit chain `chain` of its scope,
+/// until the transaction ends. The head is `None` under a root (the root lock comes between the
+/// two: take it, then the head) and before the scope's first append.
+///
+/// # Errors
+/// `NotFound` when there is no such row; a corrupt row or head.
+pub(crate) async fn lock_execution_and_head(
+    conn: &mut PgConnection,
+    id: ExecutionId,
+    chain: AuditChain,
+) -> StoreResult<(ExecutionRecord, Option<(i64, String)>)> {
+    let chain = i16::try_from(chain.0).map_err(|_| StoreError::Corrupt("audit chain".into()))?;
+    let row: Option<PgRow> = sqlx::query(EXECUTION_LOCK_WITH_HEAD)
+        .bind(id.0)
+        .bind(chain)
+        .fetch_optional(&mut *conn)
+        .await
+        .store_err()?;
+    let row = row.ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+    let head: Option<String> = row.try_get("audit_head").store_err()?;
+    let record = ExecutionRow::from_row(&row).store_err()?.into_record()?;
+    Ok((record, head.as_deref().map(parse_head).transpose()?))
+}
+
+/// A locked audit head as `seq:hash` (see [`lock_execution_and_head`]).
+pub(crate) fn parse_head(head: &str) -> StoreResult<(i64, String)> {
+    let (seq, hash) = head
+        .split_once(':')
+        .ok_or_else(|| StoreError::Corrupt("audit head".into()))?;
+    let seq = seq
+        .parse()
+        .map_err(|_| StoreError::Corrupt("audit head seq".into()))?;
+    Ok((seq, hash.to_string()))
 }
 
 /// Takes the root lock on `(scope, root_key)` until the transaction ends; `None` when there is

@@ -83,18 +83,30 @@ impl PgStores {
     /// audit `settled`.
     pub(crate) async fn settle_tx(&self, request: SettleRequest) -> StoreResult<SettleOutcome> {
         let mut tx = self.pool().begin().await.store_err()?;
-        let record = locks::lock_execution(&mut tx, request.fence.execution_id).await?;
+        let chain = AuditChain::of_execution(request.fence.execution_id);
+        // The crate's lock order: the execution, its root, the audit head, the spend rows. Outside
+        // a root the execution and the head are locked by one statement.
+        let (record, head) =
+            locks::lock_execution_and_head(&mut tx, request.fence.execution_id, chain).await?;
         rules::check_fence(&record, request.fence, &rules::SETTLEABLE)?;
-        let root = match &record.root_key {
-            Some(root_key) => locks::lock_root(&mut tx, &record.scope, root_key).await?,
-            None => None,
+        let (root, head) = match &record.root_key {
+            Some(root_key) => {
+                let root = locks::lock_root(&mut tx, &record.scope, root_key).await?;
+                (root, audit::lock_head(&mut tx, &record.scope, chain).await?)
+            }
+            None => match head {
+                Some(head) => (None, head),
+                None => (None, audit::lock_head(&mut tx, &record.scope, chain).await?),
+            },
         };
+        let settlement = rules::settlement_row(&record, &request);
+        let settlement = settlements::insert(&mut tx, &settlement).await?;
+        // The spend rows last: held for their write, the result, the completion, the audit row
+        // and the commit.
         let keys = SpendKeys::of(&record);
         let (session, daily) = spend::lock(&mut tx, &keys).await?;
         let session = rules::apply_settlement(session, record.hold, request.amount)?;
         let daily = rules::apply_settlement(daily, record.hold, request.amount)?;
-        let settlement = rules::settlement_row(&record, &request);
-        let settlement = settlements::insert(&mut tx, &settlement).await?;
         spend::write(&mut tx, &keys, session, daily).await?;
         let mut result = rules::settled_result(&record, &request, session, daily)?;
         let mut root_receipt = None;
@@ -115,7 +127,12 @@ impl PgStores {
             &rules::completed(&record, &request, result.outcome),
         )
         .await?;
-        audit::append(&mut tx, rules::settled_event(&done, &settlement, &result)).await?;
+        audit::append_at(
+            &mut tx,
+            rules::settled_event(&done, &settlement, &result),
+            head,
+        )
+        .await?;
         tx.commit().await.store_err()?;
         Ok(SettleOutcome {
             record: done,

@@ -161,6 +161,8 @@ fn pgbench(url: &str, args: &[&str]) -> PgbenchRun {
 // ---- the service -------------------------------------------------------------------------------
 
 const SCOPES: usize = 8;
+/// Consumers (one profile each) that first calls are spread over.
+const CONSUMERS: u64 = 8;
 const SLOW_MODEL: &str = "mock-slow-2000";
 
 struct Keys {
@@ -199,6 +201,11 @@ reasoning = "2.00"
 "#
         );
     }
+    // First calls spread over consumers (one scope may serve many); the hot-cap case is the one
+    // consumer whose day row every call takes.
+    let mut profiles: Vec<(String, &str, String, &str)> = (0..CONSUMERS)
+        .map(|i| (format!("plain-{i}"), "mock-echo", format!("team-{i}"), ""))
+        .collect();
     for (name, model, consumer, caps) in [
         ("plain", "mock-echo", "team-plain", ""),
         (
@@ -209,6 +216,9 @@ reasoning = "2.00"
         ),
         ("slow", SLOW_MODEL, "team-slow", ""),
     ] {
+        profiles.push((name.to_string(), model, consumer.to_string(), caps));
+    }
+    for (name, model, consumer, caps) in &profiles {
         let _ = write!(
             text,
             r#"
@@ -572,11 +582,7 @@ impl Service {
                 })
             }
             Case::OneScope(_) | Case::HotCap(_) | Case::EightScopes(_) | Case::TwoServers(_) => {
-                let profile = if matches!(case, Case::HotCap(_)) {
-                    "hot"
-                } else {
-                    "plain"
-                };
+                let hot = matches!(case, Case::HotCap(_));
                 let scopes = if matches!(case, Case::EightScopes(_)) {
                     SCOPES as u64
                 } else {
@@ -586,7 +592,12 @@ impl Service {
                     let base = &bases[(n as usize) % bases.len()];
                     let scope = (n % scopes) as usize;
                     let key = format!("k{round}-{n}");
-                    let body = call_body(profile, &key, &format!("s{}", n % 97));
+                    let profile = if hot {
+                        "hot".to_string()
+                    } else {
+                        format!("plain-{}", (n / scopes) % CONSUMERS)
+                    };
+                    let body = call_body(&profile, &key, &format!("s{}", n % 97));
                     (
                         format!("{base}/v1/calls"),
                         Some(callers[scope].clone()),
