@@ -221,22 +221,20 @@ impl Engine {
         let invalid_reason = self
             .drive_in_background(dispatched, request, cancel, read_ms, heartbeat)
             .await?;
-        let stored = self
-            .ctx
-            .stores
-            .execution(&record.scope, &key)
+        // Read back in one read (H-10): the committed rows, never what the drive meant to write.
+        let stores = self.ctx.stores.as_ref();
+        let mut view = views::read(stores, &record.scope, &key, self.ctx.clock.now())
             .await
             .map_err(|e| RunError::store(&key, e))?
             .ok_or_else(|| RunError::store(&key, StoreError::NotFound(key.to_string())))?;
-        let mut view = self.view(&stored).await?;
         view.invalid_reason = invalid_reason;
         // Ids, states and amounts only: never content.
         tracing::info!(
-            scope = %stored.scope,
+            scope = %record.scope,
             operation_key = %key,
-            execution_id = %stored.id,
-            state = %stored.state,
-            outcome = ?stored.outcome.map(|o| o.as_str()),
+            execution_id = %record.id,
+            state = ?view.state,
+            outcome = ?view.outcome.map(|o| o.as_str()),
             invalid_reason = ?invalid_reason.map(|r| r.as_str()),
             amount = ?view.receipt.as_ref().map(|r| r.amount.to_string()),
             "call finished"

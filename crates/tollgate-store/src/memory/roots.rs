@@ -8,6 +8,7 @@ use crate::traits::RootStore;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tollgate_core::ids::{ExecutionId, RootKey, Scope};
+#[cfg(feature = "test-support")]
 use tollgate_core::money::Money;
 use tollgate_core::state::ExecutionState;
 
