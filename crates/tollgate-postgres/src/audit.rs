@@ -74,16 +74,23 @@ pub(crate) async fn append(conn: &mut PgConnection, event: AuditEvent) -> StoreR
     append_at(conn, event, head).await
 }
 
-/// Appends `event` after its chain's head `(last_seq, last_hash)`, which the caller has locked
-/// in this transaction (by [`append`]'s lock or in its own statement).
+/// An audit row ready to insert after a locked head: its place in the chain and its hash.
+pub(crate) struct Prepared {
+    pub(crate) event: AuditEvent,
+    pub(crate) chain: i16,
+    pub(crate) seq: i64,
+    pub(crate) prev: Digest256,
+    pub(crate) hash: Digest256,
+}
+
+/// Places `event` after its chain's head `(last_seq, last_hash)` and hashes it.
 ///
 /// # Errors
-/// Store failure; a corrupt head.
-pub(crate) async fn append_at(
-    conn: &mut PgConnection,
+/// A corrupt head; a chain or seq out of range.
+pub(crate) fn prepare(
     event: AuditEvent,
     (last_seq, last_hash): (i64, String),
-) -> StoreResult<AuditRow> {
+) -> StoreResult<Prepared> {
     let mut event = event;
     event.at = audit_time(event.at);
     let chain = event.chain();
@@ -92,16 +99,36 @@ pub(crate) async fn append_at(
         .checked_add(1)
         .ok_or_else(|| unstorable("audit seq"))?;
     let hash = row_hash(chain, &prev, seq, &event);
+    Ok(Prepared {
+        chain: i16::try_from(chain.0).map_err(|_| unstorable("audit chain"))?,
+        event,
+        seq,
+        prev,
+        hash,
+    })
+}
+
+/// Appends `event` after its chain's head `(last_seq, last_hash)`, which the caller has locked
+/// in this transaction (by [`append`]'s lock or in its own statement).
+///
+/// # Errors
+/// Store failure; a corrupt head.
+pub(crate) async fn append_at(
+    conn: &mut PgConnection,
+    event: AuditEvent,
+    head: (i64, String),
+) -> StoreResult<AuditRow> {
+    let p = prepare(event, head)?;
     let row: AuditDbRow = sqlx::query_as(APPEND)
-        .bind(event.scope.as_str())
-        .bind(i16::try_from(chain.0).map_err(|_| unstorable("audit chain"))?)
-        .bind(seq)
-        .bind(event.execution_id.map(|e| e.0))
-        .bind(&event.kind)
-        .bind(Json(&event.detail))
-        .bind(event.at)
-        .bind(prev.to_hex())
-        .bind(hash.to_hex())
+        .bind(p.event.scope.as_str())
+        .bind(p.chain)
+        .bind(p.seq)
+        .bind(p.event.execution_id.map(|e| e.0))
+        .bind(&p.event.kind)
+        .bind(Json(&p.event.detail))
+        .bind(p.event.at)
+        .bind(p.prev.to_hex())
+        .bind(p.hash.to_hex())
         .fetch_one(&mut *conn)
         .await
         .store_err()?;

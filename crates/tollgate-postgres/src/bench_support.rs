@@ -177,7 +177,6 @@ pub fn hot_statements() -> Vec<HotStatement> {
             crate::journal::RENEW_LEASE,
             "executions_pkey",
         ),
-        s("completion", crate::settle::COMPLETE, "executions_pkey"),
         s(
             "expired leases",
             crate::executions::EXPIRED,

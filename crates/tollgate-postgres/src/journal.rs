@@ -170,11 +170,17 @@ impl PgStores {
             )),
             None => None,
         };
-        audit::append(
-            &mut tx,
-            rules::transition_event(&record, "claimed", request.now),
-        )
-        .await?;
+        // `claimed`, then `dispatched` when the claim is also the dispatch mark: one head lock,
+        // the second row appended after the first.
+        let mut appended: Option<AuditRow> = None;
+        for event in rules::claim_events(&record, request.now) {
+            appended = Some(match appended {
+                None => audit::append(&mut tx, event).await?,
+                Some(last) => {
+                    audit::append_at(&mut tx, event, (last.seq, last.hash.to_hex())).await?
+                }
+            });
+        }
         // The spend rows last (the crate's lock order): the hottest locks are held for two
         // statements and the commit.
         let keys = SpendKeys::of(&record);

@@ -10,24 +10,39 @@ use crate::rows::{execution_columns, result_columns, to_json_text, ExecutionRow,
 use crate::settlements;
 use crate::spend::{self, SpendKeys};
 use crate::PgStores;
+use sqlx::postgres::PgRow;
 use sqlx::types::Json;
-use sqlx::PgConnection;
+use sqlx::{FromRow, PgConnection};
 use tollgate_core::caps::CurrencySpend;
+use tollgate_core::caps::SpendTotals;
 use tollgate_store::rows::*;
 use tollgate_store::rules;
 use tollgate_store::{StoreError, StoreResult};
 
-const INSERT_RESULT: &str = concat!(
-    "INSERT INTO execution_results (execution_id, outcome, stop, output, step, warnings, \
-     retention_expires_at, erased_at) \
-     VALUES ($1, $2, $3, $4::text::json, $5::text::json, $6, $7, $8) RETURNING ",
-    result_columns!()
-);
-
-pub(crate) const COMPLETE: &str = concat!(
-    "UPDATE executions SET state = $2, outcome = $3, hold = $4, provider_ref = $5, \
-     updated_at = $6 WHERE id = $1 RETURNING ",
-    execution_columns!()
+/// The end of a settlement, in one statement (H-13): both spend rows written, the result
+/// inserted, the journal completed, the chain's head moved and the `settled` row appended. The
+/// spend rows, the execution and the audit head are already locked by this transaction; the
+/// answer is the completed row with the result's columns aliased `r_`.
+pub(crate) const FINISH: &str = concat!(
+    "WITH s AS (UPDATE spend_sessions SET settled = $6, held = $7 \
+       WHERE scope = $1 AND consumer = $2 AND session_id = $3 AND currency = $4), \
+     d AS (UPDATE spend_days SET settled = $8, held = $9 \
+       WHERE scope = $1 AND consumer = $2 AND day = $5 AND currency = $4), \
+     r AS (INSERT INTO execution_results (execution_id, outcome, stop, output, step, warnings, \
+       retention_expires_at, erased_at) \
+       VALUES ($10, $11, $12, $13::text::json, $14::text::json, $15, $16, $17) RETURNING ",
+    result_columns!(),
+    "), c AS (UPDATE executions SET state = $18, outcome = $19, hold = $20, provider_ref = $21, \
+       updated_at = $22 WHERE id = $10 RETURNING ",
+    execution_columns!(),
+    "), h AS (UPDATE audit_heads SET last_seq = $24, last_hash = $29 \
+       WHERE scope = $1 AND chain = $23), \
+     a AS (INSERT INTO audit_log (scope, chain, seq, execution_id, kind, detail, at, prev_hash, \
+       hash) VALUES ($1, $23, $24, $10, $25, $26, $27, $28, $29) RETURNING seq) \
+     SELECT c.*, r.execution_id AS r_execution_id, r.outcome AS r_outcome, r.stop AS r_stop, \
+       r.output AS r_output, r.step AS r_step, r.warnings AS r_warnings, \
+       r.retention_expires_at AS r_retention_expires_at, r.erased_at AS r_erased_at \
+     FROM c, r, a"
 );
 
 /// A unique violation while settling means a settlement (or result) already exists.
@@ -39,13 +54,33 @@ fn duplicate(error: sqlx::Error, record: &ExecutionRecord) -> StoreError {
     }
 }
 
-async fn insert_result(
+/// What [`FINISH`] writes besides the locked rows' keys.
+struct Finish<'a> {
+    keys: &'a SpendKeys<'a>,
+    session: SpendTotals,
+    daily: SpendTotals,
+    result: &'a ResultRecord,
+    done: &'a ExecutionRecord,
+    audit: audit::Prepared,
+}
+
+/// Runs [`FINISH`]: the completed journal row and the stored result, as committed.
+async fn finish(
     conn: &mut PgConnection,
-    result: &ResultRecord,
-    record: &ExecutionRecord,
-) -> StoreResult<ResultRecord> {
-    let row: ResultRow = sqlx::query_as(INSERT_RESULT)
-        .bind(result.execution_id.0)
+    f: Finish<'_>,
+) -> StoreResult<(ExecutionRecord, ResultRecord)> {
+    let (result, done, audit) = (f.result, f.done, &f.audit);
+    let row: PgRow = sqlx::query(FINISH)
+        .bind(f.keys.scope)
+        .bind(f.keys.consumer)
+        .bind(f.keys.session)
+        .bind(f.keys.currency)
+        .bind(f.keys.day)
+        .bind(f.session.settled.decimal())
+        .bind(f.session.held.decimal())
+        .bind(f.daily.settled.decimal())
+        .bind(f.daily.held.decimal())
+        .bind(done.id.0)
         .bind(result.outcome.as_str())
         .bind(result.stop.as_deref())
         .bind(to_json_text(result.output.as_ref(), "output")?)
@@ -53,24 +88,27 @@ async fn insert_result(
         .bind(Json(&result.warnings))
         .bind(result.retention_expires_at)
         .bind(result.erased_at)
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| duplicate(e, record))?;
-    row.into_record()
-}
-
-async fn complete(conn: &mut PgConnection, done: &ExecutionRecord) -> StoreResult<ExecutionRecord> {
-    let row: ExecutionRow = sqlx::query_as(COMPLETE)
-        .bind(done.id.0)
         .bind(done.state.as_str())
         .bind(done.outcome.map(|o| o.as_str()))
         .bind(done.hold.decimal())
         .bind(done.provider_ref.as_deref())
         .bind(done.updated_at)
+        .bind(audit.chain)
+        .bind(audit.seq)
+        .bind(&audit.event.kind)
+        .bind(Json(&audit.event.detail))
+        .bind(audit.event.at)
+        .bind(audit.prev.to_hex())
+        .bind(audit.hash.to_hex())
         .fetch_one(&mut *conn)
         .await
-        .store_err()?;
-    row.into_record()
+        .map_err(|e| duplicate(e, done))?;
+    let stored = ResultRow::joined(&row)
+        .store_err()?
+        .ok_or_else(|| StoreError::Corrupt("settled without a result".into()))?
+        .into_record()?;
+    let completed = ExecutionRow::from_row(&row).store_err()?.into_record()?;
+    Ok((completed, stored))
 }
 
 impl PgStores {
@@ -107,7 +145,6 @@ impl PgStores {
         let (session, daily) = spend::lock(&mut tx, &keys).await?;
         let session = rules::apply_settlement(session, record.hold, request.amount)?;
         let daily = rules::apply_settlement(daily, record.hold, request.amount)?;
-        spend::write(&mut tx, &keys, session, daily).await?;
         let mut result = rules::settled_result(&record, &request, session, daily)?;
         let mut root_receipt = None;
         if let Some(root) = root {
@@ -121,16 +158,18 @@ impl PgStores {
             let receipt = rules::root_receipt(&root, &settlement);
             root_receipt = Some(roots::insert_receipt(&mut tx, &receipt).await?);
         }
-        let result = insert_result(&mut tx, &result, &record).await?;
-        let done = complete(
+        let done = rules::completed(&record, &request, result.outcome);
+        let audit = audit::prepare(rules::settled_event(&done, &settlement, &result), head)?;
+        let (done, result) = finish(
             &mut tx,
-            &rules::completed(&record, &request, result.outcome),
-        )
-        .await?;
-        audit::append_at(
-            &mut tx,
-            rules::settled_event(&done, &settlement, &result),
-            head,
+            Finish {
+                keys: &keys,
+                session,
+                daily,
+                result: &result,
+                done: &done,
+                audit,
+            },
         )
         .await?;
         tx.commit().await.store_err()?;

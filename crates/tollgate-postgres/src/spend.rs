@@ -42,11 +42,11 @@ pub(crate) const WRITE: &str = "WITH s AS (UPDATE spend_sessions SET settled = $
 
 /// The two spend rows an execution is charged to.
 pub(crate) struct SpendKeys<'a> {
-    scope: &'a str,
-    consumer: &'a str,
-    session: &'a str,
-    day: NaiveDate,
-    currency: &'a str,
+    pub(crate) scope: &'a str,
+    pub(crate) consumer: &'a str,
+    pub(crate) session: &'a str,
+    pub(crate) day: NaiveDate,
+    pub(crate) currency: &'a str,
 }
 
 impl<'a> SpendKeys<'a> {

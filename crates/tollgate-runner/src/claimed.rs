@@ -80,7 +80,9 @@ impl Engine {
     }
 
     /// Claims `(scope, key)` for `binding` (SC-12, SC-16), holding the worst case of `inline`
-    /// when the input is in hand (SC-120), else the snapshot's worst case.
+    /// when the input is in hand (SC-120), else the snapshot's worst case. With `dispatch`, the
+    /// claim is also the dispatch mark (H-14): only for input in hand that
+    /// [`Engine::checked_inline`] passed.
     pub async fn claim(
         &self,
         scope: &Scope,
@@ -88,6 +90,7 @@ impl Engine {
         root_key: Option<RootKey>,
         binding: &Binding,
         inline: Option<&[Message]>,
+        dispatch: bool,
     ) -> Result<ClaimOutcome, RunError> {
         let hold = match inline {
             Some(messages) => fitted_hold(&self.config, messages),
@@ -103,12 +106,23 @@ impl Engine {
             hold,
             now: self.ctx.clock.now(),
             lease_ms,
+            dispatch: dispatch && inline.is_some(),
         };
         self.ctx
             .stores
             .claim(claim)
             .await
             .map_err(|e| RunError::store(key, e))
+    }
+
+    /// Input in hand, checked as a loaded input is (input checks, the client's own check): the
+    /// request to send, or `None` when it would not be sent (then the claim takes the usual
+    /// path, which records why).
+    pub fn checked_inline(&self, messages: &[Message]) -> Option<ProviderRequest> {
+        check_input(&self.config, messages).ok()?;
+        let request = provider_request(&self.config, messages.to_vec());
+        self.ctx.client.check(&request).ok()?;
+        Some(request)
     }
 
     /// The lease a claim takes and every renewal extends it by: the runner's `lease_ms`, at
@@ -218,21 +232,51 @@ impl Engine {
                 return Err(RunError::store(&key, e));
             }
         };
+        self.finish_dispatched(dispatched, request, cancel, read_ms, heartbeat)
+            .await
+    }
+
+    /// From a claim that was also the dispatch mark (its input checked before the claim, H-14):
+    /// the drive and the read-back, as after a dispatch mark.
+    pub async fn run_dispatched(
+        &self,
+        record: ExecutionRecord,
+        request: ProviderRequest,
+        cancel: CancellationToken,
+        read_ms: u64,
+    ) -> Result<View, RunError> {
+        let heartbeat = self.heartbeat(&record);
+        self.finish_dispatched(record, request, cancel, read_ms, heartbeat)
+            .await
+    }
+
+    /// Drives a dispatched call in its own task and reads back what it stored.
+    async fn finish_dispatched(
+        &self,
+        record: ExecutionRecord,
+        request: ProviderRequest,
+        cancel: CancellationToken,
+        read_ms: u64,
+        heartbeat: Heartbeat,
+    ) -> Result<View, RunError> {
+        let key = record.operation_key.clone();
+        let (scope, id) = (record.scope.clone(), record.id);
         let invalid_reason = self
-            .drive_in_background(dispatched, request, cancel, read_ms, heartbeat)
+            .drive_in_background(record, request, cancel, read_ms, heartbeat)
             .await?;
+        let record = (scope, id);
         // Read back in one read (H-10): the committed rows, never what the drive meant to write.
         let stores = self.ctx.stores.as_ref();
-        let mut view = views::read(stores, &record.scope, &key, self.ctx.clock.now())
+        let mut view = views::read(stores, &record.0, &key, self.ctx.clock.now())
             .await
             .map_err(|e| RunError::store(&key, e))?
             .ok_or_else(|| RunError::store(&key, StoreError::NotFound(key.to_string())))?;
         view.invalid_reason = invalid_reason;
         // Ids, states and amounts only: never content.
         tracing::info!(
-            scope = %record.scope,
+            scope = %record.0,
             operation_key = %key,
-            execution_id = %record.id,
+            execution_id = %record.1,
             state = ?view.state,
             outcome = ?view.outcome.map(|o| o.as_str()),
             invalid_reason = ?invalid_reason.map(|r| r.as_str()),

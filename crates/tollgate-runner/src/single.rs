@@ -13,6 +13,7 @@ use tollgate_core::ids::{InputRevision, Intent, OperationKey, Scope, SessionId};
 use tollgate_core::invalid::InvalidReason;
 use tollgate_core::message::Message;
 use tollgate_core::state::CallKind;
+use tollgate_core::state::ExecutionState;
 use tollgate_core::step::Step;
 use tollgate_core::view::{Output, View};
 use tollgate_provider::ProviderClient;
@@ -145,6 +146,14 @@ impl SingleCallRunner {
             input_revision: request.input_revision,
             config: self.engine.config.clone(),
         };
+        // Input in hand that passes the checks a loaded input passes (and a caller still
+        // waiting): the claim is also the dispatch mark, one commit instead of two (H-14).
+        let ready = match inline {
+            Some(messages) if !request.cancel.is_cancelled() => {
+                self.engine.checked_inline(messages)
+            }
+            _ => None,
+        };
         let claim = self
             .engine
             .claim(
@@ -153,6 +162,7 @@ impl SingleCallRunner {
                 None,
                 &binding,
                 inline,
+                ready.is_some(),
             )
             .await?;
         let record = match claim {
@@ -170,9 +180,18 @@ impl SingleCallRunner {
             }
         };
         let read_ms = self.engine.config.run_timeout_ms;
-        self.engine
-            .run_claimed(record, request.load_input, request.cancel, read_ms)
-            .await
+        match ready {
+            Some(provider_request) if record.state == ExecutionState::Dispatched => {
+                self.engine
+                    .run_dispatched(record, provider_request, request.cancel, read_ms)
+                    .await
+            }
+            _ => {
+                self.engine
+                    .run_claimed(record, request.load_input, request.cancel, read_ms)
+                    .await
+            }
+        }
     }
 
     /// `read(scope, key)` (SC-20..SC-22).

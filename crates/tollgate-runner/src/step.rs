@@ -209,6 +209,7 @@ impl GovernedStepRunner {
                 Some(request.root_key.clone()),
                 &binding,
                 None,
+                false,
             )
             .await;
         let record = match claim? {

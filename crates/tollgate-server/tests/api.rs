@@ -710,6 +710,7 @@ async fn sc_93_ledger_audit_route_and_scheduled_drift() {
         hold: Money::parse("0.5", "hold").unwrap(),
         now: chrono::Utc::now(),
         lease_ms: 30_000,
+        dispatch: false,
     };
     let ClaimOutcome::Claimed(r) = stores.claim(claim).await.unwrap() else {
         panic!("expected a claim");

@@ -28,7 +28,11 @@ pub fn new_execution(request: &ClaimRequest) -> ExecutionRecord {
         binding_digest: request.binding.digest(),
         binding: request.binding.clone(),
         accounting_day: request.now.date_naive(),
-        state: ExecutionState::Prepared,
+        state: if request.dispatch {
+            ExecutionState::Dispatched
+        } else {
+            ExecutionState::Prepared
+        },
         not_dispatched_cause: None,
         reconciliation_reason: None,
         outcome: None,
@@ -256,6 +260,23 @@ pub fn transition_event(record: &ExecutionRecord, kind: &str, at: DateTime<Utc>)
         }),
         at,
     }
+}
+
+/// The audit events of a claim, in order: `claimed` (as the row was `prepared`), then, for a
+/// claim that is also the dispatch mark, `dispatched`: the same trail as a claim followed by
+/// `mark_dispatched`.
+pub fn claim_events(record: &ExecutionRecord, at: DateTime<Utc>) -> Vec<AuditEvent> {
+    if record.state != ExecutionState::Dispatched {
+        return vec![transition_event(record, "claimed", at)];
+    }
+    let prepared = ExecutionRecord {
+        state: ExecutionState::Prepared,
+        ..record.clone()
+    };
+    vec![
+        transition_event(&prepared, "claimed", at),
+        transition_event(record, "dispatched", at),
+    ]
 }
 
 /// Audit event of a settlement.

@@ -21,6 +21,9 @@ pub const STEP_ROOT_DEADLINE_MS: u64 = 60_000;
 pub enum Flavor {
     /// `SingleCallRunner`, text.
     Text,
+    /// `SingleCallRunner`, text at a price with free input tokens (`free_input_config`): a
+    /// loaded input's own worst case is the profile's, so its dispatch mark keeps the hold.
+    FreeInput,
     /// `SingleCallRunner`, json.
     Json,
     /// `StructuredCallRunner` (its root and call keys are derived from the host key).
@@ -53,8 +56,11 @@ const fn step(name: &'static str) -> Key {
 /// A case of the matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Case {
-    /// A text call.
+    /// A text call with its input in hand: the claim is also the dispatch mark (H-14).
     Text,
+    /// A text call whose input is loaded after the claim and keeps the claim's hold: the plain
+    /// dispatch mark (`mark_dispatched`).
+    TextLoaded,
     /// A JSON call.
     Json,
     /// A structured call (its own root, one step, the root closed).
@@ -81,8 +87,9 @@ pub enum Case {
 }
 
 impl Case {
-    pub const ALL: [Case; 11] = [
+    pub const ALL: [Case; 12] = [
         Case::Text,
+        Case::TextLoaded,
         Case::Json,
         Case::Structured,
         Case::Step,
@@ -98,6 +105,7 @@ impl Case {
     pub fn name(self) -> &'static str {
         match self {
             Case::Text => "text",
+            Case::TextLoaded => "text_loaded",
             Case::Json => "json",
             Case::Structured => "structured",
             Case::Step => "step",
@@ -115,6 +123,10 @@ impl Case {
     pub fn keys(self) -> Vec<Key> {
         match self {
             Case::Text => vec![text("k")],
+            Case::TextLoaded => vec![Key {
+                name: "w",
+                flavor: Flavor::FreeInput,
+            }],
             Case::Json => vec![Key {
                 name: "k",
                 flavor: Flavor::Json,
@@ -152,7 +164,7 @@ impl Case {
     /// Unfaulted work before process 1.
     pub async fn setup(self, world: &Arc<World>) {
         match self {
-            Case::Text | Case::Json | Case::Structured | Case::Step => {}
+            Case::Text | Case::TextLoaded | Case::Json | Case::Structured | Case::Step => {}
             Case::Recover | Case::ReconcileExpired => {
                 // Left prepared: the process died right after its claim.
                 text_call(world, "prep", text_reply(), Some((StoreOp::Claim, 1))).await;
@@ -213,7 +225,8 @@ impl Case {
                     (json_config(), json_reply())
                 };
                 let runner = world.text_runner(&stores, config, world.client("k", vec![reply]));
-                // Text: the input in hand, claimed at its own worst case (`mark_dispatched`).
+                // Text: the input in hand, claimed at its own worst case and dispatched by the
+                // claim (H-14).
                 // Json: loaded after the claim, the hold shrunk by the dispatch mark
                 // (`mark_dispatched_with_hold`, SC-122).
                 if self == Case::Text {
@@ -222,6 +235,11 @@ impl Case {
                 } else {
                     let _ = runner.run(world.request("k")).await;
                 }
+            }
+            Case::TextLoaded => {
+                let client = world.client("w", vec![text_reply()]);
+                let runner = world.text_runner(&stores, free_input_config(), client);
+                let _ = runner.run(world.request("w")).await;
             }
             Case::Structured => {
                 let runner =

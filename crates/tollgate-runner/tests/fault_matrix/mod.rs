@@ -44,6 +44,16 @@ use tollgate_store::{MemoryStores, ServiceStores};
 
 /// Every call's input.
 pub const INPUT: &str = "weather in Paris?";
+
+/// The text profile with free input tokens (input, cache read and cache write at zero): every
+/// input's worst case costs the profile's worst case, so a loaded input keeps the claim's hold.
+pub fn free_input_config() -> CallConfig {
+    let mut config = text_config();
+    config.prices.input = tollgate_core::money::Money::ZERO;
+    config.prices.cache_read = tollgate_core::money::Money::ZERO;
+    config.prices.cache_write = tollgate_core::money::Money::ZERO;
+    config
+}
 /// Lease of the fences recovery takes.
 pub const RECOVERY_LEASE_MS: u64 = 10_000;
 /// How far process 2 moves the clock: past every lease, root deadline and result retention.
@@ -395,7 +405,7 @@ async fn recover(case: Case, world: &World, stores: &Arc<FaultyStores>) -> Resul
     for key in case.keys() {
         let client = world.client(key.name, vec![]);
         match key.flavor {
-            Flavor::Text | Flavor::Json => reconciler
+            Flavor::Text | Flavor::FreeInput | Flavor::Json => reconciler
                 .recover(scope, &host_key(&key), RECOVERY_LEASE_MS)
                 .await
                 .map(|_| ())
@@ -508,7 +518,7 @@ async fn replay(case: Case, world: &World, stores: &Arc<FaultyStores>) -> Vec<St
             .is_some();
         let before = world.sends(name);
         let reply = match key.flavor {
-            Flavor::Text => text_reply(),
+            Flavor::Text | Flavor::FreeInput => text_reply(),
             Flavor::Json => json_reply(),
             Flavor::Structured | Flavor::Step(_) => tool_reply(),
         };
@@ -516,6 +526,11 @@ async fn replay(case: Case, world: &World, stores: &Arc<FaultyStores>) -> Vec<St
         let _ = match key.flavor {
             Flavor::Text => world
                 .text_runner(stores, text_config(), client)
+                .run(world.request(name))
+                .await
+                .map(|_| ()),
+            Flavor::FreeInput => world
+                .text_runner(stores, free_input_config(), client)
                 .run(world.request(name))
                 .await
                 .map(|_| ()),

@@ -1066,9 +1066,10 @@ async fn audited_holds(h: &Harness, key_: &str) -> Vec<(String, Money)> {
         .collect()
 }
 
-/// SC-120, SC-122: input in hand is claimed at its own worst case; loaded input is claimed at the
-/// profile's and shrunk to its own in the dispatch mark's unit; a loader that hands back more
-/// than the claim held for is not sent, and its hold is released.
+/// SC-120, SC-122, H-14: input in hand is claimed at its own worst case, and the claim is its
+/// dispatch mark (the loader is not consulted: the input in hand is what is sent); loaded input is
+/// claimed at the profile's and shrunk to its own in the dispatch mark's unit; input in hand that
+/// fails the input checks is not sent, and its hold is released.
 pub async fn sc_120_sc_122_holds_fit_the_request(h: Harness) {
     let config = text_config();
     let input = [Message::text(Role::User, "hello")];
@@ -1090,8 +1091,10 @@ pub async fn sc_120_sc_122_holds_fit_the_request(h: Harness) {
         audited_holds(&h, "inline").await,
         vec![("claimed".into(), fitted), ("dispatched".into(), fitted)]
     );
+    let long = "x".repeat(1_001);
+    let too_long = [Message::text(Role::User, long.clone())];
     let view = runner
-        .run_inline(h.request("bigger", "hello, and a longer text"), &input)
+        .run_inline(h.request("too-long", &long), &too_long)
         .await
         .unwrap();
     assert_eq!(view.state, ViewState::NotDispatched);

@@ -46,6 +46,7 @@ async fn claim(h: &Harness, key: &str) -> ExecutionRecord {
         binding: tollgate_store::conformance::binding("s-1", config),
         now: h.clock.now(),
         lease_ms: 30_000,
+        dispatch: false,
     };
     match h.stores.claim(request).await.unwrap() {
         ClaimOutcome::Claimed(r) => r,

@@ -29,6 +29,7 @@ macro_rules! store_conformance {
     ($factory:expr) => {
         $crate::store_conformance!(@tests $factory;
             sc_12_claim_inserts_prepared_row_and_holds,
+            h_14_a_claim_with_its_input_in_hand_is_its_dispatch_mark,
             sc_13_second_claim_returns_existing_row_untouched,
             h_10_execution_view_reads_row_result_and_settlement_together,
             sc_16_blocked_claim_writes_nothing,
@@ -113,6 +114,7 @@ pub fn claim_req(scope_: &str, key_: &str, config: CallConfig, hold: &str) -> Cl
         hold: money(hold),
         now: t0(),
         lease_ms: 30_000,
+        dispatch: false,
     }
 }
 
@@ -189,6 +191,58 @@ pub async fn sc_12_claim_inserts_prepared_row_and_holds<S: Stores>(s: Arc<S>) {
     assert_eq!(daily(&*s, &r).await.held, money("0.5"));
     assert_eq!(session(&*s, &r).await.held, money("0.5"));
     assert_eq!(daily(&*s, &r).await.settled, Money::ZERO);
+}
+
+/// H-14: a claim whose input is in hand and checked is also its dispatch mark: the row starts
+/// `dispatched` in the claim's commit, holding as a claim does, with the audit trail of a claim
+/// and a dispatch mark (`claimed` as `prepared`, then `dispatched`, one chain, verified); no
+/// second dispatch mark is possible, and it settles as a dispatched call does.
+pub async fn h_14_a_claim_with_its_input_in_hand_is_its_dispatch_mark<S: Stores>(s: Arc<S>) {
+    let mut request = claim_req("a", "k1", text_config(), "0.5");
+    request.dispatch = true;
+    let r = claimed(&*s, request).await;
+    assert_eq!(r.state, ExecutionState::Dispatched);
+    let read = s.execution(&scope("a"), &key("k1")).await.unwrap().unwrap();
+    assert_eq!(read, r);
+    assert_eq!(daily(&*s, &r).await.held, money("0.5"));
+    assert_eq!(session(&*s, &r).await.held, money("0.5"));
+    assert!(s.mark_dispatched(r.fence(), t0()).await.is_err());
+    assert_eq!(
+        s.execution(&scope("a"), &key("k1")).await.unwrap().unwrap(),
+        r
+    );
+    let done = s.settle(settle_req(&r, "0.2", "x")).await.unwrap();
+    assert_eq!(done.record.state, ExecutionState::Completed);
+    assert_eq!(daily(&*s, &r).await.held, Money::ZERO);
+    assert_eq!(daily(&*s, &r).await.settled, money("0.2"));
+    let rows = s
+        .audit_rows(&scope("a"), AuditPosition::START, 100)
+        .await
+        .unwrap();
+    let trail: Vec<_> = rows
+        .iter()
+        .filter(|row| row.event.execution_id == Some(r.id))
+        .map(|row| {
+            let state = row.event.detail["state"].as_str().unwrap_or_default();
+            (row.event.kind.clone(), state.to_string())
+        })
+        .collect();
+    let expected = [
+        ("claimed", "prepared"),
+        ("dispatched", "dispatched"),
+        ("settled", ""),
+    ];
+    let expected: Vec<_> = expected
+        .iter()
+        .map(|(k, st)| (k.to_string(), st.to_string()))
+        .collect();
+    assert_eq!(trail, expected);
+    verify_chain(&rows).unwrap();
+    let mut verifier = ChainVerifier::default();
+    rows.iter().for_each(|row| verifier.push(row).unwrap());
+    verifier
+        .finish(&s.audit_heads(&scope("a")).await.unwrap())
+        .unwrap();
 }
 
 pub async fn sc_13_second_claim_returns_existing_row_untouched<S: Stores>(s: Arc<S>) {

@@ -226,7 +226,9 @@ impl ExecutionStore for MemoryStores {
         t.set_spend(keys, session, daily);
         t.by_key.insert(key, record.id);
         t.executions.insert(record.id, record.clone());
-        t.append(rules::transition_event(&record, "claimed", request.now));
+        for event in rules::claim_events(&record, request.now) {
+            t.append(event);
+        }
         Ok(ClaimOutcome::Claimed(record))
     }
 

@@ -100,6 +100,10 @@ pub struct ClaimRequest {
     pub now: DateTime<Utc>,
     /// Fence lease.
     pub lease_ms: u64,
+    /// The input is in hand and was checked before the claim: the new row starts `dispatched`,
+    /// so the claim is also the dispatch mark (one commit; the audit trail still reads `claimed`
+    /// then `dispatched`). `false`: the row starts `prepared` and the input is loaded after.
+    pub dispatch: bool,
 }
 
 /// What a claim did.
