@@ -361,9 +361,11 @@ impl KeyStore {
             }
         })?;
         let ttl = self.ttl;
-        let stale = |read_at: Instant| Instant::now().saturating_duration_since(read_at) >= ttl;
+        let read = Instant::now();
+        let stale = |read_at: Instant| read.saturating_duration_since(read_at) >= ttl;
         let Some(record) = stored else {
             let mut cache = self.lock();
+            cache.stored.remove(&digest);
             if !ttl.is_zero() && cache.generation == generation {
                 insert_bounded(
                     &mut cache.unknown,
@@ -386,6 +388,7 @@ impl KeyStore {
             touched_at: None,
         };
         let usable = entry.usable_at(now);
+        let principal = entry.principal.clone();
         let touch = {
             let mut cache = self.lock();
             cache.unknown.remove(&digest);
@@ -395,7 +398,7 @@ impl KeyStore {
                 insert_bounded(
                     &mut cache.stored,
                     digest,
-                    entry.clone(),
+                    entry,
                     STORED_KEYS_CACHED_MAX,
                     |c| stale(c.read_at),
                 );
@@ -416,7 +419,7 @@ impl KeyStore {
         if touch {
             self.touch(&digest, now).await;
         }
-        Ok(entry.principal)
+        Ok(principal)
     }
 }
 
@@ -468,6 +471,28 @@ mod tests {
                 Err(ApiError::Unauthenticated)
             ));
         }
+    }
+
+    #[test]
+    fn sc_177_a_full_cache_drops_stale_entries_first_then_all() {
+        let digest = |i: u32| KeyDigest::of_key(&format!("tg_{i}"));
+        let mut map: HashMap<KeyDigest, bool> = HashMap::new();
+        // Entries are `true` when stale.
+        for i in 0..4 {
+            insert_bounded(&mut map, digest(i), i < 3, 4, |stale| *stale);
+        }
+        assert_eq!(map.len(), 4);
+        // Full: the three stale entries go, the fresh one stays.
+        insert_bounded(&mut map, digest(4), false, 4, |stale| *stale);
+        assert_eq!(map.len(), 2);
+        assert!(map.contains_key(&digest(3)) && map.contains_key(&digest(4)));
+        // Replacing a present entry never evicts.
+        insert_bounded(&mut map, digest(4), false, 2, |stale| *stale);
+        assert_eq!(map.len(), 2);
+        // Full of fresh entries: all go.
+        insert_bounded(&mut map, digest(5), false, 2, |stale| *stale);
+        assert_eq!(map.len(), 1);
+        assert!(map.contains_key(&digest(5)));
     }
 
     #[tokio::test]
