@@ -14,11 +14,13 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 use support::{
     fresh_database, json_ok, normalized, run, serve_on, stderr, stdout, tollgate, TempFile,
 };
 use tollgate_mock_provider::MockProvider;
 use tollgate_postgres::TestDatabase;
+use tollgate_server::config::KEY_CACHE_MS_DEFAULT;
 
 /// A key configured in `[[keys]]` (scope `acme`, caller): only its SHA-256 is in the file.
 const CONFIG_KEY: &str = "tg_configured_caller_key_of_scope_acme";
@@ -545,12 +547,13 @@ async fn sc_162_the_openai_node_sdk_against_tollgate_serve_on_postgres() {
 // Keys
 // ---------------------------------------------------------------------------------------------
 
-/// SC-140, SC-161: keys made with the CLI are listed by the CLI and over HTTP (id, role,
-/// created, last used; never the key), beside the configured key; revoked over HTTP and with
-/// the CLI they are refused on their next request; an expired key is refused; the configured key
-/// cannot be revoked either way and keeps working.
+/// SC-140, SC-161, SC-180: keys made with the CLI are listed by the CLI and over HTTP (id, role,
+/// created, last used; never the key), beside the configured key; revoked over HTTP the key is
+/// refused on its next request, revoked with the CLI (outside the server) within the default key
+/// cache bound; an expired key is refused; the configured key cannot be revoked either way and
+/// keeps working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sc_140_sc_161_keys_made_listed_and_revoked_from_the_cli_and_over_http() {
+async fn sc_140_sc_161_sc_180_keys_made_listed_and_revoked_from_the_cli_and_over_http() {
     let s = Service::start("").await;
     let url = s.db.url().to_string();
     let (by_http, by_http_id) = create_key(&url, "acme", "caller", &[]);
@@ -560,7 +563,9 @@ async fn sc_140_sc_161_keys_made_listed_and_revoked_from_the_cli_and_over_http()
     let (other, _) = create_key(&url, "globex", "caller", &[]);
     let config = s.config.0.to_str().unwrap().to_string();
 
-    // Every key works; a use stamps last_used_at.
+    // Every key works; a use stamps last_used_at. The server reads `by_cli` no earlier than
+    // `by_cli_first_use`.
+    let by_cli_first_use = Instant::now();
     for key in [
         by_http.as_str(),
         &by_cli,
@@ -644,11 +649,34 @@ async fn sc_140_sc_161_keys_made_listed_and_revoked_from_the_cli_and_over_http()
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{refused}");
     assert_eq!(refused["error"]["code"], "unauthenticated");
 
-    // Revoked with the CLI: refused on the next request.
+    // Revoked with the CLI, which writes the database behind the server's back: the server may
+    // serve the key from its cache until its read is older than `[server] key_cache_ms` (the
+    // default, 1 s), then refuses it. Polled with a deadline of ten times the bound.
+    let (status, _) = s.get("/v1/profiles", &by_cli).await;
+    assert_eq!(status, StatusCode::OK);
     let revoked = json_ok(&s.command(&["keys", "revoke", &by_cli_id, "--json"]));
     assert_eq!(revoked["revoked"], true, "{revoked}");
+    let bound = Duration::from_millis(KEY_CACHE_MS_DEFAULT);
+    let revoked_at = Instant::now();
+    loop {
+        let (status, body) = s.get("/v1/profiles", &by_cli).await;
+        if status == StatusCode::UNAUTHORIZED {
+            break;
+        }
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(
+            revoked_at.elapsed() < bound * 10,
+            "a key revoked with the CLI still works {:?} later",
+            bound * 10
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        by_cli_first_use.elapsed() >= bound,
+        "refused before any cached read of the key could be stale"
+    );
     let (status, _) = s.get("/v1/profiles", &by_cli).await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "and stays refused");
 
     // An expired key is refused. The CLI only makes keys expiring in the future, so this one is
     // written to the key store with an expiry a second ago.

@@ -6,12 +6,13 @@
 //! Postgres the `api_keys` table, in memory the embedded default's generated keys and any other
 //! key created in the process.
 
-use crate::config::KeyGrant;
+use crate::config::{KeyGrant, KEY_CACHE_MS_DEFAULT};
 use crate::error::ApiError;
 use crate::secret::Secret;
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 use tollgate_core::ids::Scope;
 use tollgate_store::{ApiKeyRecord, ApiKeyStore, KeyDigest, KeyRole, StoreError};
 
@@ -77,24 +78,153 @@ pub async fn create_key(
 /// Least time between two `last_used_at` updates of one key by one process, in seconds.
 pub const TOUCH_INTERVAL_S: i64 = 60;
 
-/// Every key source: the static grants, then the stores. Stored keys are read on every request
-/// (no cache), so a revocation takes effect on the next request (SC-140).
+/// Most unknown digests remembered at once (negative entries, SC-177).
+pub const UNKNOWN_KEYS_CACHED_MAX: usize = 10_000;
+/// Most stored keys remembered at once.
+pub const STORED_KEYS_CACHED_MAX: usize = 100_000;
+
+/// How many digests the cache holds (for tests and diagnostics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheSizes {
+    /// Stored keys (usable or not) as last read.
+    pub stored: usize,
+    /// Digests the store did not know (negative entries).
+    pub unknown: usize,
+}
+
+/// A stored key as last read from the store.
+#[derive(Debug, Clone)]
+struct Cached {
+    principal: Principal,
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    revoked: bool,
+    /// When the store read that produced this entry began.
+    read_at: Instant,
+    /// The last `last_used_at` update this process made (the touch throttle).
+    touched_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl Cached {
+    fn usable_at(&self, now: chrono::DateTime<chrono::Utc>) -> bool {
+        !self.revoked && self.expires_at.is_none_or(|at| now < at)
+    }
+
+    /// Whether a `last_used_at` update is due at `now`; when it is, records it.
+    fn touch_due(&mut self, now: chrono::DateTime<chrono::Utc>) -> bool {
+        let due = self
+            .touched_at
+            .is_none_or(|at| (now - at).num_seconds() >= TOUCH_INTERVAL_S);
+        if due {
+            self.touched_at = Some(now);
+        }
+        due
+    }
+}
+
+/// What the cache answers for a digest.
+enum Lookup {
+    /// A fresh, usable entry; `touch`: a `last_used_at` update is due.
+    Usable { principal: Principal, touch: bool },
+    /// A fresh entry of a key that is unknown, revoked or expired.
+    Refused,
+    /// Nothing fresh: read the store. `generation` is the cache's revocation count now.
+    Read { generation: u64 },
+}
+
+/// The cache of stored keys: one lock, taken once on a fresh hit and twice on a read (before
+/// and after it), never across an await.
+#[derive(Debug, Default)]
+struct Cache {
+    stored: HashMap<KeyDigest, Cached>,
+    unknown: HashMap<KeyDigest, Instant>,
+    /// Counts the entries dropped by a revocation through this process: a store read that
+    /// began before one is not kept.
+    generation: u64,
+}
+
+impl Cache {
+    fn lookup(
+        &mut self,
+        digest: &KeyDigest,
+        at: Instant,
+        ttl: Duration,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Lookup {
+        let fresh = |read_at: Instant| at.saturating_duration_since(read_at) < ttl;
+        if let Some(entry) = self.stored.get_mut(digest) {
+            if fresh(entry.read_at) {
+                if !entry.usable_at(now) {
+                    return Lookup::Refused;
+                }
+                let touch = entry.touch_due(now);
+                return Lookup::Usable {
+                    principal: entry.principal.clone(),
+                    touch,
+                };
+            }
+        } else if self
+            .unknown
+            .get(digest)
+            .is_some_and(|read_at| fresh(*read_at))
+        {
+            return Lookup::Refused;
+        }
+        Lookup::Read {
+            generation: self.generation,
+        }
+    }
+
+    /// Drops every entry of `digest` and makes store reads in flight forgettable.
+    fn forget(&mut self, digest: &KeyDigest) {
+        self.stored.remove(digest);
+        self.unknown.remove(digest);
+        self.generation = self.generation.wrapping_add(1);
+    }
+}
+
+/// Inserts into a map of at most `max` entries: when full, drops the stale entries first and,
+/// when more than half remain, all of them (so a full map costs one pass per `max / 2`
+/// inserts, never one per insert).
+fn insert_bounded<V>(
+    map: &mut HashMap<KeyDigest, V>,
+    digest: KeyDigest,
+    value: V,
+    max: usize,
+    stale: impl Fn(&V) -> bool,
+) {
+    if map.len() >= max && !map.contains_key(&digest) {
+        map.retain(|_, v| !stale(v));
+        if map.len() > max / 2 {
+            map.clear();
+        }
+    }
+    map.insert(digest, value);
+}
+
+/// Every key source: the static grants, then the stores. A stored key, once read, is kept in
+/// memory for at most the cache bound (`[server] key_cache_ms`) from the start of that read;
+/// a digest the store does not know is remembered as unknown for the same bound. Expiry is
+/// checked against the cached record on every request. A revocation through this process drops
+/// the entry at once; one made elsewhere takes effect within the bound (SC-140, SC-176..SC-180).
 pub struct KeyStore {
     grants: HashMap<KeyDigest, Principal>,
     store: Arc<dyn ApiKeyStore>,
-    touched: std::sync::Mutex<HashMap<KeyDigest, chrono::DateTime<chrono::Utc>>>,
+    ttl: Duration,
+    cache: Mutex<Cache>,
 }
 
 impl fmt::Debug for KeyStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyStore")
             .field("grants", &self.grants.len())
+            .field("ttl", &self.ttl)
             .finish_non_exhaustive()
     }
 }
 
 impl KeyStore {
-    /// The static grants, then the keys of `store`.
+    /// The static grants, then the keys of `store`, cached for the default bound
+    /// ([`KEY_CACHE_MS_DEFAULT`]; see [`KeyStore::with_cache_ms`]).
     pub fn new(grants: &[KeyGrant], store: Arc<dyn ApiKeyStore>) -> Self {
         let grants = grants
             .iter()
@@ -109,34 +239,49 @@ impl KeyStore {
         Self {
             grants,
             store,
-            touched: std::sync::Mutex::new(HashMap::new()),
+            ttl: Duration::from_millis(KEY_CACHE_MS_DEFAULT),
+            cache: Mutex::new(Cache::default()),
         }
     }
 
-    /// The stored keys.
+    /// Keeps stored keys in memory for at most `ms` milliseconds from their read; 0 reads the
+    /// store on every request.
+    #[must_use]
+    pub fn with_cache_ms(mut self, ms: u64) -> Self {
+        self.ttl = Duration::from_millis(ms);
+        self
+    }
+
+    /// The cache bound.
+    pub fn cache_bound(&self) -> Duration {
+        self.ttl
+    }
+
+    /// How many digests the cache holds now.
+    pub fn cache_sizes(&self) -> CacheSizes {
+        let cache = self.lock();
+        CacheSizes {
+            stored: cache.stored.len(),
+            unknown: cache.unknown.len(),
+        }
+    }
+
+    /// The stored keys. Reads through it bypass the cache; revoke through
+    /// [`KeyStore::revoke`] so that this process refuses the key at once.
     pub fn store(&self) -> &Arc<dyn ApiKeyStore> {
         &self.store
     }
 
-    /// Records a use of `digest` at most once per [`TOUCH_INTERVAL_S`]; a failure is logged and
-    /// never fails the request.
+    /// The cache; a poisoned lock still holds a consistent map (nothing panics while holding
+    /// it), so it is used as it is.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records a use of `digest`; a failure is logged and never fails the request.
     async fn touch(&self, digest: &KeyDigest, now: chrono::DateTime<chrono::Utc>) {
-        let due = {
-            let Ok(mut touched) = self.touched.lock() else {
-                return;
-            };
-            let due = touched
-                .get(digest)
-                .is_none_or(|at| (now - *at).num_seconds() >= TOUCH_INTERVAL_S);
-            if due {
-                touched.insert(*digest, now);
-            }
-            due
-        };
-        if due {
-            if let Err(e) = self.store.touch_key(digest, now).await {
-                tracing::warn!(error = %e, "api key last-use update failed");
-            }
+        if let Err(e) = self.store.touch_key(digest, now).await {
+            tracing::warn!(error = %e, "api key last-use update failed");
         }
     }
 
@@ -157,41 +302,124 @@ impl KeyStore {
         !self.grants.is_empty()
     }
 
-    /// Generates a key for `scope` and `role` in the stores (see [`create_key`]).
+    /// Generates a key for `scope` and `role` in the stores (see [`create_key`]); an entry of
+    /// its digest is dropped from the cache.
     ///
     /// # Errors
     /// Store failure.
     pub async fn create(&self, scope: &Scope, role: KeyRole) -> Result<Secret, StoreError> {
-        create_key(&*self.store, scope, role).await
+        let key = create_key(&*self.store, scope, role).await?;
+        self.lock().forget(&KeyDigest::of_key(key.expose()));
+        Ok(key)
+    }
+
+    /// Revokes the stored key `digest` at `at` (of `scope` only, when given; see
+    /// [`ApiKeyStore::revoke_key`]) and drops it from the cache: this process refuses it from
+    /// the next request on (SC-179).
+    ///
+    /// # Errors
+    /// Store failure.
+    pub async fn revoke(
+        &self,
+        scope: Option<&Scope>,
+        digest: &KeyDigest,
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Option<ApiKeyRecord>, StoreError> {
+        let revoked = self.store.revoke_key(scope, digest, at).await;
+        self.lock().forget(digest);
+        revoked
     }
 
     /// The principal of an `Authorization` header value.
     ///
     /// # Errors
-    /// `unauthenticated` for no, malformed or unknown keys; `unavailable` when the stored keys
-    /// cannot be read.
+    /// `unauthenticated` for no, malformed, unknown, revoked or expired keys; `unavailable`
+    /// when the stored keys cannot be read.
     pub async fn authenticate(&self, header: Option<&str>) -> Result<Principal, ApiError> {
         let key = header.and_then(bearer).ok_or(ApiError::Unauthenticated)?;
         let digest = KeyDigest::of_key(key);
         if let Some(principal) = self.grants.get(&digest) {
             return Ok(principal.clone());
         }
+        let now = chrono::Utc::now();
+        let started = Instant::now();
+        let lookup = self.lock().lookup(&digest, started, self.ttl, now);
+        let generation = match lookup {
+            Lookup::Usable { principal, touch } => {
+                if touch {
+                    self.touch(&digest, now).await;
+                }
+                return Ok(principal);
+            }
+            Lookup::Refused => return Err(ApiError::Unauthenticated),
+            Lookup::Read { generation } => generation,
+        };
         let stored = self.store.key_by_digest(&digest).await.map_err(|e| {
             tracing::warn!(error = %e, "api key lookup failed");
             ApiError::Unavailable {
                 operation_key: None,
             }
         })?;
-        let record = stored.ok_or(ApiError::Unauthenticated)?;
-        let now = chrono::Utc::now();
-        if !record.usable_at(now) {
+        let ttl = self.ttl;
+        let read = Instant::now();
+        let stale = |read_at: Instant| read.saturating_duration_since(read_at) >= ttl;
+        let Some(record) = stored else {
+            let mut cache = self.lock();
+            cache.stored.remove(&digest);
+            if !ttl.is_zero() && cache.generation == generation {
+                insert_bounded(
+                    &mut cache.unknown,
+                    digest,
+                    started,
+                    UNKNOWN_KEYS_CACHED_MAX,
+                    |read_at| stale(*read_at),
+                );
+            }
+            return Err(ApiError::Unauthenticated);
+        };
+        let mut entry = Cached {
+            principal: Principal {
+                scope: record.scope,
+                role: record.role,
+            },
+            expires_at: record.expires_at,
+            revoked: record.revoked_at.is_some(),
+            read_at: started,
+            touched_at: None,
+        };
+        let usable = entry.usable_at(now);
+        let principal = entry.principal.clone();
+        let touch = {
+            let mut cache = self.lock();
+            cache.unknown.remove(&digest);
+            if cache.generation == generation {
+                entry.touched_at = cache.stored.get(&digest).and_then(|c| c.touched_at);
+                let touch = usable && entry.touch_due(now);
+                insert_bounded(
+                    &mut cache.stored,
+                    digest,
+                    entry,
+                    STORED_KEYS_CACHED_MAX,
+                    |c| stale(c.read_at),
+                );
+                touch
+            } else {
+                // A revocation through this process ran during the read: answer this request
+                // from what was read, keep nothing of it.
+                usable
+                    && cache
+                        .stored
+                        .get_mut(&digest)
+                        .is_none_or(|c| c.touch_due(now))
+            }
+        };
+        if !usable {
             return Err(ApiError::Unauthenticated);
         }
-        self.touch(&digest, now).await;
-        Ok(Principal {
-            scope: record.scope,
-            role: record.role,
-        })
+        if touch {
+            self.touch(&digest, now).await;
+        }
+        Ok(principal)
     }
 }
 
@@ -243,6 +471,28 @@ mod tests {
                 Err(ApiError::Unauthenticated)
             ));
         }
+    }
+
+    #[test]
+    fn sc_177_a_full_cache_drops_stale_entries_first_then_all() {
+        let digest = |i: u32| KeyDigest::of_key(&format!("tg_{i}"));
+        let mut map: HashMap<KeyDigest, bool> = HashMap::new();
+        // Entries are `true` when stale.
+        for i in 0..4 {
+            insert_bounded(&mut map, digest(i), i < 3, 4, |stale| *stale);
+        }
+        assert_eq!(map.len(), 4);
+        // Full: the three stale entries go, the fresh one stays.
+        insert_bounded(&mut map, digest(4), false, 4, |stale| *stale);
+        assert_eq!(map.len(), 2);
+        assert!(map.contains_key(&digest(3)) && map.contains_key(&digest(4)));
+        // Replacing a present entry never evicts.
+        insert_bounded(&mut map, digest(4), false, 2, |stale| *stale);
+        assert_eq!(map.len(), 2);
+        // Full of fresh entries: all go.
+        insert_bounded(&mut map, digest(5), false, 2, |stale| *stale);
+        assert_eq!(map.len(), 1);
+        assert!(map.contains_key(&digest(5)));
     }
 
     #[tokio::test]

@@ -59,6 +59,11 @@ pub const LEASE_MS_MAX: u64 = 3_600_000;
 pub const SHUTDOWN_DRAIN_MS_DEFAULT: u64 = 30_000;
 /// Longest bound of the shutdown's wait for background drives (0 = do not wait).
 pub const SHUTDOWN_DRAIN_MS_MAX: u64 = 600_000;
+/// Default bound of the API key cache: a stored key is served from memory for at most this
+/// long after it was read (SC-176), so a revocation made elsewhere takes effect within it.
+pub const KEY_CACHE_MS_DEFAULT: u64 = 1_000;
+/// Longest bound of the API key cache (0 = no cache).
+pub const KEY_CACHE_MS_MAX: u64 = 600_000;
 /// Default provider connect timeout.
 pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 5_000;
 /// Default database pool size.
@@ -179,6 +184,8 @@ pub struct Settings {
     pub listen: SocketAddr,
     /// On shutdown, the longest wait for background drives.
     pub shutdown_drain_ms: u64,
+    /// Longest a stored API key is served from memory after it was read; 0 = no cache.
+    pub key_cache_ms: u64,
     /// Requests served at once and the per-request timeout (`[server]`).
     pub limits: crate::limits::Limits,
     /// Database URL; `None` → the embedded default.
@@ -283,6 +290,8 @@ impl FileConfig {
             0,
             SHUTDOWN_DRAIN_MS_MAX,
         )?;
+        let key_cache_ms = self.server.key_cache_ms.unwrap_or(KEY_CACHE_MS_DEFAULT);
+        range("server.key_cache_ms", key_cache_ms, 0, KEY_CACHE_MS_MAX)?;
         let concurrency_limit = self
             .server
             .concurrency_limit
@@ -346,6 +355,7 @@ impl FileConfig {
         Ok(Settings {
             listen,
             shutdown_drain_ms,
+            key_cache_ms,
             limits,
             database_url: self.database.url,
             max_connections,
@@ -502,6 +512,23 @@ mod tests {
         assert_eq!(off.shutdown_drain_ms, 0);
         let bad = settings("[server]\nshutdown_drain_ms = 600001\n").unwrap_err();
         assert!(bad.0.contains("server.shutdown_drain_ms"), "{bad}");
+    }
+
+    #[test]
+    fn sc_176_key_cache_defaults_turns_off_and_is_bounded() {
+        let e = Env::new();
+        let settings = |text: &str| FileConfig::from_toml(text, &e).unwrap().validate(&e);
+        assert_eq!(settings("").unwrap().key_cache_ms, KEY_CACHE_MS_DEFAULT);
+        assert_eq!(KEY_CACHE_MS_DEFAULT, 1_000);
+        let off = settings("[server]\nkey_cache_ms = 0\n").unwrap();
+        assert_eq!(off.key_cache_ms, 0);
+        let bad = settings("[server]\nkey_cache_ms = 600001\n").unwrap_err();
+        assert!(bad.0.contains("server.key_cache_ms"), "{bad}");
+        let from_env = FileConfig::from_toml("", &env(&[("TOLLGATE_SERVER__KEY_CACHE_MS", "250")]))
+            .unwrap()
+            .validate(&e)
+            .unwrap();
+        assert_eq!(from_env.key_cache_ms, 250);
     }
 
     #[test]

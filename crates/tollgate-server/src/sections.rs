@@ -24,6 +24,9 @@ pub struct ServerSection {
     pub concurrency_limit: Option<u64>,
     /// Longest a request may take before it is answered 504.
     pub request_timeout_ms: Option<u64>,
+    /// Longest a stored API key is served from memory after it was read; 0 = read on every
+    /// request.
+    pub key_cache_ms: Option<u64>,
 }
 
 /// `[database]`.

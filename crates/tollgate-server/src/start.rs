@@ -104,7 +104,9 @@ pub async fn serve(options: Options, shutdown: CancellationToken) -> Result<(), 
         ),
         None => Backend::memory(),
     };
-    let keys = Arc::new(KeyStore::new(&settings.keys, backend.stores()));
+    let keys = Arc::new(
+        KeyStore::new(&settings.keys, backend.stores()).with_cache_ms(settings.key_cache_ms),
+    );
     if let Some(mock) = &mock {
         notice(&format!(
             "tollgate: embedded default — in-memory stores (lost on exit) and the built-in mock provider at {}; profiles: {}",

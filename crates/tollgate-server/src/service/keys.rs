@@ -122,8 +122,7 @@ pub async fn revoke(app: &App, who: &Principal, id: String) -> Result<KeySummary
     }
     let key = app
         .keys
-        .store()
-        .revoke_key(Some(&who.scope), &digest, Utc::now())
+        .revoke(Some(&who.scope), &digest, Utc::now())
         .await?
         .ok_or_else(|| ApiError::NotFound("key".into()))?;
     tracing::info!(key_id = %key.digest.to_hex(), "api key revoked");

@@ -182,7 +182,9 @@ impl Server {
             .unwrap()
             .validate(&env)
             .unwrap();
-        let keys = Arc::new(KeyStore::new(&settings.keys, backend.stores()));
+        let keys = Arc::new(
+            KeyStore::new(&settings.keys, backend.stores()).with_cache_ms(settings.key_cache_ms),
+        );
         let caller = key_for(&keys, "acme", KeyRole::Caller).await;
         let operator = key_for(&keys, "acme", KeyRole::Operator).await;
         let stranger = key_for(&keys, "globex", KeyRole::Caller).await;
