@@ -3,27 +3,67 @@
 use crate::audit;
 use crate::error::{db, DbResultExt};
 use crate::locks;
-use crate::rows::{execution_columns, ExecutionRow};
+use crate::rows::{execution_columns, ExecutionRow, SpendRow};
 use crate::spend::{self, SpendKeys};
 use crate::PgStores;
 use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use sqlx::{FromRow, PgConnection, Row};
-use tollgate_core::caps::CurrencySpend;
+use tollgate_core::caps::{CurrencySpend, SpendTotals};
 use tollgate_core::ids::{ExecutionId, OperationKey, Scope};
 use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
 use tollgate_store::rows::*;
 use tollgate_store::rules;
 use tollgate_store::{StoreError, StoreResult};
 
+/// Inserts the row unless the key has one; for a call outside a root, locks the head of its
+/// audit chain (`$20`) in the same round trip and returns it as `seq:hash` (`NULL` under a root,
+/// whose lock comes first, and before the scope's first append).
 const INSERT: &str = concat!(
-    "INSERT INTO executions (",
+    "WITH e AS (INSERT INTO executions (",
     execution_columns!(),
     ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
      COALESCE($13, clock_timestamp()) + $19::bigint * interval '1 millisecond', \
      $14, $15, $16, $17, $18) ON CONFLICT (scope, operation_key) DO NOTHING RETURNING ",
-    execution_columns!()
+    execution_columns!(),
+    ") SELECT e.*, (SELECT h.last_seq::text || ':' || h.last_hash FROM audit_heads h \
+     WHERE e.root_key IS NULL AND h.scope = e.scope AND h.chain = $20 FOR UPDATE) AS audit_head \
+     FROM e"
+);
+
+/// A claim's audit rows (`$6`..: one or two, the head moved to the last) and then its spend rows
+/// upserted and locked, in one statement: the head is already locked, so the spend rows are
+/// still the last locks taken (H-13). Answers both rows' totals, as `spend::lock` does.
+macro_rules! append_then_lock_spend {
+    ($rows:literal) => {
+        concat!(
+            "WITH h AS (UPDATE audit_heads SET last_seq = $6, last_hash = $7 \
+               WHERE scope = $1 AND chain = $8), \
+             a AS (INSERT INTO audit_log (scope, chain, seq, execution_id, kind, detail, at, \
+               prev_hash, hash) VALUES ",
+            $rows,
+            "), s AS (INSERT INTO spend_sessions (scope, consumer, session_id, currency) \
+               VALUES ($1, $2, $3, $4) \
+               ON CONFLICT (scope, consumer, session_id, currency) \
+               DO UPDATE SET held = spend_sessions.held RETURNING settled, held), \
+             d AS (INSERT INTO spend_days (scope, consumer, day, currency) \
+               SELECT $1, $2, $5, $4 FROM s \
+               ON CONFLICT (scope, consumer, day, currency) DO UPDATE SET held = spend_days.held \
+               RETURNING settled, held) \
+             SELECT s.settled, s.held, d.settled AS day_settled, d.held AS day_held FROM s, d"
+        )
+    };
+}
+
+/// [`append_then_lock_spend!`] with the `claimed` row.
+const CLAIMED_THEN_SPEND: &str =
+    append_then_lock_spend!("($1, $8, $9, $10, $11, $12, $13, $14, $15)");
+
+/// [`append_then_lock_spend!`] with the `claimed` and `dispatched` rows (H-14).
+const CLAIMED_DISPATCHED_THEN_SPEND: &str = append_then_lock_spend!(
+    "($1, $8, $9, $10, $11, $12, $13, $14, $15), ($1, $8, $16, $10, $17, $18, $19, $20, $21)"
 );
 
 /// A fenced state change: only the current fence, only from an allowed state. In the same round
@@ -93,13 +133,17 @@ async fn refused(conn: &mut PgConnection, id: ExecutionId) -> StoreError {
 }
 
 /// Inserts `r`; its lease ends `lease_ms` after `lease_now` (`None`: the database's clock).
+/// `None` when the key already has a row; else the row and, outside a root, the locked head of
+/// `chain` (`None` before the scope's first append).
 async fn insert(
     conn: &mut PgConnection,
     r: &ExecutionRecord,
     lease_now: Option<DateTime<Utc>>,
     lease_ms: u64,
-) -> StoreResult<Option<ExecutionRow>> {
-    sqlx::query_as(INSERT)
+) -> StoreResult<Option<(ExecutionRecord, Option<(i64, String)>)>> {
+    let chain = i16::try_from(AuditChain::of_execution(r.id).0)
+        .map_err(|_| StoreError::Corrupt("audit chain".into()))?;
+    let row: Option<PgRow> = sqlx::query(INSERT)
         .bind(r.id.0)
         .bind(r.scope.as_str())
         .bind(r.operation_key.as_str())
@@ -119,9 +163,75 @@ async fn insert(
         .bind(r.updated_at)
         .bind(r.reconciliation_reason.map(|c| c.as_str()))
         .bind(lease_millis(lease_ms))
+        .bind(chain)
         .fetch_optional(&mut *conn)
         .await
-        .store_err()
+        .store_err()?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let head: Option<String> = row.try_get("audit_head").store_err()?;
+    let record = ExecutionRow::from_row(&row).store_err()?.into_record()?;
+    Ok(Some((
+        record,
+        head.as_deref().map(locks::parse_head).transpose()?,
+    )))
+}
+
+/// Appends a claim's audit rows after `head` (locked) and upserts and locks its spend rows, in
+/// one round trip; both rows' totals.
+async fn append_then_lock_spend(
+    conn: &mut PgConnection,
+    keys: &SpendKeys<'_>,
+    record: &ExecutionRecord,
+    head: (i64, String),
+    now: DateTime<Utc>,
+) -> StoreResult<(SpendTotals, SpendTotals)> {
+    let mut rows: Vec<audit::Prepared> = Vec::new();
+    for event in rules::claim_events(record, now) {
+        let after = match rows.last() {
+            Some(last) => (last.seq, last.hash.to_hex()),
+            None => head.clone(),
+        };
+        rows.push(audit::prepare(event, after)?);
+    }
+    let (first, last) = match (rows.first(), rows.last()) {
+        (Some(first), Some(last)) => (first, last),
+        _ => return Err(StoreError::Corrupt("claim without audit rows".into())),
+    };
+    let sql = match rows.len() {
+        1 => CLAIMED_THEN_SPEND,
+        2 => CLAIMED_DISPATCHED_THEN_SPEND,
+        _ => return Err(StoreError::Corrupt("claim audit rows".into())),
+    };
+    let mut query = sqlx::query_as::<_, (Decimal, Decimal, Decimal, Decimal)>(sql)
+        .bind(keys.scope)
+        .bind(keys.consumer)
+        .bind(keys.session)
+        .bind(keys.currency)
+        .bind(keys.day)
+        .bind(last.seq)
+        .bind(last.hash.to_hex())
+        .bind(first.chain)
+        .bind(first.seq)
+        .bind(record.id.0);
+    for (i, row) in rows.iter().enumerate() {
+        if i > 0 {
+            query = query.bind(row.seq);
+        }
+        query = query
+            .bind(row.event.kind.clone())
+            .bind(Json(row.event.detail.clone()))
+            .bind(row.event.at)
+            .bind(row.prev.to_hex())
+            .bind(row.hash.to_hex());
+    }
+    let (session_settled, session_held, day_settled, day_held) =
+        query.fetch_one(&mut *conn).await.store_err()?;
+    Ok((
+        SpendRow::totals(session_settled, session_held)?,
+        SpendRow::totals(day_settled, day_held)?,
+    ))
 }
 
 impl PgStores {
@@ -150,7 +260,8 @@ impl PgStores {
         let mut tx = self.pool().begin().await.store_err()?;
         let record = rules::new_execution(&request);
         let lease_now = self.lease_now(request.now);
-        let Some(row) = insert(&mut tx, &record, lease_now, request.lease_ms).await? else {
+        let Some((record, head)) = insert(&mut tx, &record, lease_now, request.lease_ms).await?
+        else {
             // The insert waited for any concurrent claimer of the key, so the row is committed.
             let existing = locks::execution_by_key(&mut tx, &request.scope, &request.operation_key)
                 .await?
@@ -158,7 +269,6 @@ impl PgStores {
             tx.rollback().await.store_err()?;
             return Ok(ClaimOutcome::Existing(existing));
         };
-        let record = row.into_record()?;
         let currency = rules::currency_of(&record);
         let caps = &request.binding.config.caps;
         // The root lock before the audit head and the spend rows (the crate's lock order); its
@@ -170,21 +280,19 @@ impl PgStores {
             )),
             None => None,
         };
-        // `claimed`, then `dispatched` when the claim is also the dispatch mark: one head lock,
-        // the second row appended after the first.
-        let mut appended: Option<AuditRow> = None;
-        for event in rules::claim_events(&record, request.now) {
-            appended = Some(match appended {
-                None => audit::append(&mut tx, event).await?,
-                Some(last) => {
-                    audit::append_at(&mut tx, event, (last.seq, last.hash.to_hex())).await?
-                }
-            });
-        }
-        // The spend rows last (the crate's lock order): the hottest locks are held for two
-        // statements and the commit.
+        let head = match head {
+            Some(head) => head,
+            None => {
+                let chain = AuditChain::of_execution(record.id);
+                audit::lock_head(&mut tx, &record.scope, chain).await?
+            }
+        };
+        // `claimed` (then `dispatched` when the claim is also the dispatch mark), then the spend
+        // rows, the last locks (H-13): held for this statement's answer, their write and the
+        // commit.
         let keys = SpendKeys::of(&record);
-        let (session, daily) = spend::lock(&mut tx, &keys).await?;
+        let (session, daily) =
+            append_then_lock_spend(&mut tx, &keys, &record, head, request.now).await?;
         // The spend rows are the snapshot's currency's (SC-105); a mismatch returns before the
         // commit, so the dropped transaction writes nothing (SC-106).
         let admitted = caps.admit(

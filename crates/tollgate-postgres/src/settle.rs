@@ -6,7 +6,10 @@ use crate::audit;
 use crate::error::{db, is_unique_violation, DbResultExt};
 use crate::locks;
 use crate::roots;
-use crate::rows::{execution_columns, result_columns, to_json_text, ExecutionRow, ResultRow};
+use crate::rows::{
+    execution_columns, result_columns, settlement_columns, to_json_text, ExecutionRow, ResultRow,
+    SettlementRow,
+};
 use crate::settlements;
 use crate::spend::{self, SpendKeys};
 use crate::PgStores;
@@ -19,30 +22,61 @@ use tollgate_store::rows::*;
 use tollgate_store::rules;
 use tollgate_store::{StoreError, StoreResult};
 
-/// The end of a settlement, in one statement (H-13): both spend rows written, the result
-/// inserted, the journal completed, the chain's head moved and the `settled` row appended. The
-/// spend rows, the execution and the audit head are already locked by this transaction; the
-/// answer is the completed row with the result's columns aliased `r_`.
-pub(crate) const FINISH: &str = concat!(
-    "WITH s AS (UPDATE spend_sessions SET settled = $6, held = $7 \
-       WHERE scope = $1 AND consumer = $2 AND session_id = $3 AND currency = $4), \
-     d AS (UPDATE spend_days SET settled = $8, held = $9 \
-       WHERE scope = $1 AND consumer = $2 AND day = $5 AND currency = $4), \
-     r AS (INSERT INTO execution_results (execution_id, outcome, stop, output, step, warnings, \
-       retention_expires_at, erased_at) \
-       VALUES ($10, $11, $12, $13::text::json, $14::text::json, $15, $16, $17) RETURNING ",
-    result_columns!(),
-    "), c AS (UPDATE executions SET state = $18, outcome = $19, hold = $20, provider_ref = $21, \
-       updated_at = $22 WHERE id = $10 RETURNING ",
-    execution_columns!(),
-    "), h AS (UPDATE audit_heads SET last_seq = $24, last_hash = $29 \
-       WHERE scope = $1 AND chain = $23), \
-     a AS (INSERT INTO audit_log (scope, chain, seq, execution_id, kind, detail, at, prev_hash, \
-       hash) VALUES ($1, $23, $24, $10, $25, $26, $27, $28, $29) RETURNING seq) \
-     SELECT c.*, r.execution_id AS r_execution_id, r.outcome AS r_outcome, r.stop AS r_stop, \
-       r.output AS r_output, r.step AS r_step, r.warnings AS r_warnings, \
-       r.retention_expires_at AS r_retention_expires_at, r.erased_at AS r_erased_at \
-     FROM c, r, a"
+/// The common end of a settlement (H-13): both spend rows written, the result inserted, the
+/// journal completed, the chain's head moved and the `settled` row appended. The spend rows, the
+/// execution and the audit head are already locked by the transaction.
+macro_rules! finish_ctes {
+    () => {
+        concat!(
+            "s AS (UPDATE spend_sessions SET settled = $6, held = $7 \
+               WHERE scope = $1 AND consumer = $2 AND session_id = $3 AND currency = $4), \
+             d AS (UPDATE spend_days SET settled = $8, held = $9 \
+               WHERE scope = $1 AND consumer = $2 AND day = $5 AND currency = $4), \
+             r AS (INSERT INTO execution_results (execution_id, outcome, stop, output, step, \
+               warnings, retention_expires_at, erased_at) \
+               VALUES ($10, $11, $12, $13::text::json, $14::text::json, $15, $16, $17) RETURNING ",
+            result_columns!(),
+            "), c AS (UPDATE executions SET state = $18, outcome = $19, hold = $20, \
+               provider_ref = $21, updated_at = $22 WHERE id = $10 RETURNING ",
+            execution_columns!(),
+            "), h AS (UPDATE audit_heads SET last_seq = $24, last_hash = $29 \
+               WHERE scope = $1 AND chain = $23), \
+             a AS (INSERT INTO audit_log (scope, chain, seq, execution_id, kind, detail, at, \
+               prev_hash, hash) VALUES ($1, $23, $24, $10, $25, $26, $27, $28, $29) \
+               RETURNING seq) \
+             SELECT c.*, r.execution_id AS r_execution_id, r.outcome AS r_outcome, \
+               r.stop AS r_stop, r.output AS r_output, r.step AS r_step, \
+               r.warnings AS r_warnings, r.retention_expires_at AS r_retention_expires_at, \
+               r.erased_at AS r_erased_at"
+        )
+    };
+}
+
+/// The end of a settlement whose charge was inserted before (under a root, whose receipt needs
+/// it): the completed row with the result's columns aliased `r_`.
+pub(crate) const FINISH: &str = concat!("WITH ", finish_ctes!(), " FROM c, r, a");
+
+/// The end of a settlement outside a root, with its charge (`$30`..`$50`, UNIQUE per execution)
+/// in the same statement: the completed row, the result's columns aliased `r_` and the
+/// charge's `s_`.
+pub(crate) const FINISH_WITH_CHARGE: &str = concat!(
+    "WITH st AS (INSERT INTO cost_settlements (",
+    settlement_columns!(),
+    ") VALUES ($30, $31, $32, $33, $34, $35, $36, $37, $38, $39, $40, $41, $42, $43, $44, $45, \
+     $46, $47, $48, $49, $50) RETURNING ",
+    settlement_columns!(),
+    "), ",
+    finish_ctes!(),
+    ", st.settlement_id AS s_settlement_id, st.execution_id AS s_execution_id, \
+     st.scope AS s_scope, st.operation_key AS s_operation_key, st.kind AS s_kind, \
+     st.consumer AS s_consumer, st.session_id AS s_session_id, \
+     st.accounting_day AS s_accounting_day, st.provider AS s_provider, st.model AS s_model, \
+     st.price_version AS s_price_version, st.policy_version AS s_policy_version, \
+     st.currency AS s_currency, st.input_tokens AS s_input_tokens, \
+     st.output_tokens AS s_output_tokens, st.cache_read_tokens AS s_cache_read_tokens, \
+     st.cache_write_tokens AS s_cache_write_tokens, st.reasoning_tokens AS s_reasoning_tokens, \
+     st.amount AS s_amount, st.source AS s_source, st.settled_at AS s_settled_at \
+     FROM c, r, a, st"
 );
 
 /// A unique violation while settling means a settlement (or result) already exists.
@@ -62,15 +96,27 @@ struct Finish<'a> {
     result: &'a ResultRecord,
     done: &'a ExecutionRecord,
     audit: audit::Prepared,
+    /// The charge to insert in the same statement (outside a root), or `None` when it was
+    /// inserted before.
+    charge: Option<&'a SettlementRecord>,
 }
 
-/// Runs [`FINISH`]: the completed journal row and the stored result, as committed.
-async fn finish(
-    conn: &mut PgConnection,
-    f: Finish<'_>,
-) -> StoreResult<(ExecutionRecord, ResultRecord)> {
+/// What a settlement's last statement stored, as committed.
+struct Finished {
+    done: ExecutionRecord,
+    result: ResultRecord,
+    charge: Option<SettlementRecord>,
+}
+
+/// Runs [`FINISH`] or [`FINISH_WITH_CHARGE`].
+async fn finish(conn: &mut PgConnection, f: Finish<'_>) -> StoreResult<Finished> {
     let (result, done, audit) = (f.result, f.done, &f.audit);
-    let row: PgRow = sqlx::query(FINISH)
+    let sql = if f.charge.is_some() {
+        FINISH_WITH_CHARGE
+    } else {
+        FINISH
+    };
+    let query = sqlx::query(sql)
         .bind(f.keys.scope)
         .bind(f.keys.consumer)
         .bind(f.keys.session)
@@ -99,16 +145,38 @@ async fn finish(
         .bind(Json(&audit.event.detail))
         .bind(audit.event.at)
         .bind(audit.prev.to_hex())
-        .bind(audit.hash.to_hex())
+        .bind(audit.hash.to_hex());
+    let query = match f.charge {
+        Some(charge) => settlements::bind(query, charge)?,
+        None => query,
+    };
+    let row: PgRow = query
         .fetch_one(&mut *conn)
         .await
-        .map_err(|e| duplicate(e, done))?;
+        .map_err(|e| match f.charge {
+            Some(charge) if is_unique_violation(&e, Some(settlements::ONE_PER_EXECUTION)) => {
+                settlements::insert_error(e, charge)
+            }
+            _ => duplicate(e, done),
+        })?;
     let stored = ResultRow::joined(&row)
         .store_err()?
         .ok_or_else(|| StoreError::Corrupt("settled without a result".into()))?
         .into_record()?;
-    let completed = ExecutionRow::from_row(&row).store_err()?.into_record()?;
-    Ok((completed, stored))
+    let charge = match f.charge {
+        Some(_) => Some(
+            SettlementRow::joined(&row)
+                .store_err()?
+                .ok_or_else(|| StoreError::Corrupt("settled without a charge".into()))?
+                .into_record()?,
+        ),
+        None => None,
+    };
+    Ok(Finished {
+        done: ExecutionRow::from_row(&row).store_err()?.into_record()?,
+        result: stored,
+        charge,
+    })
 }
 
 impl PgStores {
@@ -137,8 +205,12 @@ impl PgStores {
                 None => (None, audit::lock_head(&mut tx, &record.scope, chain).await?),
             },
         };
-        let settlement = rules::settlement_row(&record, &request);
-        let settlement = settlements::insert(&mut tx, &settlement).await?;
+        // Under a root the charge goes in first (its receipt names it); outside one it goes in
+        // with the settlement's last statement.
+        let mut settlement = rules::settlement_row(&record, &request);
+        if root.is_some() {
+            settlement = settlements::insert(&mut tx, &settlement).await?;
+        }
         // The spend rows last: held for their write, the result, the completion, the audit row
         // and the commit.
         let keys = SpendKeys::of(&record);
@@ -160,7 +232,7 @@ impl PgStores {
         }
         let done = rules::completed(&record, &request, result.outcome);
         let audit = audit::prepare(rules::settled_event(&done, &settlement, &result), head)?;
-        let (done, result) = finish(
+        let finished = finish(
             &mut tx,
             Finish {
                 keys: &keys,
@@ -169,9 +241,12 @@ impl PgStores {
                 result: &result,
                 done: &done,
                 audit,
+                charge: root_receipt.is_none().then_some(&settlement),
             },
         )
         .await?;
+        let (done, result) = (finished.done, finished.result);
+        let settlement = finished.charge.unwrap_or(settlement);
         tx.commit().await.store_err()?;
         Ok(SettleOutcome {
             record: done,

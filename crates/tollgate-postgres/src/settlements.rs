@@ -6,7 +6,7 @@ use crate::rows::{settlement_columns, token_columns, SettlementRow};
 use crate::PgStores;
 use async_trait::async_trait;
 use chrono::NaiveDate;
-use sqlx::PgConnection;
+use sqlx::{FromRow, PgConnection};
 use tollgate_core::ids::{ExecutionId, Scope};
 use tollgate_store::rows::{FeedEntry, FeedPosition, SettlementRecord};
 use tollgate_store::traits::SettlementStore;
@@ -20,7 +20,7 @@ pub(crate) const SETTLEMENT_BY_EXECUTION: &str = concat!(
 );
 
 /// The constraint that makes settlement exactly-once.
-const ONE_PER_EXECUTION: &str = "cost_settlements_execution_id_key";
+pub(crate) const ONE_PER_EXECUTION: &str = "cost_settlements_execution_id_key";
 
 const INSERT: &str = concat!(
     "INSERT INTO cost_settlements (",
@@ -30,16 +30,16 @@ const INSERT: &str = concat!(
     settlement_columns!()
 );
 
-/// Inserts a governed charge on `conn`.
+/// Binds the columns of `s` as 21 parameters, in `settlement_columns!()` order.
 ///
 /// # Errors
-/// `Duplicate` when the execution already has one; store failure.
-pub(crate) async fn insert(
-    conn: &mut PgConnection,
-    s: &SettlementRecord,
-) -> StoreResult<SettlementRecord> {
+/// A token count out of the column's range.
+pub(crate) fn bind<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    s: &'q SettlementRecord,
+) -> StoreResult<sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>> {
     let [input, output, cache_read, cache_write, reasoning] = token_columns(&s.usage)?;
-    let row: SettlementRow = sqlx::query_as(INSERT)
+    Ok(query
         .bind(s.id.0)
         .bind(s.execution_id.0)
         .bind(s.scope.as_str())
@@ -60,17 +60,31 @@ pub(crate) async fn insert(
         .bind(reasoning)
         .bind(s.amount.decimal())
         .bind(s.source.as_str())
-        .bind(s.settled_at)
+        .bind(s.settled_at))
+}
+
+/// A unique violation of the one-settlement-per-execution constraint is `Duplicate`.
+pub(crate) fn insert_error(e: sqlx::Error, s: &SettlementRecord) -> StoreError {
+    if is_unique_violation(&e, Some(ONE_PER_EXECUTION)) {
+        StoreError::Duplicate(format!("settlement of {}", s.execution_id))
+    } else {
+        db(e)
+    }
+}
+
+/// Inserts a governed charge on `conn`.
+///
+/// # Errors
+/// `Duplicate` when the execution already has one; store failure.
+pub(crate) async fn insert(
+    conn: &mut PgConnection,
+    s: &SettlementRecord,
+) -> StoreResult<SettlementRecord> {
+    let row = bind(sqlx::query(INSERT), s)?
         .fetch_one(&mut *conn)
         .await
-        .map_err(|e| {
-            if is_unique_violation(&e, Some(ONE_PER_EXECUTION)) {
-                StoreError::Duplicate(format!("settlement of {}", s.execution_id))
-            } else {
-                db(e)
-            }
-        })?;
-    row.into_record()
+        .map_err(|e| insert_error(e, s))?;
+    SettlementRow::from_row(&row).store_err()?.into_record()
 }
 
 #[async_trait]
