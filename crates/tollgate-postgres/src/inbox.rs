@@ -6,6 +6,7 @@ use crate::rows::{evidence_columns, token_columns, EvidenceRow};
 use crate::PgStores;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
 use tollgate_core::ids::{EvidenceId, ExecutionId, Scope};
 use tollgate_store::rows::{Evidence, NewEvidence};
 use tollgate_store::rules;
@@ -47,28 +48,40 @@ pub(crate) const ACKNOWLEDGE: &str = concat!(
     evidence_columns!()
 );
 
+/// Appends `evidence` to the inbox on `conn` (alone, or inside the settlement's transaction).
+///
+/// # Errors
+/// Store failure; a token count out of the column's range.
+pub(crate) async fn insert(
+    conn: &mut PgConnection,
+    evidence: &NewEvidence,
+) -> StoreResult<Evidence> {
+    let [input, output, cache_read, cache_write, reasoning] = token_columns(&evidence.usage)?;
+    let row: EvidenceRow = sqlx::query_as(INSERT)
+        .bind(EvidenceId::new().0)
+        .bind(evidence.scope.as_str())
+        .bind(evidence.execution_id.0)
+        .bind(evidence.operation_key.as_str())
+        .bind(evidence.provider_ref.as_deref())
+        .bind(input)
+        .bind(output)
+        .bind(cache_read)
+        .bind(cache_write)
+        .bind(reasoning)
+        .bind(evidence.exact)
+        .bind(evidence.source.as_str())
+        .bind(evidence.now)
+        .fetch_one(&mut *conn)
+        .await
+        .store_err()?;
+    row.into_record()
+}
+
 #[async_trait]
 impl UsageInbox for PgStores {
     async fn record_evidence(&self, evidence: NewEvidence) -> StoreResult<Evidence> {
-        let [input, output, cache_read, cache_write, reasoning] = token_columns(&evidence.usage)?;
-        let row: EvidenceRow = sqlx::query_as(INSERT)
-            .bind(EvidenceId::new().0)
-            .bind(evidence.scope.as_str())
-            .bind(evidence.execution_id.0)
-            .bind(evidence.operation_key.as_str())
-            .bind(evidence.provider_ref.as_deref())
-            .bind(input)
-            .bind(output)
-            .bind(cache_read)
-            .bind(cache_write)
-            .bind(reasoning)
-            .bind(evidence.exact)
-            .bind(evidence.source.as_str())
-            .bind(evidence.now)
-            .fetch_one(self.pool())
-            .await
-            .store_err()?;
-        row.into_record()
+        let mut conn = self.pool().acquire().await.store_err()?;
+        insert(&mut conn, &evidence).await
     }
 
     async fn evidence_for(&self, execution_id: ExecutionId) -> StoreResult<Vec<Evidence>> {

@@ -4,6 +4,7 @@
 
 use crate::audit;
 use crate::error::{db, is_unique_violation, DbResultExt};
+use crate::inbox;
 use crate::locks;
 use crate::roots;
 use crate::rows::{
@@ -205,6 +206,13 @@ impl PgStores {
                 None => (None, audit::lock_head(&mut tx, &record.scope, chain).await?),
             },
         };
+        // The call's own evidence, in this unit (H-15): it follows the execution row in the
+        // lock order.
+        let mut request = request;
+        if let Some(evidence) = request.evidence.take() {
+            let recorded = inbox::insert(&mut tx, &evidence).await?;
+            request.evidence_id = Some(recorded.id);
+        }
         // Under a root the charge goes in first (its receipt names it); outside one it goes in
         // with the settlement's last statement.
         let mut settlement = rules::settlement_row(&record, &request);

@@ -94,7 +94,10 @@ async fn finish_collected(
                 reconcile(ctx, record, reason, provider_ref, Some(usage)).await?;
                 return Ok(invalid_reason);
             };
-            let evidence = record_evidence(ctx, record, provider_ref.clone(), usage, true).await?;
+            // The stream's evidence goes in with the settlement, one commit (H-15). When the
+            // settlement fails, the evidence is written alone so that the inbox still holds what
+            // the provider reported; a process that dies before the commit leaves neither.
+            let evidence = stream_evidence(ctx, record, provider_ref.clone(), usage, true);
             let request = SettleRequest {
                 fence: record.fence(),
                 usage,
@@ -105,13 +108,22 @@ async fn finish_collected(
                 output,
                 step: step.map(|s| *s),
                 provider_ref,
-                evidence_id: Some(evidence),
+                evidence_id: None,
+                evidence: Some(evidence.clone()),
                 now: ctx.clock.now(),
             };
-            ctx.stores
-                .settle(request)
-                .await
-                .map_err(|e| RunError::store(key, e))?;
+            if let Err(settle_error) = ctx.stores.settle(request).await {
+                if let Err(e) = ctx.stores.record_evidence(evidence).await {
+                    tracing::warn!(
+                        scope = %record.scope,
+                        operation_key = %key,
+                        execution_id = %record.id,
+                        error = %e,
+                        "evidence not recorded after a failed settlement"
+                    );
+                }
+                return Err(RunError::store(key, settle_error));
+            }
             Ok(invalid_reason)
         }
         Decision::ZeroSettle { outcome, .. } => {
@@ -130,14 +142,15 @@ async fn finish_collected(
     }
 }
 
-async fn record_evidence(
+/// The call's own usage evidence, from its stream.
+fn stream_evidence(
     ctx: &Ctx,
     record: &ExecutionRecord,
     provider_ref: Option<String>,
     usage: Usage,
     exact: bool,
-) -> Result<tollgate_core::ids::EvidenceId, RunError> {
-    let evidence = NewEvidence {
+) -> NewEvidence {
+    NewEvidence {
         scope: record.scope.clone(),
         execution_id: record.id,
         operation_key: record.operation_key.clone(),
@@ -146,7 +159,17 @@ async fn record_evidence(
         exact,
         source: EvidenceSource::Stream,
         now: ctx.clock.now(),
-    };
+    }
+}
+
+async fn record_evidence(
+    ctx: &Ctx,
+    record: &ExecutionRecord,
+    provider_ref: Option<String>,
+    usage: Usage,
+    exact: bool,
+) -> Result<tollgate_core::ids::EvidenceId, RunError> {
+    let evidence = stream_evidence(ctx, record, provider_ref, usage, exact);
     ctx.stores
         .record_evidence(evidence)
         .await
@@ -174,6 +197,7 @@ async fn settle_zero(
         step: None,
         provider_ref,
         evidence_id: None,
+        evidence: None,
         now: ctx.clock.now(),
     };
     ctx.stores

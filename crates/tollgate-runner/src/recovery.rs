@@ -141,6 +141,7 @@ impl Reconciler {
                     step: None,
                     provider_ref: evidence.provider_ref.clone(),
                     evidence_id: Some(evidence.id),
+                    evidence: None,
                     now,
                 };
                 self.stores.settle(request).await?;
@@ -359,6 +360,7 @@ impl Reconciler {
                 step: None,
                 provider_ref,
                 evidence_id: Some(evidence_id),
+                evidence: None,
                 now,
             })
             .await

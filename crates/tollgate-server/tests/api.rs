@@ -735,6 +735,7 @@ async fn sc_93_ledger_audit_route_and_scheduled_drift() {
             step: None,
             provider_ref: None,
             evidence_id: None,
+            evidence: None,
             now: chrono::Utc::now(),
         })
         .await

@@ -167,17 +167,14 @@ impl Case {
             Case::Text | Case::TextLoaded | Case::Json | Case::Structured | Case::Step => {}
             Case::Recover | Case::ReconcileExpired => {
                 // Left prepared: the process died right after its claim.
-                text_call(world, "prep", text_reply(), Some((StoreOp::Claim, 1))).await;
-                // Sent, exact evidence in the inbox, died before settling.
-                text_call(world, "disp", text_reply(), Some((StoreOp::Settle, 1))).await;
-                // Sent, died before its evidence.
-                text_call(
-                    world,
-                    "lost",
-                    text_reply(),
-                    Some((StoreOp::RecordEvidence, 1)),
-                )
-                .await;
+                let prep = Some((StoreOp::Claim, 1, FaultKind::DieAfter));
+                text_call(world, "prep", text_reply(), prep).await;
+                // Sent, its settlement failed: the stream's evidence was written alone (H-15).
+                let disp = Some((StoreOp::Settle, 1, FaultKind::Fail));
+                text_call(world, "disp", text_reply(), disp).await;
+                // Sent, died before its settlement, which carried its evidence: neither is there.
+                let lost = Some((StoreOp::Settle, 1, FaultKind::DieBefore));
+                text_call(world, "lost", text_reply(), lost).await;
                 // A completed step under a root that stays open past its deadline.
                 let stores = world.process();
                 let runner = world.step_runner(&stores, world.client("done", vec![tool_reply()]));
@@ -206,7 +203,7 @@ impl Case {
                     world,
                     "live",
                     text_reply(),
-                    Some((StoreOp::MarkDispatchedWithHold, 1)),
+                    Some((StoreOp::MarkDispatchedWithHold, 1, FaultKind::DieBefore)),
                 )
                 .await;
             }
@@ -355,15 +352,10 @@ async fn text_call(
     world: &Arc<World>,
     key: &'static str,
     reply: ScriptedReply,
-    dies_at: Option<(StoreOp, u64)>,
+    fault: Option<(StoreOp, u64, FaultKind)>,
 ) {
     let stores = world.process();
-    if let Some((op, nth)) = dies_at {
-        let kind = if op == StoreOp::Claim {
-            FaultKind::DieAfter
-        } else {
-            FaultKind::DieBefore
-        };
+    if let Some((op, nth, kind)) = fault {
         stores.inject(Fault { op, nth, kind });
     }
     let runner = world.text_runner(&stores, text_config(), world.client(key, vec![reply]));
@@ -372,11 +364,8 @@ async fn text_call(
         let _ = runner.run(request).await;
     })
     .await;
-    let expected = if dies_at.is_some() {
-        Life::Died
-    } else {
-        Life::Finished
-    };
+    let dies = fault.is_some_and(|(_, _, kind)| kind != FaultKind::Fail);
+    let expected = if dies { Life::Died } else { Life::Finished };
     assert_eq!(life, expected, "setup of {key}");
     let row = world
         .inner

@@ -280,6 +280,7 @@ pub async fn sc_42_two_usage_reconcilers_race_on_unacknowledged_evidence(h: Harn
                     step: None,
                     provider_ref: Some("req-1".into()),
                     evidence_id: Some(exact),
+                    evidence: None,
                     now: h.clock.now(),
                 })
                 .await

@@ -36,6 +36,7 @@ macro_rules! store_conformance {
             h_3_stale_fence_writes_nothing,
             sc_30_not_dispatched_releases_hold,
             settle_writes_charge_spend_result_and_completes,
+            h_15_evidence_and_settlement_commit_together,
             settlement_is_exactly_once,
             sc_119_a_second_settlement_is_refused_by_the_one_per_execution_constraint,
             sc_15_warning_keeps_output,
@@ -149,6 +150,7 @@ pub fn settle_req(record: &ExecutionRecord, amount: &str, text: &str) -> SettleR
         step: None,
         provider_ref: Some("req-1".into()),
         evidence_id: None,
+        evidence: None,
         now: t0(),
     }
 }
@@ -357,6 +359,31 @@ pub async fn sc_30_not_dispatched_releases_hold<S: Stores>(s: Arc<S>) {
         .mark_not_dispatched(d.fence(), NotDispatchedCause::Store, t0())
         .await
         .is_err());
+}
+
+/// H-15: the stream's evidence given to `settle` is recorded in the settlement's unit: both are
+/// there after it, and a settlement refused (a stale fence) leaves no evidence behind either.
+pub async fn h_15_evidence_and_settlement_commit_together<S: Stores>(s: Arc<S>) {
+    let r = dispatched(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
+    let mut stale = settle_req(&r, "0.2", "x");
+    stale.fence.token = FenceToken(r.fence.0 + 1);
+    stale.evidence = Some(evidence(&r, 10));
+    assert!(s.settle(stale).await.is_err());
+    assert!(s.evidence_for(r.id).await.unwrap().is_empty());
+    assert!(s.settlement(r.id).await.unwrap().is_none());
+    let mut request = settle_req(&r, "0.2", "x");
+    request.evidence = Some(evidence(&r, 10));
+    let done = s.settle(request).await.unwrap();
+    assert_eq!(done.record.state, ExecutionState::Completed);
+    let recorded = s.evidence_for(r.id).await.unwrap();
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(recorded[0].usage.input, 10);
+    assert!(recorded[0].exact);
+    assert_eq!(recorded[0].acknowledged_at, None);
+    assert_eq!(
+        s.settlement(r.id).await.unwrap().unwrap().amount,
+        money("0.2")
+    );
 }
 
 pub async fn settle_writes_charge_spend_result_and_completes<S: Stores>(s: Arc<S>) {

@@ -77,6 +77,25 @@ fn spend_keys(record: &ExecutionRecord) -> SpendKeys {
 }
 
 impl Tables {
+    /// Appends usage evidence to the inbox.
+    fn record_evidence(&mut self, evidence: NewEvidence) -> Evidence {
+        let row = Evidence {
+            id: EvidenceId::new(),
+            seq: self.evidence.len() as i64 + 1,
+            scope: evidence.scope,
+            execution_id: evidence.execution_id,
+            operation_key: evidence.operation_key,
+            provider_ref: evidence.provider_ref,
+            usage: evidence.usage,
+            exact: evidence.exact,
+            source: evidence.source,
+            received_at: evidence.now,
+            acknowledged_at: None,
+        };
+        self.evidence.push(row.clone());
+        row
+    }
+
     /// The in-memory counterpart of Postgres' `UNIQUE (execution_id)` on settlements: one
     /// governed charge per execution.
     fn check_one_settlement(&self, execution_id: ExecutionId) -> StoreResult<()> {
@@ -353,6 +372,10 @@ impl ExecutionStore for MemoryStores {
             rules::apply_root_caps(&record, &mut result, &rules::root_spend(&after))?;
             root_update = Some(after);
         }
+        // The call's own evidence, in the settlement's unit (H-15).
+        if let Some(evidence) = request.evidence.clone() {
+            t.record_evidence(evidence);
+        }
         let mut root_receipt = None;
         if let Some(after) = root_update {
             let receipt = rules::root_receipt(&after, &settlement);
@@ -575,22 +598,7 @@ impl ResultStore for MemoryStores {
 #[async_trait]
 impl UsageInbox for MemoryStores {
     async fn record_evidence(&self, evidence: NewEvidence) -> StoreResult<Evidence> {
-        let mut t = self.lock()?;
-        let row = Evidence {
-            id: EvidenceId::new(),
-            seq: t.evidence.len() as i64 + 1,
-            scope: evidence.scope,
-            execution_id: evidence.execution_id,
-            operation_key: evidence.operation_key,
-            provider_ref: evidence.provider_ref,
-            usage: evidence.usage,
-            exact: evidence.exact,
-            source: evidence.source,
-            received_at: evidence.now,
-            acknowledged_at: None,
-        };
-        t.evidence.push(row.clone());
-        Ok(row)
+        Ok(self.lock()?.record_evidence(evidence))
     }
 
     async fn evidence_for(&self, execution_id: ExecutionId) -> StoreResult<Vec<Evidence>> {
