@@ -6,8 +6,8 @@
 //!    when it is missing) on a scratch database of the same Postgres: TPC-B at 1 and 8 clients,
 //!    select-only at 16;
 //! 2. **the service**: real `tollgate serve` processes (the built binary) on a fresh database,
-//!    the mock provider at zero delay in this process, driven over HTTP by an async load
-//!    generator: one scope (c1, c16, c64), eight scopes, one hot daily block cap, replays of
+//!    the mock provider at zero delay in this process, driven over HTTP by `wrk` (one thread, N
+//!    connections, a Lua script per case): one scope (c1, c16, c64), eight scopes, one hot daily block cap, replays of
 //!    completed keys (c16), two servers on one database, and the mock alone (the baseline);
 //!    then 1,000 calls in flight on `mock-slow-2000` against a fresh server, for its peak RSS;
 //! 3. **growth**: a read by key, a replay, one usage reconciliation page and the scheduler's scan
@@ -39,7 +39,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tollgate_core::collector::CollectorLimits;
@@ -115,6 +115,23 @@ fn require_pgbench() {
             "harness: `pgbench` not found on PATH. It is the Postgres benchmark client that gives \
              the machine's own limit; install it (Debian: `apt-get install postgresql-contrib`) \
              and run again."
+        );
+        std::process::exit(2);
+    }
+}
+
+fn require_wrk() {
+    let found = Command::new("wrk")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if !found {
+        eprintln!(
+            "harness: `wrk` not found on PATH. It is the HTTP load generator that drives the \
+             service (a C client, so that the generator takes as little of the machine as \
+             pgbench's client does); install it (Debian: `apt-get install wrk`) and run again."
         );
         std::process::exit(2);
     }
@@ -367,12 +384,12 @@ fn clock_ticks_per_sec() -> f64 {
 // ---- the load generator ------------------------------------------------------------------------
 
 /// What one request is: the URL, the bearer key (none for the mock) and the body.
-type Plan = Arc<dyn Fn(u64) -> (String, Option<String>, Value) + Send + Sync>;
-
 /// What a load case saw, summed over its rounds.
 #[derive(Debug, Default, Clone)]
 struct Observed {
     latencies: Vec<Duration>,
+    /// `(p50, p99)` of each wrk run (wrk reports percentiles, not every latency).
+    runs: Vec<(Duration, Duration)>,
     ok: u64,
     failed: u64,
     wall: Duration,
@@ -384,6 +401,7 @@ struct Observed {
 impl Observed {
     fn add(&mut self, other: Observed) {
         self.latencies.extend(other.latencies);
+        self.runs.extend(other.runs);
         self.ok += other.ok;
         self.failed += other.failed;
         self.wall += other.wall;
@@ -411,87 +429,112 @@ impl Observed {
     }
 
     fn percentile(&self, p: usize) -> Option<Duration> {
+        // wrk runs: the mean of their p50s, the largest of their p99s.
+        if self.latencies.is_empty() && !self.runs.is_empty() {
+            let n = u32::try_from(self.runs.len()).unwrap_or(1);
+            return Some(match p {
+                50 => self.runs.iter().map(|r| r.0).sum::<Duration>() / n,
+                _ => self.runs.iter().map(|r| r.1).max().unwrap_or_default(),
+            });
+        }
         let mut all = self.latencies.clone();
         all.sort();
         (all.len() >= 20).then(|| all[(all.len() * p / 100).min(all.len() - 1)])
     }
 }
 
-/// Runs `concurrency` workers until `duration` has passed; a request counts as a success when
-/// `ok` accepts its answer.
-async fn drive(
-    http: &reqwest::Client,
-    plan: Plan,
-    ok: fn(u16, &Value) -> bool,
-    concurrency: u64,
-    duration: Duration,
-    first: &AtomicU64,
-) -> Observed {
-    let started = Instant::now();
-    let deadline = started + duration;
-    let latencies = Arc::new(Mutex::new(Vec::new()));
-    let (oks, fails) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let mut workers = Vec::new();
-    let next = Arc::new(AtomicU64::new(first.load(Ordering::Relaxed)));
-    for _ in 0..concurrency {
-        let (http, plan, latencies) = (http.clone(), plan.clone(), latencies.clone());
-        let (oks, fails, next) = (oks.clone(), fails.clone(), next.clone());
-        workers.push(tokio::spawn(async move {
-            let mut mine = Vec::new();
-            while Instant::now() < deadline {
-                let n = next.fetch_add(1, Ordering::Relaxed);
-                let (url, key, body) = plan(n);
-                let mut request = http.post(url).json(&body);
-                if let Some(key) = key {
-                    request = request.bearer_auth(key);
-                }
-                let t = Instant::now();
-                let answer = match request.send().await {
-                    Ok(r) => {
-                        let status = r.status().as_u16();
-                        let bytes = r.bytes().await.unwrap_or_default();
-                        Some((
-                            status,
-                            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-                        ))
-                    }
-                    Err(_) => None,
-                };
-                let elapsed = t.elapsed();
-                if answer.is_some_and(|(s, v)| ok(s, &v)) {
-                    oks.fetch_add(1, Ordering::Relaxed);
-                    mine.push(elapsed);
-                } else {
-                    fails.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            latencies.lock().unwrap().extend(mine);
-        }));
-    }
-    for w in workers {
-        w.await.unwrap();
-    }
-    first.store(next.load(Ordering::Relaxed), Ordering::Relaxed);
-    let latencies = std::mem::take(&mut *latencies.lock().unwrap());
+/// What a wrk run is asked to send: requests `n = 0, 1, …` of `lua_request` (Lua that sets
+/// `path`, `auth` and `body` from `n`), and the substrings a successful answer's body holds.
+struct WrkPlan {
+    url: String,
+    lua_request: String,
+    success: Vec<&'static str>,
+}
+
+/// A Lua string literal.
+fn lua_str(text: &str) -> String {
+    format!("{text:?}")
+}
+
+fn wrk_script(plan: &WrkPlan) -> String {
+    let checks: String = plan
+        .success
+        .iter()
+        .map(|c| format!(" and body:find({}, 1, true) ~= nil", lua_str(c)))
+        .collect();
+    format!(
+        r#"local threads = {{}}
+function setup(thread) table.insert(threads, thread) end
+function init(args) ok = 0; bad = 0; n = 0 end
+function request()
+  local path, auth, body
+{request}
+  n = n + 1
+  local headers = {{["content-type"] = "application/json"}}
+  if auth ~= nil then headers["authorization"] = "Bearer " .. auth end
+  return wrk.format("POST", path, headers, body)
+end
+function response(status, headers, body)
+  if status == 200{checks} then ok = ok + 1 else bad = bad + 1 end
+end
+function done(summary, latency, requests)
+  local o, b = 0, 0
+  for _, t in ipairs(threads) do o = o + t:get("ok"); b = b + t:get("bad") end
+  io.write(string.format("TOLLGATE ok=%d bad=%d errors=%d us=%d p50=%d p99=%d\n", o, b,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    summary.duration, latency:percentile(50), latency:percentile(99)))
+end
+"#,
+        request = plan.lua_request,
+    )
+}
+
+/// Runs wrk with `connections` connections (one thread) for `duration` and reads what the
+/// script's `done` printed. Socket errors count as failures.
+async fn drive_wrk(plan: &WrkPlan, connections: u64, duration: Duration, dir: &Path) -> Observed {
+    static SCRIPTS: AtomicU64 = AtomicU64::new(0);
+    let script = dir.join(format!(
+        "wrk-{}.lua",
+        SCRIPTS.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::write(&script, wrk_script(plan)).unwrap();
+    let secs = duration.as_millis().div_ceil(1000).max(1);
+    let mut command = tokio::process::Command::new("wrk");
+    command
+        .arg("-t1")
+        .arg(format!("-c{connections}"))
+        .arg(format!("-d{secs}s"))
+        .arg("--timeout")
+        .arg("60s")
+        .arg("-s")
+        .arg(&script)
+        .arg(&plan.url);
+    let out = command.output().await.expect("wrk runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("TOLLGATE "))
+        .unwrap_or_else(|| panic!("wrk printed no summary: {text}"));
+    let field = |name: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
     Observed {
-        latencies,
-        ok: oks.load(Ordering::Relaxed),
-        failed: fails.load(Ordering::Relaxed),
-        wall: started.elapsed(),
+        ok: field("ok="),
+        failed: field("bad=") + field("errors="),
+        wall: Duration::from_micros(field("us=")),
+        runs: vec![(
+            Duration::from_micros(field("p50=")),
+            Duration::from_micros(field("p99=")),
+        )],
         ..Observed::default()
     }
 }
 
 fn completed(status: u16, view: &Value) -> bool {
     status == 200 && view["state"] == "completed" && view["outcome"] == "success"
-}
-
-fn replayed(status: u16, view: &Value) -> bool {
-    completed(status, view) && view["replayed"] == true
-}
-
-fn streamed(status: u16, _: &Value) -> bool {
-    status == 200
 }
 
 fn call_body(profile: &str, key: &str, session: &str) -> Value {
@@ -564,55 +607,66 @@ struct Service {
     ticks_per_sec: f64,
     next: AtomicU64,
     round: AtomicU64,
+    /// Where the wrk scripts go.
+    dir: PathBuf,
 }
 
 impl Service {
-    fn plan(&self, case: Case) -> Plan {
-        let bases: Vec<String> = self.servers.iter().map(|s| s.base.clone()).collect();
-        let callers = self.keys.callers.clone();
+    /// What wrk sends in `case`: one plan per server the case drives.
+    fn wrk_plans(&self, case: Case) -> Vec<WrkPlan> {
         let round = self.round.load(Ordering::Relaxed);
+        let first = self.next.fetch_add(1, Ordering::Relaxed);
+        let keys: Vec<String> = self.keys.callers.iter().map(|k| lua_str(k)).collect();
+        let keys = format!("{{{}}}", keys.join(", "));
+        let calls = |base: &str, server: usize, hot: bool, scopes: u64| {
+            let profile = if hot {
+                "\"hot\"".to_string()
+            } else {
+                format!("string.format(\"plain-%d\", math.floor(n / {scopes}) % {CONSUMERS})")
+            };
+            WrkPlan {
+                url: base.to_string(),
+                lua_request: format!(
+                    r#"  local keys = {keys}
+  path = "/v1/calls"
+  auth = keys[(n % {scopes}) + 1]
+  body = string.format('{{"profile":"%s","operation_key":"k{round}-{first}-{server}-%d","session_id":"s%d","input_revision":"r1","intent":"perf","input":{{"messages":[{{"role":"user","content":"summarize order 123"}}]}}}}', {profile}, n, n % 97)"#
+                ),
+                success: vec!["\"state\":\"completed\"", "\"outcome\":\"success\""],
+            }
+        };
         match case {
-            Case::MockDirect(_) => {
-                let url = format!("{}/v1/chat/completions", self.mock_url);
-                Arc::new(move |n| {
-                    let body = json!({"model": "mock-echo", "stream": true,
-                        "stream_options": {"include_usage": true},
-                        "messages": [{"role": "user", "content": format!("summarize order {n}")}]});
-                    (url.clone(), None, body)
-                })
-            }
-            Case::OneScope(_) | Case::HotCap(_) | Case::EightScopes(_) | Case::TwoServers(_) => {
-                let hot = matches!(case, Case::HotCap(_));
-                let scopes = if matches!(case, Case::EightScopes(_)) {
-                    SCOPES as u64
-                } else {
-                    1
-                };
-                Arc::new(move |n| {
-                    let base = &bases[(n as usize) % bases.len()];
-                    let scope = (n % scopes) as usize;
-                    let key = format!("k{round}-{n}");
-                    let profile = if hot {
-                        "hot".to_string()
-                    } else {
-                        format!("plain-{}", (n / scopes) % CONSUMERS)
-                    };
-                    let body = call_body(&profile, &key, &format!("s{}", n % 97));
-                    (
-                        format!("{base}/v1/calls"),
-                        Some(callers[scope].clone()),
-                        body,
-                    )
-                })
-            }
-            Case::Replay(_) => {
-                let base = bases[0].clone();
-                Arc::new(move |n| {
-                    let i = n % REPLAY_KEYS;
-                    let body = call_body("plain", &format!("replay-{i}"), &format!("r{i}"));
-                    (format!("{base}/v1/calls"), Some(callers[0].clone()), body)
-                })
-            }
+            Case::MockDirect(_) => vec![WrkPlan {
+                url: self.mock_url.clone(),
+                lua_request: r#"  path = "/v1/chat/completions"
+  body = '{"model":"mock-echo","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"summarize order 123"}]}'"#
+                    .to_string(),
+                success: vec![],
+            }],
+            Case::OneScope(_) => vec![calls(&self.servers[0].base, 0, false, 1)],
+            Case::EightScopes(_) => vec![calls(&self.servers[0].base, 0, false, SCOPES as u64)],
+            Case::HotCap(_) => vec![calls(&self.servers[0].base, 0, true, 1)],
+            Case::TwoServers(_) => self
+                .servers
+                .iter()
+                .enumerate()
+                .map(|(i, server)| calls(&server.base, i, false, 1))
+                .collect(),
+            Case::Replay(_) => vec![WrkPlan {
+                url: self.servers[0].base.clone(),
+                lua_request: format!(
+                    r#"  local i = n % {REPLAY_KEYS}
+  path = "/v1/calls"
+  auth = {}
+  body = string.format('{{"profile":"plain","operation_key":"replay-%d","session_id":"r%d","input_revision":"r1","intent":"perf","input":{{"messages":[{{"role":"user","content":"summarize order 123"}}]}}}}', i, i)"#,
+                    lua_str(&self.keys.callers[0])
+                ),
+                success: vec![
+                    "\"state\":\"completed\"",
+                    "\"outcome\":\"success\"",
+                    "\"replayed\":true",
+                ],
+            }],
         }
     }
 
@@ -626,12 +680,8 @@ impl Service {
         } else {
             1
         };
-        let plan = self.plan(case);
-        let ok = match case {
-            Case::MockDirect(_) => streamed,
-            Case::Replay(_) => replayed,
-            _ => completed,
-        };
+        let plans = self.wrk_plans(case);
+        let per_plan = (case.concurrency() / plans.len() as u64).max(1);
         // Statistics reach pg_stat_database when a backend goes idle (about once a second).
         tokio::time::sleep(Duration::from_millis(1_100)).await;
         let (db0, st0, cpu0) = (
@@ -639,15 +689,19 @@ impl Service {
             self.db.statement_calls().await.unwrap(),
             self.cpu_ticks(servers).await,
         );
-        let mut seen = drive(
-            &self.http,
-            plan,
-            ok,
-            case.concurrency(),
-            duration,
-            &self.next,
+        let runs = futures::future::join_all(
+            plans
+                .iter()
+                .map(|plan| drive_wrk(plan, per_plan, duration, &self.dir)),
         )
         .await;
+        let mut seen = Observed::default();
+        let mut wall = Duration::ZERO;
+        for run in runs {
+            wall = wall.max(run.wall);
+            seen.add(run);
+        }
+        seen.wall = wall;
         let cpu1 = self.cpu_ticks(servers).await;
         tokio::time::sleep(Duration::from_millis(1_100)).await;
         let (db1, st1) = (
@@ -784,6 +838,7 @@ async fn load_section(knobs: &Knobs, admin: &str) {
         ticks_per_sec: clock_ticks_per_sec(),
         next: AtomicU64::new(0),
         round: AtomicU64::new(0),
+        dir: dir.clone(),
     };
     // The keys the replay case replays, completed once.
     for i in 0..REPLAY_KEYS {
@@ -1273,6 +1328,7 @@ fn main() {
     runtime.block_on(async {
         if knobs.runs("load") {
             require_pgbench();
+            require_wrk();
             load_section(&knobs, &admin).await;
         }
         if knobs.runs("growth") {
