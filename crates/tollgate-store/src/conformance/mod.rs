@@ -53,6 +53,7 @@ macro_rules! store_conformance {
             settlements_by_day,
             sc_10_scopes_are_isolated,
             no_overspend_under_concurrent_claims,
+            h_13_one_consumers_transactions_in_parallel_never_deadlock,
             concurrent_claims_of_one_key_insert_once,
             sc_141_feed_pages_without_gaps_or_duplicates_under_concurrent_settles,
         );
@@ -937,6 +938,61 @@ pub async fn sc_10_scopes_are_isolated<S: Stores>(s: Arc<S>) {
 /// 200 claims in parallel against one daily block cap of 1.00 with holds of 0.03: at most 33
 /// are admitted, and settled + held never exceeds the cap, also while half of the admitted
 /// calls settle concurrently.
+/// H-13: every transaction that takes a consumer's spend rows takes them last, in one order, so
+/// one consumer's claims (plain and dispatched at the claim), dispatch marks that shrink the
+/// hold, not-dispatched releases and settlements, all at once on one session, never deadlock
+/// (a deadlock would surface as a store error) and leave the spend rows exact.
+pub async fn h_13_one_consumers_transactions_in_parallel_never_deadlock<S: Stores + 'static>(
+    s: Arc<S>,
+) {
+    let mut tasks = Vec::new();
+    for i in 0..60u32 {
+        let s = Arc::clone(&s);
+        tasks.push(tokio::spawn(async move {
+            let mut req = claim_req("a", &format!("k{i}"), text_config(), "0.03");
+            req.dispatch = i % 4 == 3;
+            let ClaimOutcome::Claimed(r) = s.claim(req).await.unwrap() else {
+                panic!("no cap: every claim is admitted");
+            };
+            match i % 4 {
+                0 => {
+                    let d = s.mark_dispatched(r.fence(), t0()).await.unwrap();
+                    s.settle(settle_req(&d, "0.02", "x")).await.unwrap();
+                    money("0.02")
+                }
+                1 => {
+                    let d = s
+                        .mark_dispatched_with_hold(r.fence(), money("0.01"), t0())
+                        .await
+                        .unwrap();
+                    s.settle(settle_req(&d, "0.01", "x")).await.unwrap();
+                    money("0.01")
+                }
+                2 => {
+                    s.mark_not_dispatched(r.fence(), NotDispatchedCause::Aborted, t0())
+                        .await
+                        .unwrap();
+                    Money::ZERO
+                }
+                _ => {
+                    let mut settle = settle_req(&r, "0.03", "x");
+                    settle.evidence = Some(evidence(&r, 10));
+                    s.settle(settle).await.unwrap();
+                    money("0.03")
+                }
+            }
+        }));
+    }
+    let mut settled = Money::ZERO;
+    for t in tasks {
+        settled = settled.checked_add(t.await.unwrap()).unwrap();
+    }
+    let r = s.execution(&scope("a"), &key("k0")).await.unwrap().unwrap();
+    let (d, se) = (daily(&*s, &r).await, session(&*s, &r).await);
+    assert_eq!((d.settled, d.held), (settled, Money::ZERO));
+    assert_eq!((se.settled, se.held), (settled, Money::ZERO));
+}
+
 pub async fn no_overspend_under_concurrent_claims<S: Stores + 'static>(s: Arc<S>) {
     let cap = money("1.00");
     let consumer = ConsumerId::parse("team-a").unwrap();
