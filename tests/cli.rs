@@ -12,11 +12,12 @@ mod support;
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 use support::{
     fresh_database, json_ok, normalized, run, serve_on, stderr, stdout, tollgate, TempFile,
 };
+use tollgate_provider::captured::{captured_streams, captured_streams_in, REPOSITORY_ROOT};
 
 /// Captured provider streams shared by the project (optional).
 /// Every key of the `parse-stream` object (spec/cli.md).
@@ -421,47 +422,6 @@ fn check_fixture(name: &str, protocol: &str, expected: &Value, parsed: &Value) {
     if clean {
         assert!(parsed["stream_error"].is_null(), "{name}: {parsed}");
     }
-}
-
-/// The repository root (this file's crate is `crates/tollgate`).
-static REPOSITORY_ROOT: std::sync::LazyLock<PathBuf> =
-    std::sync::LazyLock::new(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
-
-/// The captured provider streams (reference data kept outside the repository; never copied
-/// into it): `TOLLGATE_CAPTURED_STREAMS` when set, else `../shared/fixtures/streams` beside the
-/// repository root, else `/work/shared/fixtures/streams` (the project machine's shared folder).
-/// Fails, naming every place it looked, when none holds `EXPECTED.json`: a missing folder fails
-/// the suite instead of skipping it (SC-118).
-fn captured_streams() -> PathBuf {
-    captured_streams_in(
-        std::env::var_os("TOLLGATE_CAPTURED_STREAMS").map(PathBuf::from),
-        &REPOSITORY_ROOT,
-    )
-    .unwrap_or_else(|message| panic!("{message}"))
-}
-
-/// [`captured_streams`] over an explicit variable and repository root.
-fn captured_streams_in(from_env: Option<PathBuf>, root: &Path) -> Result<PathBuf, String> {
-    let candidates = match from_env {
-        // An explicit choice is never replaced by a default.
-        Some(dir) => vec![dir],
-        None => vec![
-            root.join("../shared/fixtures/streams"),
-            PathBuf::from("/work/shared/fixtures/streams"),
-        ],
-    };
-    candidates
-        .iter()
-        .find(|dir| dir.join("EXPECTED.json").is_file())
-        .cloned()
-        .ok_or_else(|| {
-            let looked: Vec<String> = candidates.iter().map(|d| d.display().to_string()).collect();
-            format!(
-                "the captured provider streams are missing (no EXPECTED.json in {}); set \
-                 TOLLGATE_CAPTURED_STREAMS to the folder that holds them",
-                looked.join(", ")
-            )
-        })
 }
 
 #[test]

@@ -6,6 +6,7 @@
 //! server is a key that has already expired (the CLI makes none).
 #![cfg(test)]
 
+use tollgate_server::sdk_tour;
 mod support;
 
 use proptest::prelude::*;
@@ -445,73 +446,16 @@ fn sc_137_generated_requests_on_postgres_get_no_5xx_but_503_and_the_server_lives
 // The OpenAI Python SDK
 // ---------------------------------------------------------------------------------------------
 
-/// The python of the virtualenv `.ci/run` makes (`TOLLGATE_PYTHON`, else `target/pyenv`).
-fn sdk_python() -> PathBuf {
-    let python = std::env::var_os("TOLLGATE_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_file("target/pyenv/bin/python"));
-    assert!(
-        python.exists(),
-        "no python with the openai SDK at {}: run `python3 -m venv target/pyenv && \
-         target/pyenv/bin/pip install -r examples/requirements.txt` (README — OpenAI SDK) \
-         or set TOLLGATE_PYTHON",
-        python.display()
-    );
-    python
-}
-
 /// SC-133: `examples/openai_sdk.py` against `tollgate serve` on Postgres: call, replay,
 /// conflict (409), stream, no key; the mock saw one request per call that ran (the call and the
 /// stream), none for the replay, the conflict or the refused request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sc_133_the_openai_python_sdk_against_tollgate_serve_on_postgres() {
-    let python = sdk_python();
+    let python = sdk_tour::sdk_python();
     let s = Service::start("").await;
-    let output = tokio::process::Command::new(python)
-        .arg(repo_file("examples/openai_sdk.py"))
-        .env("TOLLGATE_BASE_URL", &s.base)
-        .env("TOLLGATE_API_KEY", &s.caller)
-        .output()
-        .await
-        .unwrap();
-    let out = String::from_utf8_lossy(&output.stdout);
-    let err = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{out}\n{err}");
-    let steps: Vec<Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let names: Vec<&str> = steps.iter().map(|s| s["step"].as_str().unwrap()).collect();
-    assert_eq!(names, ["call", "replay", "conflict", "stream", "no_key"]);
-    assert_eq!(steps[0]["id"], steps[1]["id"], "the replay is the call");
-    assert_eq!(steps[2]["code"], "conflict");
+    sdk_tour::run_tour(&python, "examples/openai_sdk.py", &s.base, &s.caller).await;
     assert_eq!(s.mock.request_count(), 2, "one provider request per call");
     s.stop().await;
-}
-
-/// `node` (`TOLLGATE_NODE`, else the one on `PATH`) with the pinned `openai` package installed
-/// in `examples/node_modules` (`npm ci --prefix examples`).
-fn sdk_node() -> PathBuf {
-    let modules = repo_file("examples/node_modules/openai/package.json");
-    assert!(
-        modules.exists(),
-        "the openai npm package is not installed at {}: run `npm ci --prefix examples` \
-         (README — OpenAI SDK)",
-        modules.display()
-    );
-    let node = std::env::var_os("TOLLGATE_NODE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("node"));
-    let found = std::process::Command::new(&node)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        found,
-        "no node at {}: install Node.js 20 or later (apt-get install nodejs) or set TOLLGATE_NODE",
-        node.display()
-    );
-    node
 }
 
 /// SC-162: `examples/openai_sdk.mjs` (the official `openai` npm package) against
@@ -519,26 +463,9 @@ fn sdk_node() -> PathBuf {
 /// request per call that ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sc_162_the_openai_node_sdk_against_tollgate_serve_on_postgres() {
-    let node = sdk_node();
+    let node = sdk_tour::sdk_node();
     let s = Service::start("").await;
-    let output = tokio::process::Command::new(node)
-        .arg(repo_file("examples/openai_sdk.mjs"))
-        .env("TOLLGATE_BASE_URL", &s.base)
-        .env("TOLLGATE_API_KEY", &s.caller)
-        .output()
-        .await
-        .unwrap();
-    let out = String::from_utf8_lossy(&output.stdout);
-    let err = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{out}\n{err}");
-    let steps: Vec<Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let names: Vec<&str> = steps.iter().map(|s| s["step"].as_str().unwrap()).collect();
-    assert_eq!(names, ["call", "replay", "conflict", "stream", "no_key"]);
-    assert_eq!(steps[0]["id"], steps[1]["id"], "the replay is the call");
-    assert_eq!(steps[2]["code"], "conflict");
+    sdk_tour::run_tour(&node, "examples/openai_sdk.mjs", &s.base, &s.caller).await;
     assert_eq!(s.mock.request_count(), 2, "one provider request per call");
     s.stop().await;
 }

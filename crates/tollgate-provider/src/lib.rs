@@ -24,3 +24,6 @@ pub use client::{ClientDescriptor, EventStream, ProviderClient, ProviderRequest,
 pub use fetch::{FetchError, FetchedUsage, UsageFetcher};
 pub use protocol::Protocol;
 pub use status::StatusClass;
+
+#[cfg(feature = "test-support")]
+pub mod captured;

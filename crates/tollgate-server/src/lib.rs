@@ -80,3 +80,6 @@ pub async fn drain(drives: &TaskTracker, drain_ms: u64) {
         ),
     }
 }
+
+#[cfg(feature = "test-support")]
+pub mod sdk_tour;

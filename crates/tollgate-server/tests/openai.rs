@@ -2,11 +2,11 @@
 //! Python and Node SDKs as real clients (`examples/openai_sdk.py`, `examples/openai_sdk.mjs`).
 #![cfg(test)]
 
+use tollgate_server::sdk_tour;
 mod support;
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use std::path::PathBuf;
 use support::{Server, SECRET};
 
 fn chat(model: &str, text: &str) -> Value {
@@ -239,22 +239,6 @@ async fn sc_132_tool_calls_of_a_step_profile_map_to_tool_calls() {
     s.stop().await;
 }
 
-/// The python of the virtualenv `.ci/run` makes (`TOLLGATE_PYTHON`, else `target/pyenv`).
-fn sdk_python() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let python = std::env::var_os("TOLLGATE_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target/pyenv/bin/python"));
-    assert!(
-        python.exists(),
-        "no python with the openai SDK at {}: run `python3 -m venv target/pyenv && \
-         target/pyenv/bin/pip install -r examples/requirements.txt` (README — OpenAI SDK) \
-         or set TOLLGATE_PYTHON",
-        python.display()
-    );
-    python
-}
-
 #[tokio::test]
 async fn sc_133_the_official_openai_sdk_is_a_working_client() {
     sdk_tour(Server::memory().await).await;
@@ -274,79 +258,21 @@ async fn sc_133_the_official_openai_sdk_is_a_working_client_on_postgres() {
 /// The SDK's tour (call, replay, conflict, stream, no key) against `s`: one provider request for
 /// the call and one for the stream, none for the rest.
 async fn sdk_tour(s: Server) {
-    let python = sdk_python();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/openai_sdk.py");
-    let output = tokio::process::Command::new(python)
-        .arg(script)
-        .env("TOLLGATE_BASE_URL", &s.base)
-        .env("TOLLGATE_API_KEY", &s.caller)
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
-    let steps: Vec<Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let names: Vec<&str> = steps.iter().map(|s| s["step"].as_str().unwrap()).collect();
-    assert_eq!(names, ["call", "replay", "conflict", "stream", "no_key"]);
+    let python = sdk_tour::sdk_python();
+    sdk_tour::run_tour(&python, "examples/openai_sdk.py", &s.base, &s.caller).await;
     // One send for the call, one for the stream: the replay, the conflict and the keyless
     // request sent nothing.
     assert_eq!(s.mock.request_count(), 2);
     s.stop().await;
 }
 
-/// `node` (`TOLLGATE_NODE`, else the one on `PATH`) with the pinned `openai` package installed
-/// in `examples/node_modules` (`npm ci --prefix examples`, as `.ci/run` does).
-fn sdk_node() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let modules = root.join("examples/node_modules/openai/package.json");
-    assert!(
-        modules.exists(),
-        "the openai npm package is not installed at {}: run `npm ci --prefix examples` \
-         (README — OpenAI SDK)",
-        modules.display()
-    );
-    let node = std::env::var_os("TOLLGATE_NODE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("node"));
-    let found = std::process::Command::new(&node)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        found,
-        "no node at {}: install Node.js 20 or later (apt-get install nodejs) or set TOLLGATE_NODE",
-        node.display()
-    );
-    node
-}
-
 /// SC-162: the official `openai` npm package as a client of the front door: the same tour as
 /// the Python SDK's (call, replay, conflict, stream, no key), one provider request per call.
 #[tokio::test]
 async fn sc_162_the_official_openai_node_sdk_is_a_working_client() {
-    let node = sdk_node();
+    let node = sdk_tour::sdk_node();
     let s = Server::memory().await;
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/openai_sdk.mjs");
-    let output = tokio::process::Command::new(node)
-        .arg(script)
-        .env("TOLLGATE_BASE_URL", &s.base)
-        .env("TOLLGATE_API_KEY", &s.caller)
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
-    let steps: Vec<Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let names: Vec<&str> = steps.iter().map(|s| s["step"].as_str().unwrap()).collect();
-    assert_eq!(names, ["call", "replay", "conflict", "stream", "no_key"]);
+    sdk_tour::run_tour(&node, "examples/openai_sdk.mjs", &s.base, &s.caller).await;
     assert_eq!(s.mock.request_count(), 2);
     s.stop().await;
 }
