@@ -8,7 +8,7 @@ use crate::PgStores;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
-use sqlx::FromRow;
+use sqlx::{FromRow, PgConnection};
 use tollgate_core::ids::{ExecutionId, OperationKey, Scope};
 use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
 use tollgate_store::rows::*;
@@ -66,6 +66,37 @@ pub(crate) const VIEW_BY_KEY: &str =
      LEFT JOIN cost_settlements s ON s.execution_id = e.id \
      LEFT JOIN root_receipts rr ON rr.execution_id = e.id \
      WHERE e.scope = $1 AND e.operation_key = $2";
+
+/// The row under `(scope, key)` with its result, settlement and root receipt, in one statement
+/// ([`VIEW_BY_KEY`], H-10) on `conn`.
+///
+/// # Errors
+/// Store failure; a corrupt row.
+pub(crate) async fn view_by_key(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    key: &OperationKey,
+) -> StoreResult<Option<ExecutionView>> {
+    let row: Option<PgRow> = sqlx::query(VIEW_BY_KEY)
+        .bind(scope.as_str())
+        .bind(key.as_str())
+        .fetch_optional(&mut *conn)
+        .await
+        .store_err()?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let execution = ExecutionRow::from_row(&row).store_err()?.into_record()?;
+    let result = ResultRow::joined(&row).store_err()?;
+    let settlement = SettlementRow::joined(&row).store_err()?;
+    let root_receipt = ReceiptRow::joined(&row).store_err()?;
+    Ok(Some(ExecutionView {
+        execution,
+        result: result.map(ResultRow::into_record).transpose()?,
+        settlement: settlement.map(SettlementRow::into_record).transpose()?,
+        root_receipt: root_receipt.map(ReceiptRow::into_record).transpose()?,
+    }))
+}
 
 fn records(rows: Vec<ExecutionRow>) -> StoreResult<Vec<ExecutionRecord>> {
     rows.into_iter().map(ExecutionRow::into_record).collect()
@@ -169,25 +200,8 @@ impl ExecutionStore for PgStores {
         scope: &Scope,
         key: &OperationKey,
     ) -> StoreResult<Option<ExecutionView>> {
-        let row: Option<PgRow> = sqlx::query(VIEW_BY_KEY)
-            .bind(scope.as_str())
-            .bind(key.as_str())
-            .fetch_optional(self.pool())
-            .await
-            .store_err()?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let execution = ExecutionRow::from_row(&row).store_err()?.into_record()?;
-        let result = ResultRow::joined(&row).store_err()?;
-        let settlement = SettlementRow::joined(&row).store_err()?;
-        let root_receipt = ReceiptRow::joined(&row).store_err()?;
-        Ok(Some(ExecutionView {
-            execution,
-            result: result.map(ResultRow::into_record).transpose()?,
-            settlement: settlement.map(SettlementRow::into_record).transpose()?,
-            root_receipt: root_receipt.map(ReceiptRow::into_record).transpose()?,
-        }))
+        let mut conn = self.pool().acquire().await.store_err()?;
+        view_by_key(&mut conn, scope, key).await
     }
 
     async fn execution_by_id(

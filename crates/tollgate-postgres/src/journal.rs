@@ -2,6 +2,7 @@
 
 use crate::audit;
 use crate::error::{db, DbResultExt};
+use crate::executions;
 use crate::locks;
 use crate::rows::{execution_columns, ExecutionRow, SpendRow};
 use crate::spend::{self, SpendKeys};
@@ -246,15 +247,16 @@ impl PgStores {
     /// head, the session spend row, the day spend row.
     ///
     /// A replay is a plain read first (H-9): when the key already has a row, it is returned
-    /// without a write transaction. Only an absent key takes the insert path, where a claimer
+    /// without a write transaction, with its result, settlement and root receipt from the same
+    /// statement (H-16). Only an absent key takes the insert path, where a claimer
     /// racing on the same key is settled by `ON CONFLICT`.
     pub(crate) async fn claim_tx(&self, request: ClaimRequest) -> StoreResult<ClaimOutcome> {
         {
             let mut conn = self.pool().acquire().await.store_err()?;
-            if let Some(existing) =
-                locks::execution_by_key(&mut conn, &request.scope, &request.operation_key).await?
-            {
-                return Ok(ClaimOutcome::Existing(existing));
+            let existing =
+                executions::view_by_key(&mut conn, &request.scope, &request.operation_key).await?;
+            if let Some(existing) = existing {
+                return Ok(ClaimOutcome::Existing(Box::new(existing)));
             }
         }
         let mut tx = self.pool().begin().await.store_err()?;
@@ -263,11 +265,11 @@ impl PgStores {
         let Some((record, head)) = insert(&mut tx, &record, lease_now, request.lease_ms).await?
         else {
             // The insert waited for any concurrent claimer of the key, so the row is committed.
-            let existing = locks::execution_by_key(&mut tx, &request.scope, &request.operation_key)
+            let existing = executions::view_by_key(&mut tx, &request.scope, &request.operation_key)
                 .await?
                 .ok_or_else(|| StoreError::Corrupt("key without row".into()))?;
             tx.rollback().await.store_err()?;
-            return Ok(ClaimOutcome::Existing(existing));
+            return Ok(ClaimOutcome::Existing(Box::new(existing)));
         };
         let currency = rules::currency_of(&record);
         let caps = &request.binding.config.caps;

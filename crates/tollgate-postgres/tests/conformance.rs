@@ -773,5 +773,5 @@ async fn h_9_a_replay_claim_writes_nothing() {
     let ClaimOutcome::Existing(existing) = replay else {
         panic!("expected the existing row");
     };
-    assert_eq!(existing, first);
+    assert_eq!(existing.execution, first);
 }

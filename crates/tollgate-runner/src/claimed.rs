@@ -22,7 +22,9 @@ use tollgate_core::money::Money;
 use tollgate_core::state::NotDispatchedCause;
 use tollgate_core::view::View;
 use tollgate_provider::{ProviderClient, ProviderRequest};
-use tollgate_store::{ClaimOutcome, ClaimRequest, ExecutionRecord, StoreError, Stores};
+use tollgate_store::{
+    ClaimOutcome, ClaimRequest, ExecutionRecord, ExecutionView, StoreError, Stores,
+};
 
 /// Slack the caller waits past the read bound for the drive to record its outcome.
 const FINISH_SLACK_MS: u64 = 5_000;
@@ -31,6 +33,17 @@ const FINISH_SLACK_MS: u64 = 5_000;
 /// from the claim to the call's last write. The slack only sets how long a call whose process
 /// died keeps its lease.
 pub const LEASE_SLACK_MS: u64 = 1_000;
+
+/// Same binding: a replay; another: a conflict naming the differing fields (SC-13, SC-14).
+fn check_binding(existing: &ExecutionRecord, binding: &Binding) -> Result<(), RunError> {
+    if existing.binding_digest != binding.digest() {
+        return Err(RunError::Conflict {
+            operation_key: existing.operation_key.clone(),
+            fields: existing.binding.differing_fields(binding),
+        });
+    }
+    Ok(())
+}
 
 /// Shared runner machinery.
 pub(crate) struct Engine {
@@ -150,13 +163,24 @@ impl Engine {
         existing: &ExecutionRecord,
         binding: &Binding,
     ) -> Result<View, RunError> {
-        if existing.binding_digest != binding.digest() {
-            return Err(RunError::Conflict {
-                operation_key: existing.operation_key.clone(),
-                fields: existing.binding.differing_fields(binding),
-            });
-        }
+        check_binding(existing, binding)?;
         let mut view = self.view(existing).await?;
+        view.replayed = true;
+        Ok(view)
+    }
+
+    /// [`Engine::replay`] of the row a claim found, with what its view needs read in the same
+    /// statement (H-16): no read more.
+    ///
+    /// # Errors
+    /// Conflict (SC-14).
+    pub fn replay_found(
+        &self,
+        existing: &ExecutionView,
+        binding: &Binding,
+    ) -> Result<View, RunError> {
+        check_binding(&existing.execution, binding)?;
+        let mut view = views::of_found(existing, self.ctx.clock.now());
         view.replayed = true;
         Ok(view)
     }

@@ -172,7 +172,7 @@ impl SingleCallRunner {
                 return Err(RunError::CapBlocked(blocked.in_currency(currency)));
             }
             ClaimOutcome::Existing(existing) => {
-                return self.engine.replay(&existing, &binding).await
+                return self.engine.replay_found(&existing, &binding)
             }
             // Only a claim under a root is refused by its root; this one has none.
             ClaimOutcome::RootRefused(root) => {

@@ -223,7 +223,9 @@ impl GovernedStepRunner {
             ClaimOutcome::Existing(existing) => {
                 self.release(&request.scope, &request.root_key, &key)
                     .await?;
-                return self.replay(&existing, &request.root_key, &binding).await;
+                return self
+                    .replay(&existing.execution, &request.root_key, &binding)
+                    .await;
             }
             // The root was reconciled or its deadline passed between the reservation and the
             // claim: nothing was written, and the slot is moot — past its deadline a root takes no

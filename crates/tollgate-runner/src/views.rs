@@ -5,7 +5,9 @@ use chrono::{DateTime, Utc};
 use tollgate_core::ids::{OperationKey, Scope};
 use tollgate_core::state::{ExecutionState, Outcome};
 use tollgate_core::view::{Receipt, View, ViewState};
-use tollgate_store::{ExecutionRecord, ResultRecord, SettlementRecord, StoreResult, Stores};
+use tollgate_store::{
+    ExecutionRecord, ExecutionView, ResultRecord, SettlementRecord, StoreResult, Stores,
+};
 
 /// The receipt of a settlement.
 pub fn receipt(settlement: &SettlementRecord) -> Receipt {
@@ -63,6 +65,16 @@ pub async fn view_of(
         .filter(|v| v.execution.id == record.id);
     let (result, settlement) = joined.map_or((None, None), |v| (v.result, v.settlement));
     Ok(view_from(record, result, settlement, now))
+}
+
+/// The view of a row read together with its result and settlement (a claim's `Existing`).
+pub fn of_found(found: &ExecutionView, now: DateTime<Utc>) -> View {
+    view_from(
+        &found.execution,
+        found.result.clone(),
+        found.settlement.clone(),
+        now,
+    )
 }
 
 /// The view of a journal row given its result and settlement.

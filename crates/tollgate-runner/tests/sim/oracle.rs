@@ -72,7 +72,10 @@ pub async fn on_claim(
     let record = match out {
         Ok(ClaimOutcome::Claimed(record)) => record,
         Ok(ClaimOutcome::Existing(r)) => {
-            return shared.trace(format!("{proc} claim {what} -> existing {}", r.state));
+            return shared.trace(format!(
+                "{proc} claim {what} -> existing {}",
+                r.execution.state
+            ));
         }
         Ok(ClaimOutcome::Blocked(b)) => {
             return shared.trace(format!(

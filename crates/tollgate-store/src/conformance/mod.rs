@@ -31,6 +31,7 @@ macro_rules! store_conformance {
             sc_12_claim_inserts_prepared_row_and_holds,
             h_14_a_claim_with_its_input_in_hand_is_its_dispatch_mark,
             sc_13_second_claim_returns_existing_row_untouched,
+            h_16_a_claim_of_a_settled_key_brings_its_result_and_settlement,
             h_10_execution_view_reads_row_result_and_settlement_together,
             sc_16_blocked_claim_writes_nothing,
             h_3_stale_fence_writes_nothing,
@@ -253,10 +254,45 @@ pub async fn sc_13_second_claim_returns_existing_row_untouched<S: Stores>(s: Arc
     let mut other = text_config();
     other.model = "other".into();
     match s.claim(claim_req("a", "k1", other, "0.7")).await.unwrap() {
-        ClaimOutcome::Existing(e) => assert_eq!(e, r),
+        ClaimOutcome::Existing(e) => assert_eq!(e.execution, r),
         o => panic!("{o:?}"),
     }
     assert_eq!(daily(&*s, &r).await.held, money("0.5"), "no second hold");
+}
+
+/// H-16: the row a claim finds under its key comes with its result and settlement, as
+/// `execution_view` reads them, so that a replay needs no read more.
+pub async fn h_16_a_claim_of_a_settled_key_brings_its_result_and_settlement<S: Stores>(s: Arc<S>) {
+    let r = dispatched(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
+    match s
+        .claim(claim_req("a", "k1", text_config(), "0.5"))
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Existing(found) => {
+            assert_eq!(found.execution, r);
+            assert!(found.result.is_none() && found.settlement.is_none());
+        }
+        o => panic!("{o:?}"),
+    }
+    s.settle(settle_req(&r, "0.2", "x")).await.unwrap();
+    let view = s
+        .execution_view(&scope("a"), &key("k1"))
+        .await
+        .unwrap()
+        .unwrap();
+    match s
+        .claim(claim_req("a", "k1", text_config(), "0.5"))
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Existing(found) => {
+            assert_eq!(*found, view);
+            assert_eq!(found.settlement.unwrap().amount, money("0.2"));
+            assert!(found.result.unwrap().output.is_some());
+        }
+        o => panic!("{o:?}"),
+    }
 }
 
 pub async fn h_10_execution_view_reads_row_result_and_settlement_together<S: Stores>(s: Arc<S>) {
@@ -1084,7 +1120,7 @@ pub async fn concurrent_claims_of_one_key_insert_once<S: Stores + 'static>(s: Ar
                 ids.insert(r.id);
             }
             ClaimOutcome::Existing(r) => {
-                ids.insert(r.id);
+                ids.insert(r.execution.id);
             }
             ClaimOutcome::Blocked(_) => panic!("no caps"),
             ClaimOutcome::RootRefused(_) => panic!("no root"),

@@ -77,6 +77,26 @@ fn spend_keys(record: &ExecutionRecord) -> SpendKeys {
 }
 
 impl Tables {
+    /// The row under `(scope, key)` with its result, settlement and root receipt (H-10).
+    fn view(&self, scope: &Scope, key: &OperationKey) -> Option<ExecutionView> {
+        let execution = self
+            .by_key
+            .get(&(scope.clone(), key.clone()))
+            .and_then(|id| self.executions.get(id))
+            .cloned()?;
+        let id = execution.id;
+        Some(ExecutionView {
+            result: self.results.get(&id).cloned(),
+            settlement: self
+                .settlement_by_execution
+                .get(&id)
+                .and_then(|i| self.settlements.get(*i))
+                .cloned(),
+            root_receipt: self.root_receipts.get(&id).cloned(),
+            execution,
+        })
+    }
+
     /// Appends usage evidence to the inbox.
     fn record_evidence(&mut self, evidence: NewEvidence) -> Evidence {
         let row = Evidence {
@@ -204,13 +224,11 @@ impl ExecutionStore for MemoryStores {
     async fn claim(&self, request: ClaimRequest) -> StoreResult<ClaimOutcome> {
         let mut t = self.lock()?;
         let key = (request.scope.clone(), request.operation_key.clone());
-        if let Some(id) = t.by_key.get(&key) {
+        if t.by_key.contains_key(&key) {
             let existing = t
-                .executions
-                .get(id)
-                .cloned()
+                .view(&key.0, &key.1)
                 .ok_or_else(|| StoreError::Corrupt("key without row".into()))?;
-            return Ok(ClaimOutcome::Existing(existing));
+            return Ok(ClaimOutcome::Existing(Box::new(existing)));
         }
         let record = rules::new_execution(&request);
         let keys = spend_keys(&record);
@@ -458,26 +476,7 @@ impl ExecutionStore for MemoryStores {
         scope: &Scope,
         key: &OperationKey,
     ) -> StoreResult<Option<ExecutionView>> {
-        let t = self.lock()?;
-        let Some(execution) = t
-            .by_key
-            .get(&(scope.clone(), key.clone()))
-            .and_then(|id| t.executions.get(id))
-            .cloned()
-        else {
-            return Ok(None);
-        };
-        let id = execution.id;
-        Ok(Some(ExecutionView {
-            result: t.results.get(&id).cloned(),
-            settlement: t
-                .settlement_by_execution
-                .get(&id)
-                .and_then(|i| t.settlements.get(*i))
-                .cloned(),
-            root_receipt: t.root_receipts.get(&id).cloned(),
-            execution,
-        }))
+        Ok(self.lock()?.view(scope, key))
     }
 
     async fn execution_by_id(

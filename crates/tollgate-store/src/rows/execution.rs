@@ -112,7 +112,9 @@ pub enum ClaimOutcome {
     /// A new journal row, holding its cost; the caller owns the fence.
     Claimed(ExecutionRecord),
     /// A row already exists under the key: the caller compares bindings (replay or conflict).
-    Existing(ExecutionRecord),
+    /// It comes with its result, settlement and root receipt, read together (H-16), so that a
+    /// replay is answered from the claim's one read.
+    Existing(Box<ExecutionView>),
     /// A block cap refused; nothing was written.
     Blocked(CapBlocked),
     /// The call's root takes no more claims: it is `reconciled` or past its deadline (ST-36).
