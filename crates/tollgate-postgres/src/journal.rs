@@ -34,37 +34,43 @@ const INSERT: &str = concat!(
      FROM e"
 );
 
-/// A claim's audit rows (`$6`..: one or two, the head moved to the last) and then its spend rows
-/// upserted and locked, in one statement: the head is already locked, so the spend rows are
-/// still the last locks taken (H-13). Answers both rows' totals, as `spend::lock` does.
-macro_rules! append_then_lock_spend {
-    ($rows:literal) => {
+/// A claim's audit rows (`$6`..: one or two, the head moved to the last), then its hold added to
+/// both spend rows (upserted: the session row, then the day row), in one statement: the head is
+/// already locked, so the spend rows are still the last locks taken (H-13), and they are held
+/// for this statement and the commit only. Answers both rows' totals after the hold; the
+/// caps are checked on the totals before it (after − hold), and a refusal rolls it all back.
+macro_rules! append_then_hold {
+    ($rows:literal, $hold:literal) => {
         concat!(
             "WITH h AS (UPDATE audit_heads SET last_seq = $6, last_hash = $7 \
                WHERE scope = $1 AND chain = $8), \
              a AS (INSERT INTO audit_log (scope, chain, seq, execution_id, kind, detail, at, \
                prev_hash, hash) VALUES ",
             $rows,
-            "), s AS (INSERT INTO spend_sessions (scope, consumer, session_id, currency) \
-               VALUES ($1, $2, $3, $4) \
-               ON CONFLICT (scope, consumer, session_id, currency) \
-               DO UPDATE SET held = spend_sessions.held RETURNING settled, held), \
-             d AS (INSERT INTO spend_days (scope, consumer, day, currency) \
-               SELECT $1, $2, $5, $4 FROM s \
-               ON CONFLICT (scope, consumer, day, currency) DO UPDATE SET held = spend_days.held \
-               RETURNING settled, held) \
+            "), s AS (INSERT INTO spend_sessions (scope, consumer, session_id, currency, held) \
+               VALUES ($1, $2, $3, $4, ",
+            $hold,
+            ") ON CONFLICT (scope, consumer, session_id, currency) \
+               DO UPDATE SET held = spend_sessions.held + EXCLUDED.held RETURNING settled, held), \
+             d AS (INSERT INTO spend_days (scope, consumer, day, currency, held) \
+               SELECT $1, $2, $5, $4, ",
+            $hold,
+            " FROM s \
+               ON CONFLICT (scope, consumer, day, currency) \
+               DO UPDATE SET held = spend_days.held + EXCLUDED.held RETURNING settled, held) \
              SELECT s.settled, s.held, d.settled AS day_settled, d.held AS day_held FROM s, d"
         )
     };
 }
 
-/// [`append_then_lock_spend!`] with the `claimed` row.
-const CLAIMED_THEN_SPEND: &str =
-    append_then_lock_spend!("($1, $8, $9, $10, $11, $12, $13, $14, $15)");
+/// [`append_then_hold!`] with the `claimed` row.
+const CLAIMED_THEN_HOLD: &str =
+    append_then_hold!("($1, $8, $9, $10, $11, $12, $13, $14, $15)", "$16");
 
-/// [`append_then_lock_spend!`] with the `claimed` and `dispatched` rows (H-14).
-const CLAIMED_DISPATCHED_THEN_SPEND: &str = append_then_lock_spend!(
-    "($1, $8, $9, $10, $11, $12, $13, $14, $15), ($1, $8, $16, $10, $17, $18, $19, $20, $21)"
+/// [`append_then_hold!`] with the `claimed` and `dispatched` rows (H-14).
+const CLAIMED_DISPATCHED_THEN_HOLD: &str = append_then_hold!(
+    "($1, $8, $9, $10, $11, $12, $13, $14, $15), ($1, $8, $16, $10, $17, $18, $19, $20, $21)",
+    "$22"
 );
 
 /// A fenced state change: only the current fence, only from an allowed state. In the same round
@@ -179,14 +185,15 @@ async fn insert(
     )))
 }
 
-/// Appends a claim's audit rows after `head` (locked) and upserts and locks its spend rows, in
-/// one round trip; both rows' totals.
-async fn append_then_lock_spend(
+/// Appends a claim's audit rows after `head` (locked) and adds its hold to both spend rows, in
+/// one round trip; both rows' totals after the hold.
+async fn append_then_hold(
     conn: &mut PgConnection,
     keys: &SpendKeys<'_>,
     record: &ExecutionRecord,
     head: (i64, String),
     now: DateTime<Utc>,
+    hold: tollgate_core::money::Money,
 ) -> StoreResult<(SpendTotals, SpendTotals)> {
     let mut rows: Vec<audit::Prepared> = Vec::new();
     for event in rules::claim_events(record, now) {
@@ -201,8 +208,8 @@ async fn append_then_lock_spend(
         _ => return Err(StoreError::Corrupt("claim without audit rows".into())),
     };
     let sql = match rows.len() {
-        1 => CLAIMED_THEN_SPEND,
-        2 => CLAIMED_DISPATCHED_THEN_SPEND,
+        1 => CLAIMED_THEN_HOLD,
+        2 => CLAIMED_DISPATCHED_THEN_HOLD,
         _ => return Err(StoreError::Corrupt("claim audit rows".into())),
     };
     let mut query = sqlx::query_as::<_, (Decimal, Decimal, Decimal, Decimal)>(sql)
@@ -227,6 +234,7 @@ async fn append_then_lock_spend(
             .bind(row.prev.to_hex())
             .bind(row.hash.to_hex());
     }
+    query = query.bind(hold.decimal());
     let (session_settled, session_held, day_settled, day_held) =
         query.fetch_one(&mut *conn).await.store_err()?;
     Ok((
@@ -289,12 +297,14 @@ impl PgStores {
                 audit::lock_head(&mut tx, &record.scope, chain).await?
             }
         };
-        // `claimed` (then `dispatched` when the claim is also the dispatch mark), then the spend
-        // rows, the last locks (H-13): held for this statement's answer, their write and the
-        // commit.
+        // `claimed` (then `dispatched` when the claim is also the dispatch mark), then the hold
+        // on the spend rows, the last locks (H-13): held for this statement and the commit. The
+        // caps judge the totals before the hold; a refusal rolls everything back.
         let keys = SpendKeys::of(&record);
-        let (session, daily) =
-            append_then_lock_spend(&mut tx, &keys, &record, head, request.now).await?;
+        let (session_after, daily_after) =
+            append_then_hold(&mut tx, &keys, &record, head, request.now, request.hold).await?;
+        let session = rules::release_hold(session_after, request.hold)?;
+        let daily = rules::release_hold(daily_after, request.hold)?;
         // The spend rows are the snapshot's currency's (SC-105); a mismatch returns before the
         // commit, so the dropped transaction writes nothing (SC-106).
         let admitted = caps.admit(
@@ -326,9 +336,7 @@ impl PgStores {
             let totals = rules::add_hold(root.totals(), request.hold)?;
             locks::write_totals(&mut tx, root.id, totals, Some(request.now)).await?;
         }
-        let session = rules::add_hold(session, request.hold)?;
-        let daily = rules::add_hold(daily, request.hold)?;
-        spend::write(&mut tx, &keys, session, daily).await?;
+        // The hold is already on both spend rows: the commit makes it so.
         tx.commit().await.store_err()?;
         Ok(ClaimOutcome::Claimed(record))
     }
