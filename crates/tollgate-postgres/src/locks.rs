@@ -2,13 +2,13 @@
 //! execution row first, then its operation root's row, whose totals are written under that lock.
 
 use crate::error::DbResultExt;
-use crate::rows::{execution_columns, root_columns, ExecutionRow, RootRow};
+use crate::rows::{execution_columns, root_columns, token_columns, ExecutionRow, RootRow};
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgConnection, Row};
 use tollgate_core::caps::SpendTotals;
-use tollgate_core::ids::{ExecutionId, OperationKey, RootId, RootKey, Scope};
-use tollgate_store::rows::AuditChain;
+use tollgate_core::ids::{EvidenceId, ExecutionId, OperationKey, RootId, RootKey, Scope};
+use tollgate_store::rows::{AuditChain, NewEvidence};
 use tollgate_store::rows::{ExecutionRecord, RootRecord};
 use tollgate_store::{StoreError, StoreResult};
 
@@ -33,6 +33,23 @@ const EXECUTION_LOCK_WITH_HEAD: &str = concat!(
     " FROM executions WHERE id = $1 FOR UPDATE) \
      SELECT e.*, (SELECT h.last_seq::text || ':' || h.last_hash FROM audit_heads h \
      WHERE e.root_key IS NULL AND h.scope = e.scope AND h.chain = $2 FOR UPDATE) AS audit_head \
+     FROM e"
+);
+
+/// [`EXECUTION_LOCK_WITH_HEAD`] that first appends the call's usage evidence (`$3`..`$15`) to
+/// the inbox, in the same round trip (H-15): a new inbox row, which no other transaction waits
+/// for. Answers the evidence's id as `evidence_id`.
+const EXECUTION_LOCK_WITH_HEAD_AND_EVIDENCE: &str = concat!(
+    "WITH ev AS (INSERT INTO usage_inbox (id, scope, execution_id, operation_key, provider_ref, \
+     input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, \
+     exact, source, received_at) \
+     VALUES ($3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) RETURNING id), \
+     e AS (SELECT ",
+    execution_columns!(),
+    " FROM executions WHERE id = $1 FOR UPDATE) \
+     SELECT e.*, (SELECT h.last_seq::text || ':' || h.last_hash FROM audit_heads h \
+     WHERE e.root_key IS NULL AND h.scope = e.scope AND h.chain = $2 FOR UPDATE) AS audit_head, \
+     (SELECT ev.id FROM ev) AS evidence_id \
      FROM e"
 );
 
@@ -79,8 +96,9 @@ pub(crate) async fn lock_execution(
         .into_record()
 }
 
-/// Locks the row `id`, then, outside a root, the head of the audit chain `chain` of its scope,
-/// until the transaction ends. The head is `None` under a root (the root lock comes between the
+/// Appends `evidence` (when given) to the inbox, then locks the row `id` and, outside a root,
+/// the head of the audit chain `chain` of its scope, until the transaction ends, in one round
+/// trip. The head is `None` under a root (the root lock comes between the
 /// two: take it, then the head) and before the scope's first append.
 ///
 /// # Errors
@@ -89,18 +107,54 @@ pub(crate) async fn lock_execution_and_head(
     conn: &mut PgConnection,
     id: ExecutionId,
     chain: AuditChain,
-) -> StoreResult<(ExecutionRecord, Option<(i64, String)>)> {
+    evidence: Option<&NewEvidence>,
+) -> StoreResult<Locked> {
     let chain = i16::try_from(chain.0).map_err(|_| StoreError::Corrupt("audit chain".into()))?;
-    let row: Option<PgRow> = sqlx::query(EXECUTION_LOCK_WITH_HEAD)
-        .bind(id.0)
-        .bind(chain)
-        .fetch_optional(&mut *conn)
-        .await
-        .store_err()?;
+    let query = match evidence {
+        None => sqlx::query(EXECUTION_LOCK_WITH_HEAD).bind(id.0).bind(chain),
+        Some(evidence) => {
+            let [input, output, cache_read, cache_write, reasoning] =
+                token_columns(&evidence.usage)?;
+            sqlx::query(EXECUTION_LOCK_WITH_HEAD_AND_EVIDENCE)
+                .bind(id.0)
+                .bind(chain)
+                .bind(EvidenceId::new().0)
+                .bind(evidence.scope.as_str())
+                .bind(evidence.execution_id.0)
+                .bind(evidence.operation_key.as_str())
+                .bind(evidence.provider_ref.as_deref())
+                .bind(input)
+                .bind(output)
+                .bind(cache_read)
+                .bind(cache_write)
+                .bind(reasoning)
+                .bind(evidence.exact)
+                .bind(evidence.source.as_str())
+                .bind(evidence.now)
+        }
+    };
+    let row: Option<PgRow> = query.fetch_optional(&mut *conn).await.store_err()?;
     let row = row.ok_or_else(|| StoreError::NotFound(id.to_string()))?;
     let head: Option<String> = row.try_get("audit_head").store_err()?;
-    let record = ExecutionRow::from_row(&row).store_err()?.into_record()?;
-    Ok((record, head.as_deref().map(parse_head).transpose()?))
+    let evidence_id: Option<uuid::Uuid> = match evidence {
+        Some(_) => row.try_get("evidence_id").store_err()?,
+        None => None,
+    };
+    Ok(Locked {
+        record: ExecutionRow::from_row(&row).store_err()?.into_record()?,
+        head: head.as_deref().map(parse_head).transpose()?,
+        evidence_id: evidence_id.map(EvidenceId),
+    })
+}
+
+/// What [`lock_execution_and_head`] locked and wrote.
+pub(crate) struct Locked {
+    /// The execution row, locked.
+    pub(crate) record: ExecutionRecord,
+    /// Its audit chain's head, locked (outside a root, once the scope has heads).
+    pub(crate) head: Option<(i64, String)>,
+    /// The evidence appended, when some was given.
+    pub(crate) evidence_id: Option<EvidenceId>,
 }
 
 /// A locked audit head as `seq:hash` (see [`lock_execution_and_head`]).

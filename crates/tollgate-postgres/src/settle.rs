@@ -4,7 +4,6 @@
 
 use crate::audit;
 use crate::error::{db, is_unique_violation, DbResultExt};
-use crate::inbox;
 use crate::locks;
 use crate::roots;
 use crate::rows::{
@@ -193,8 +192,19 @@ impl PgStores {
         let chain = AuditChain::of_execution(request.fence.execution_id);
         // The crate's lock order: the execution, its root, the audit head, the spend rows. Outside
         // a root the execution and the head are locked by one statement.
-        let (record, head) =
-            locks::lock_execution_and_head(&mut tx, request.fence.execution_id, chain).await?;
+        // The call's own evidence goes in with that statement (H-15): a new inbox row, which
+        // nothing waits for.
+        let mut request = request;
+        let evidence = request.evidence.take();
+        let locked = locks::lock_execution_and_head(
+            &mut tx,
+            request.fence.execution_id,
+            chain,
+            evidence.as_ref(),
+        )
+        .await?;
+        let (record, head) = (locked.record, locked.head);
+        request.evidence_id = locked.evidence_id.or(request.evidence_id);
         rules::check_fence(&record, request.fence, &rules::SETTLEABLE)?;
         let (root, head) = match &record.root_key {
             Some(root_key) => {
@@ -206,13 +216,6 @@ impl PgStores {
                 None => (None, audit::lock_head(&mut tx, &record.scope, chain).await?),
             },
         };
-        // The call's own evidence, in this unit (H-15): it follows the execution row in the
-        // lock order.
-        let mut request = request;
-        if let Some(evidence) = request.evidence.take() {
-            let recorded = inbox::insert(&mut tx, &evidence).await?;
-            request.evidence_id = Some(recorded.id);
-        }
         // Under a root the charge goes in first (its receipt names it); outside one it goes in
         // with the settlement's last statement.
         let mut settlement = rules::settlement_row(&record, &request);
