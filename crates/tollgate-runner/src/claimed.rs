@@ -284,23 +284,22 @@ impl Engine {
         heartbeat: Heartbeat,
     ) -> Result<View, RunError> {
         let key = record.operation_key.clone();
-        let (scope, id) = (record.scope.clone(), record.id);
+        let (scope, execution_id) = (record.scope.clone(), record.id);
         let invalid_reason = self
             .drive_in_background(record, request, cancel, read_ms, heartbeat)
             .await?;
-        let record = (scope, id);
         // Read back in one read (H-10): the committed rows, never what the drive meant to write.
         let stores = self.ctx.stores.as_ref();
-        let mut view = views::read(stores, &record.0, &key, self.ctx.clock.now())
+        let mut view = views::read(stores, &scope, &key, self.ctx.clock.now())
             .await
             .map_err(|e| RunError::store(&key, e))?
             .ok_or_else(|| RunError::store(&key, StoreError::NotFound(key.to_string())))?;
         view.invalid_reason = invalid_reason;
         // Ids, states and amounts only: never content.
         tracing::info!(
-            scope = %record.0,
+            scope = %scope,
             operation_key = %key,
-            execution_id = %record.1,
+            execution_id = %execution_id,
             state = ?view.state,
             outcome = ?view.outcome.map(|o| o.as_str()),
             invalid_reason = ?invalid_reason.map(|r| r.as_str()),
