@@ -59,6 +59,14 @@ impl<'de> Deserialize<'de> for Digest256 {
     }
 }
 
+/// Appends `part` to `out` as [`domain_digest`] frames it: its length (`u64`, big-endian), then
+/// its bytes. A hash whose middle parts only a database knows can be computed there from the
+/// framed bytes around them (see the audit chains' `row_hash_frame`).
+pub fn push_framed(out: &mut Vec<u8>, part: &[u8]) {
+    out.extend_from_slice(&(part.len() as u64).to_be_bytes());
+    out.extend_from_slice(part);
+}
+
 /// Hashes `parts` under `domain` with length prefixes, so no two part lists collide.
 pub fn domain_digest(domain: &str, parts: &[&[u8]]) -> Digest256 {
     let mut h = Sha256::new();

@@ -267,8 +267,11 @@ impl PgStores {
                 return Ok(ClaimOutcome::Existing(Box::new(existing)));
             }
         }
-        let mut tx = self.pool().begin().await.store_err()?;
         let record = rules::new_execution(&request);
+        if request.root_key.is_none() {
+            return self.claim_call(&request, &record).await;
+        }
+        let mut tx = self.pool().begin().await.store_err()?;
         let lease_now = self.lease_now(request.now);
         let Some((record, head)) = insert(&mut tx, &record, lease_now, request.lease_ms).await?
         else {

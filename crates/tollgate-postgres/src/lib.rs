@@ -28,6 +28,7 @@ mod api_keys;
 mod audit;
 #[cfg(feature = "test-support")]
 mod bench_support;
+mod claim;
 mod error;
 mod executions;
 mod inbox;

@@ -3,21 +3,25 @@
 //! acknowledged here: reconcile usage compares it with the durable settlement.
 
 use crate::audit;
+use crate::error::sqlstate;
 use crate::error::{db, is_unique_violation, DbResultExt};
 use crate::locks;
 use crate::roots;
 use crate::rows::{
-    execution_columns, result_columns, settlement_columns, to_json_text, ExecutionRow, ResultRow,
-    SettlementRow,
+    execution_columns, result_columns, settlement_columns, to_json_text, token_columns,
+    ExecutionRow, ResultRow, SettlementRow, SpendRow,
 };
 use crate::settlements;
 use crate::spend::{self, SpendKeys};
 use crate::PgStores;
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
-use sqlx::{FromRow, PgConnection};
+use sqlx::{FromRow, PgConnection, Row};
 use tollgate_core::caps::CurrencySpend;
 use tollgate_core::caps::SpendTotals;
+use tollgate_core::ids::EvidenceId;
+use tollgate_core::state::{ExecutionState, Outcome};
+use tollgate_store::audit::{audit_time, row_hash_frame};
 use tollgate_store::rows::*;
 use tollgate_store::rules;
 use tollgate_store::{StoreError, StoreResult};
@@ -179,7 +183,147 @@ async fn finish(conn: &mut PgConnection, f: Finish<'_>) -> StoreResult<Finished>
     })
 }
 
+/// One settlement, as one statement (the function's parameters in order).
+const SETTLE: &str = concat!(
+    "SELECT ",
+    execution_columns!(),
+    ", session_settled, session_held, day_settled, day_held \
+     FROM tollgate_settle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+     $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, \
+     $35, $36, $37, $38, $39, $40, $41)"
+);
+
+/// SQLSTATE by which the function hands the settlement to the general transaction.
+const GENERAL: &str = "TG002";
+
 impl PgStores {
+    /// The settlement of a call outside a root by `tollgate_settle` (H-18), from the row as the
+    /// settler last read it (`seen`); `None` when the function hands it to [`Self::settle_tx`]
+    /// (the stored row is no longer that one, or a spend row does not hold the hold): nothing
+    /// was written.
+    async fn settle_call(
+        &self,
+        request: &SettleRequest,
+        seen: &ExecutionRecord,
+    ) -> StoreResult<Option<SettleOutcome>> {
+        let chain = AuditChain::of_execution(seen.id);
+        let settlement = rules::settlement_row(seen, request);
+        // The result before the post-call block check: its content, stop and retention.
+        let planned = rules::settled_result(
+            seen,
+            request,
+            SpendTotals::default(),
+            SpendTotals::default(),
+        )?;
+        let settled = |outcome| {
+            let done = rules::completed(seen, request, outcome);
+            let mut event = rules::settled_event(
+                &done,
+                &settlement,
+                &ResultRecord {
+                    outcome,
+                    ..planned.clone()
+                },
+            );
+            event.at = audit_time(event.at);
+            let frame = row_hash_frame(chain, &event);
+            (event, frame)
+        };
+        let (event, frame) = settled(request.outcome);
+        let (blocked_event, blocked_frame) = settled(Outcome::Blocked);
+        let caps = &seen.binding.config.caps;
+        let evidence_tokens = match &request.evidence {
+            Some(evidence) => Some(token_columns(&evidence.usage)?.to_vec()),
+            None => None,
+        };
+        let row = sqlx::query(SETTLE)
+            .bind(seen.id.0)
+            .bind(request.fence.token.0)
+            .bind(
+                rules::SETTLEABLE
+                    .iter()
+                    .map(ExecutionState::as_str)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(seen.binding_digest.to_hex())
+            .bind(seen.hold.decimal())
+            .bind(request.provider_ref.as_deref())
+            .bind(request.now)
+            .bind(request.evidence.as_ref().map(|_| EvidenceId::new().0))
+            .bind(
+                request
+                    .evidence
+                    .as_ref()
+                    .and_then(|e| e.provider_ref.as_deref()),
+            )
+            .bind(evidence_tokens)
+            .bind(request.evidence.as_ref().map(|e| e.exact))
+            .bind(request.evidence.as_ref().map(|e| e.source.as_str()))
+            .bind(request.evidence.as_ref().map(|e| e.now))
+            .bind(settlement.id.0)
+            .bind(settlement.consumer.as_str())
+            .bind(settlement.session_id.as_str())
+            .bind(&settlement.provider)
+            .bind(&settlement.model)
+            .bind(&settlement.price_version)
+            .bind(&settlement.policy_version)
+            .bind(settlement.currency.as_str())
+            .bind(token_columns(&settlement.usage)?.to_vec())
+            .bind(settlement.amount.decimal())
+            .bind(settlement.source.as_str())
+            .bind(request.outcome.as_str())
+            .bind(planned.stop.as_deref())
+            .bind(to_json_text(planned.output.as_ref(), "output")?)
+            .bind(to_json_text(planned.step.as_ref(), "step")?)
+            .bind(planned.retention_expires_at)
+            .bind(caps.session_warn.map(|m| m.decimal()))
+            .bind(caps.session_block.map(|m| m.decimal()))
+            .bind(caps.daily_warn.map(|m| m.decimal()))
+            .bind(caps.daily_block.map(|m| m.decimal()))
+            .bind(i16::try_from(chain.0).map_err(|_| StoreError::Corrupt("audit chain".into()))?)
+            .bind(&frame.prefix)
+            .bind(&frame.mid)
+            .bind(event.at)
+            .bind(Json(&event.detail))
+            .bind(&frame.tail)
+            .bind(Json(&blocked_event.detail))
+            .bind(&blocked_frame.tail)
+            .fetch_one(self.pool())
+            .await;
+        let row = match row {
+            Ok(row) => row,
+            Err(e) if sqlstate(&e).as_deref() == Some(GENERAL) => return Ok(None),
+            Err(e) if is_unique_violation(&e, Some(settlements::ONE_PER_EXECUTION)) => {
+                return Err(settlements::insert_error(e, &settlement))
+            }
+            Err(e) => return Err(duplicate(e, seen)),
+        };
+        let record = ExecutionRow::from_row(&row).store_err()?.into_record()?;
+        let totals = |settled: &str, held: &str| -> StoreResult<SpendTotals> {
+            SpendRow::totals(
+                row.try_get(settled).store_err()?,
+                row.try_get(held).store_err()?,
+            )
+        };
+        let session = totals("session_settled", "session_held")?;
+        let daily = totals("day_settled", "day_held")?;
+        // The same rules, on the totals the function settled against, give the stored result.
+        let result = rules::settled_result(seen, request, session, daily)?;
+        if record.outcome != Some(result.outcome) {
+            return Err(StoreError::Corrupt(
+                "the stored outcome differs from the post-call caps' verdict".into(),
+            ));
+        }
+        Ok(Some(SettleOutcome {
+            record,
+            settlement,
+            result,
+            session,
+            daily,
+            root_receipt: None,
+        }))
+    }
+
     /// [`ExecutionStore::settle`](tollgate_store::ExecutionStore::settle) as one transaction:
     /// lock the execution, check the fence, take the root lock (for a call under a root), lock
     /// the spend rows, insert the charge (UNIQUE per execution: a second one is `Duplicate`),
@@ -188,6 +332,11 @@ impl PgStores {
     /// inclusive cost), insert the root receipt (UNIQUE per execution), complete the journal,
     /// audit `settled`.
     pub(crate) async fn settle_tx(&self, request: SettleRequest) -> StoreResult<SettleOutcome> {
+        if let Some(seen) = request.seen.as_deref().filter(|s| s.root_key.is_none()) {
+            if let Some(outcome) = self.settle_call(&request, seen).await? {
+                return Ok(outcome);
+            }
+        }
         let mut tx = self.pool().begin().await.store_err()?;
         let chain = AuditChain::of_execution(request.fence.execution_id);
         // The crate's lock order: the execution, its root, the audit head, the spend rows. Outside

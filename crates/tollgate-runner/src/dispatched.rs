@@ -111,6 +111,7 @@ async fn finish_collected(
                 evidence_id: None,
                 evidence: Some(evidence.clone()),
                 now: ctx.clock.now(),
+                seen: Some(Box::new(record.clone())),
             };
             if let Err(settle_error) = ctx.stores.settle(request).await {
                 if let Err(e) = ctx.stores.record_evidence(evidence).await {
@@ -199,6 +200,7 @@ async fn settle_zero(
         evidence_id: None,
         evidence: None,
         now: ctx.clock.now(),
+        seen: Some(Box::new(record.clone())),
     };
     ctx.stores
         .settle(request)

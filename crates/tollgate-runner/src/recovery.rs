@@ -143,6 +143,7 @@ impl Reconciler {
                     evidence_id: Some(evidence.id),
                     evidence: None,
                     now,
+                    seen: None,
                 };
                 self.stores.settle(request).await?;
             }
@@ -362,6 +363,7 @@ impl Reconciler {
                 evidence_id: Some(evidence_id),
                 evidence: None,
                 now,
+                seen: None,
             })
             .await
     }

@@ -736,6 +736,7 @@ async fn sc_93_ledger_audit_route_and_scheduled_drift() {
             provider_ref: None,
             evidence_id: None,
             evidence: None,
+            seen: Some(Box::new(d.clone())),
             now: chrono::Utc::now(),
         })
         .await

@@ -4,8 +4,9 @@
 
 use crate::rows::{AuditChain, AuditEvent, AuditHead, AuditRow, AUDIT_CHAINS};
 use chrono::{DateTime, SubsecRound, Utc};
+use sha2::{Digest as _, Sha256};
 use std::collections::BTreeMap;
-use tollgate_core::digest::{canonical_json, domain_digest, Digest256};
+use tollgate_core::digest::{canonical_json, push_framed, Digest256};
 
 /// Domain separator of audit rows.
 pub const AUDIT_DOMAIN: &str = "tollgate/audit-row/v1";
@@ -20,27 +21,62 @@ pub fn audit_time(at: DateTime<Utc>) -> DateTime<Utc> {
 /// chain per scope did before a scope had several, so rows written then still verify; every
 /// other chain's number is covered by the hash too.
 pub fn row_hash(chain: AuditChain, prev: &Digest256, seq: i64, event: &AuditEvent) -> Digest256 {
+    row_hash_frame(chain, event).hash(prev, seq)
+}
+
+/// The bytes a row's hash covers, around the two parts that only its chain's head decides (the
+/// previous hash and the seq): `sha256(prefix ‖ prev ‖ mid ‖ seq ‖ tail)`, where `seq` is
+/// big-endian. A store that locks the head inside one statement computes the hash there from
+/// these bytes ([`RowHashFrame::hash`] is the same computation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowHashFrame {
+    /// The domain and the previous hash's length.
+    pub prefix: Vec<u8>,
+    /// The seq's length.
+    pub mid: Vec<u8>,
+    /// The event's framed parts, after the seq.
+    pub tail: Vec<u8>,
+}
+
+impl RowHashFrame {
+    /// The hash of the row at `seq` after `prev`.
+    pub fn hash(&self, prev: &Digest256, seq: i64) -> Digest256 {
+        let mut h = Sha256::new();
+        h.update(&self.prefix);
+        h.update(prev.0);
+        h.update(&self.mid);
+        h.update(seq.to_be_bytes());
+        h.update(&self.tail);
+        Digest256(h.finalize().into())
+    }
+}
+
+/// [`row_hash`]'s input for `event` in `chain`, framed as [`domain_digest`] frames it.
+pub fn row_hash_frame(chain: AuditChain, event: &AuditEvent) -> RowHashFrame {
     let execution = event
         .execution_id
         .map(|e| e.to_string())
         .unwrap_or_default();
     let at = audit_time(event.at).to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
     let detail = canonical_json(&event.detail);
-    let chain_bytes = chain.0.to_be_bytes();
-    let seq_bytes = seq.to_be_bytes();
-    let mut parts: Vec<&[u8]> = vec![
-        &prev.0,
-        &seq_bytes,
+    let mut prefix = Vec::new();
+    push_framed(&mut prefix, AUDIT_DOMAIN.as_bytes());
+    prefix.extend_from_slice(&(std::mem::size_of::<Digest256>() as u64).to_be_bytes());
+    let mid = (std::mem::size_of::<i64>() as u64).to_be_bytes().to_vec();
+    let mut tail = Vec::new();
+    for part in [
         event.scope.as_str().as_bytes(),
         execution.as_bytes(),
         event.kind.as_bytes(),
         detail.as_bytes(),
         at.as_bytes(),
-    ];
-    if chain.0 != 0 {
-        parts.push(&chain_bytes);
+    ] {
+        push_framed(&mut tail, part);
     }
-    domain_digest(AUDIT_DOMAIN, &parts)
+    if chain.0 != 0 {
+        push_framed(&mut tail, &chain.0.to_be_bytes());
+    }
+    RowHashFrame { prefix, mid, tail }
 }
 
 /// The first row of a scope's trail that does not verify.
@@ -184,6 +220,7 @@ pub fn verify_chain(rows: &[AuditRow]) -> Result<(), ChainBroken> {
 mod chain_tests {
     use super::*;
     use chrono::TimeZone;
+    use tollgate_core::digest::domain_digest;
     use tollgate_core::ids::Scope;
 
     fn chain_of(chain: AuditChain, n: i64) -> Vec<AuditRow> {
@@ -309,6 +346,32 @@ mod chain_tests {
             ],
         );
         assert_eq!(zero[0].hash, legacy);
+    }
+
+    #[test]
+    fn sc_98_the_frame_hashes_as_the_parts_do() {
+        let five = chain_of(AuditChain(5), 2);
+        let event = &five[1].event;
+        let parts = domain_digest(
+            AUDIT_DOMAIN,
+            &[
+                &five[0].hash.0,
+                &2i64.to_be_bytes(),
+                b"acme",
+                b"",
+                event.kind.as_bytes(),
+                canonical_json(&event.detail).as_bytes(),
+                audit_time(event.at)
+                    .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+                    .as_bytes(),
+                &5u16.to_be_bytes(),
+            ],
+        );
+        assert_eq!(five[1].hash, parts);
+        assert_eq!(
+            row_hash_frame(AuditChain(5), event).hash(&five[0].hash, 2),
+            parts
+        );
     }
 
     #[test]

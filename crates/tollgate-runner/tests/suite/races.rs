@@ -282,6 +282,7 @@ pub async fn sc_42_two_usage_reconcilers_race_on_unacknowledged_evidence(h: Harn
                     evidence_id: Some(exact),
                     evidence: None,
                     now: h.clock.now(),
+                    seen: None,
                 })
                 .await
                 .unwrap();

@@ -153,6 +153,7 @@ pub fn settle_req(record: &ExecutionRecord, amount: &str, text: &str) -> SettleR
         provider_ref: Some("req-1".into()),
         evidence_id: None,
         evidence: None,
+        seen: Some(Box::new(record.clone())),
         now: t0(),
     }
 }

@@ -79,6 +79,11 @@ pub struct SettleRequest {
     /// commit for both (H-15). `None` when the evidence is already in the inbox (recovery,
     /// operators) or there is none.
     pub evidence: Option<NewEvidence>,
+    /// The row as the settler last read it (its claim), when it has it. A store may settle in
+    /// one round trip from it once it has checked, under the row's lock, that the stored row is
+    /// still that one (same fence, a settleable state, the same binding digest and hold); the
+    /// result is the same as without it.
+    pub seen: Option<Box<ExecutionRecord>>,
     /// Clock.
     pub now: DateTime<Utc>,
 }

@@ -1,0 +1,219 @@
+//! The claim and the settlement of a call outside a root as one function call each (H-17, H-18):
+//! the functions are what runs, they store exactly what the general transactions store, and a
+//! settler whose copy of the row is out of date is settled by the general transaction.
+#![cfg(test)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use sqlx::{Connection, PgConnection};
+use std::time::{Duration, Instant};
+use tollgate_core::caps::CapWarning;
+use tollgate_core::state::{ExecutionState, Outcome};
+use tollgate_postgres::{test_admin_url, PgStores, TestDatabase};
+use tollgate_store::audit::verify_chain;
+use tollgate_store::conformance::{claim_req, money, scope, settle_req, text_config};
+use tollgate_store::{
+    AuditLog, AuditPosition, ClaimOutcome, ExecutionRecord, ExecutionStore, ResultStore,
+    SettleOutcome,
+};
+
+/// A migrated database of its own, counting calls of its PL/pgSQL functions.
+async fn fresh() -> (TestDatabase, PgStores) {
+    let database = TestDatabase::create(&test_admin_url()).await.unwrap();
+    let mut admin = PgConnection::connect(&test_admin_url()).await.unwrap();
+    sqlx::query(&format!(
+        "ALTER DATABASE \"{}\" SET track_functions = 'pl'",
+        database.name()
+    ))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let stores = database.stores(4).await.unwrap();
+    stores.migrate().await.unwrap();
+    (database, stores.with_caller_lease_clock())
+}
+
+/// Calls of `name` in the database's statistics once they reach `at_least` (backends report them
+/// when idle, about once a second), or what they were at the deadline.
+async fn calls(database: &TestDatabase, name: &str, at_least: i64) -> i64 {
+    let mut conn = PgConnection::connect(database.url()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        sqlx::query("SELECT pg_stat_clear_snapshot()")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let calls: i64 = sqlx::query_scalar(
+            "SELECT COALESCE(sum(calls), 0)::bigint FROM pg_stat_user_functions \
+             WHERE funcname = $1",
+        )
+        .bind(name)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        if calls >= at_least || Instant::now() > deadline {
+            return calls;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn claimed(s: &PgStores, key: &str, hold: &str) -> ExecutionRecord {
+    let mut request = claim_req("a", key, capped(), hold);
+    request.dispatch = true;
+    match s.claim(request).await.unwrap() {
+        ClaimOutcome::Claimed(r) => r,
+        other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
+/// Warn and block caps on both windows.
+fn capped() -> tollgate_core::config::CallConfig {
+    let mut c = text_config();
+    c.caps.session_warn = Some(money("0.2"));
+    c.caps.session_block = Some(money("1.0"));
+    c.caps.daily_warn = Some(money("0.5"));
+    c.caps.daily_block = Some(money("1.5"));
+    c
+}
+
+#[tokio::test]
+async fn h_17_h_18_a_plain_call_is_claimed_and_settled_by_one_function_call_each() {
+    let (database, s) = fresh().await;
+    let r = claimed(&s, "k1", "0.1").await;
+    assert_eq!(r.state, ExecutionState::Dispatched);
+    let done = s.settle(settle_req(&r, "0.05", "x")).await.unwrap();
+    assert_eq!(done.record.state, ExecutionState::Completed);
+    assert_eq!(calls(&database, "tollgate_claim", 1).await, 1);
+    assert_eq!(calls(&database, "tollgate_settle", 1).await, 1);
+    let rows = s
+        .audit_rows(&scope("a"), AuditPosition::START, 100)
+        .await
+        .unwrap();
+    let kinds: Vec<&str> = rows.iter().map(|row| row.event.kind.as_str()).collect();
+    assert_eq!(kinds, ["claimed", "dispatched", "settled"]);
+    verify_chain(&rows).unwrap();
+}
+
+/// What a settlement returned and stored, without its fresh ids.
+fn comparable(
+    outcome: &SettleOutcome,
+) -> (
+    Option<Outcome>,
+    Outcome,
+    bool,
+    Vec<CapWarning>,
+    String,
+    String,
+) {
+    (
+        outcome.record.outcome,
+        outcome.result.outcome,
+        outcome.result.output.is_some(),
+        outcome.result.warnings.clone(),
+        format!("{:?}", outcome.session),
+        format!("{:?}", outcome.daily),
+    )
+}
+
+#[tokio::test]
+async fn h_18_the_function_and_the_general_transaction_settle_alike() {
+    // The same calls through the function (the settler's row in hand) and through the general
+    // transaction (no row in hand): below the caps, a warn cap crossed, a block cap crossed
+    // (output dropped), and an `unavailable` outcome past the block cap (kept as is).
+    let steps = [
+        ("k1", "0.1", "0.15", Outcome::Success),
+        ("k2", "0.1", "0.1", Outcome::Success),
+        ("k3", "0.1", "0.9", Outcome::Success),
+    ];
+    let (_fdb, by_function) = fresh().await;
+    let (_gdb, by_transaction) = fresh().await;
+    let mut seen_ids = Vec::new();
+    for (key, hold, amount, outcome) in steps {
+        let f = claimed(&by_function, key, hold).await;
+        let g = claimed(&by_transaction, key, hold).await;
+        let mut with_row = settle_req(&f, amount, "x");
+        with_row.outcome = outcome;
+        let mut without_row = settle_req(&g, amount, "x");
+        without_row.outcome = outcome;
+        without_row.seen = None;
+        let a = by_function.settle(with_row).await.unwrap();
+        let b = by_transaction.settle(without_row).await.unwrap();
+        assert_eq!(comparable(&a), comparable(&b), "{key}");
+        assert_eq!(
+            by_function.result(f.id).await.unwrap().unwrap(),
+            a.result,
+            "{key}: the stored result is the one returned"
+        );
+        assert_eq!(
+            by_transaction.result(g.id).await.unwrap().unwrap().warnings,
+            a.result.warnings,
+            "{key}"
+        );
+        seen_ids.push((f.id, a));
+    }
+    let (_, blocked) = &seen_ids[2];
+    assert_eq!(blocked.result.outcome, Outcome::Blocked);
+    assert!(blocked.result.output.is_none());
+    assert_eq!(blocked.result.warnings.len(), 3);
+    for s in [&by_function, &by_transaction] {
+        let rows = s
+            .audit_rows(&scope("a"), AuditPosition::START, 100)
+            .await
+            .unwrap();
+        verify_chain(&rows).unwrap();
+        let mut settled: Vec<&str> = rows
+            .iter()
+            .filter(|row| row.event.kind == "settled")
+            .map(|row| row.event.detail["outcome"].as_str().unwrap())
+            .collect();
+        settled.sort_unstable();
+        assert_eq!(settled, ["blocked", "success", "success"]);
+    }
+}
+
+#[tokio::test]
+async fn h_18_unavailable_past_a_block_cap_stays_unavailable_in_both() {
+    let (_fdb, by_function) = fresh().await;
+    let (_gdb, by_transaction) = fresh().await;
+    let f = claimed(&by_function, "k1", "0.1").await;
+    let g = claimed(&by_transaction, "k1", "0.1").await;
+    let mut with_row = settle_req(&f, "1.2", "x");
+    with_row.outcome = Outcome::Unavailable;
+    with_row.output = None;
+    let mut without_row = settle_req(&g, "1.2", "x");
+    without_row.outcome = Outcome::Unavailable;
+    without_row.output = None;
+    without_row.seen = None;
+    let a = by_function.settle(with_row).await.unwrap();
+    let b = by_transaction.settle(without_row).await.unwrap();
+    assert_eq!(a.result.outcome, Outcome::Unavailable);
+    assert_eq!(comparable(&a), comparable(&b));
+}
+
+#[tokio::test]
+async fn h_18_a_settler_with_an_outdated_row_is_settled_by_the_general_transaction() {
+    let (_db, s) = fresh().await;
+    let r = claimed(&s, "k1", "0.1").await;
+    // The settler's copy says another hold: the function leaves it to the general transaction,
+    // which settles against the stored row.
+    let mut outdated = r.clone();
+    outdated.hold = money("0.3");
+    let mut request = settle_req(&r, "0.05", "x");
+    request.seen = Some(Box::new(outdated));
+    let done = s.settle(request).await.unwrap();
+    assert_eq!(done.record.state, ExecutionState::Completed);
+    assert_eq!(done.session.held, money("0"));
+    assert_eq!(done.session.settled, money("0.05"));
+    // A stale fence is refused as it is without a row in hand, and changes nothing.
+    let again = s.settle(settle_req(&r, "0.05", "x")).await.unwrap_err();
+    assert!(
+        matches!(again, tollgate_store::StoreError::StaleFence(id) if id == r.id),
+        "{again:?}"
+    );
+    let rows = s
+        .audit_rows(&scope("a"), AuditPosition::START, 100)
+        .await
+        .unwrap();
+    verify_chain(&rows).unwrap();
+    assert_eq!(rows.len(), 3);
+}

@@ -1,0 +1,205 @@
+-- The settlement of a call outside an operation root as one function (spec/performance.md,
+-- H-18): the server calls it in one statement, outside an explicit transaction, so the settlement
+-- is one round trip and one commit, with the call's own usage evidence in it (H-15).
+--
+-- The caller sends what it computed from the row as it last read it (its claim): the charge, the
+-- result before the post-call block check, and the `settled` audit row twice (its outcome as
+-- requested, and `blocked`), each with its hash input around its seq and previous hash (see
+-- `tollgate_claim`). The function decides only what the locked rows decide:
+--
+-- - The row must still be the one the caller read: same fence, a settleable state, no root, the
+--   same binding digest and hold. Otherwise (and when the chain's head or a spend row is missing,
+--   or a spend row holds less than the hold) it raises SQLSTATE `TG002`: nothing is written and
+--   the caller settles by the general transaction, which states the exact error.
+-- - Lock order: the execution, the head of its audit chain, the session spend row, the day spend
+--   row (the spend rows last: held for their write, the result, the completion, the audit row and
+--   the commit).
+-- - The post-call caps judge the settled totals after the charge: a warn cap is crossed at
+--   `settled >= limit`, a block cap at `settled > limit`, session before day, warn before block.
+--   A crossed block cap turns every outcome but `unavailable` into `blocked` and drops output and
+--   step; the cost is settled either way.
+--
+-- Answers the completed row and both spend rows' totals after the charge.
+CREATE TYPE tollgate_settled AS (
+    id uuid,
+    scope text,
+    operation_key text,
+    kind text,
+    root_key text,
+    binding jsonb,
+    binding_digest text,
+    accounting_day date,
+    state text,
+    not_dispatched_cause text,
+    outcome text,
+    fence bigint,
+    lease_expires_at timestamptz,
+    hold numeric,
+    provider_ref text,
+    created_at timestamptz,
+    updated_at timestamptz,
+    reconciliation_reason text,
+    session_settled numeric,
+    session_held numeric,
+    day_settled numeric,
+    day_held numeric
+);
+
+CREATE FUNCTION tollgate_settle(
+    p_id uuid,
+    p_fence bigint,
+    p_states text[],
+    p_binding_digest text,
+    p_hold numeric,
+    p_provider_ref text,
+    p_now timestamptz,
+    -- The call's own usage evidence (`p_evidence_id` NULL: none).
+    p_evidence_id uuid,
+    p_evidence_provider_ref text,
+    p_evidence_tokens bigint[],
+    p_evidence_exact boolean,
+    p_evidence_source text,
+    p_evidence_at timestamptz,
+    -- The charge.
+    p_settlement_id uuid,
+    p_consumer text,
+    p_session_id text,
+    p_provider text,
+    p_model text,
+    p_price_version text,
+    p_policy_version text,
+    p_currency text,
+    p_tokens bigint[],
+    p_amount numeric,
+    p_source text,
+    -- The result before the post-call block check.
+    p_outcome text,
+    p_stop text,
+    p_output text,
+    p_step text,
+    p_retention_expires_at timestamptz,
+    -- The post-call caps.
+    p_session_warn numeric,
+    p_session_block numeric,
+    p_daily_warn numeric,
+    p_daily_block numeric,
+    -- The `settled` audit row: as requested, then as blocked.
+    p_chain smallint,
+    p_hash_prefix bytea,
+    p_hash_mid bytea,
+    p_at timestamptz,
+    p_detail jsonb,
+    p_tail bytea,
+    p_blocked_detail jsonb,
+    p_blocked_tail bytea
+) RETURNS SETOF tollgate_settled
+LANGUAGE plpgsql AS $$
+DECLARE
+    e executions;
+    head_seq bigint;
+    head_hash text;
+    row_hash text;
+    session_settled numeric;
+    session_held numeric;
+    day_settled numeric;
+    day_held numeric;
+    crossed jsonb := '[]'::jsonb;
+    blocked boolean := false;
+    settled_outcome text;
+BEGIN
+    SELECT * INTO e FROM executions x WHERE x.id = p_id FOR UPDATE;
+    IF NOT FOUND OR e.root_key IS NOT NULL OR e.fence <> p_fence
+        OR NOT (e.state = ANY (p_states)) OR e.binding_digest <> p_binding_digest
+        OR e.hold <> p_hold THEN
+        RAISE EXCEPTION USING ERRCODE = 'TG002', MESSAGE = 'settle by the general transaction';
+    END IF;
+    SELECT h.last_seq, h.last_hash INTO head_seq, head_hash FROM audit_heads h
+    WHERE h.scope = e.scope AND h.chain = p_chain FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'TG002', MESSAGE = 'settle by the general transaction';
+    END IF;
+
+    IF p_evidence_id IS NOT NULL THEN
+        INSERT INTO usage_inbox (id, scope, execution_id, operation_key, provider_ref,
+            input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens,
+            exact, source, received_at)
+        VALUES (p_evidence_id, e.scope, e.id, e.operation_key, p_evidence_provider_ref,
+            p_evidence_tokens[1], p_evidence_tokens[2], p_evidence_tokens[3],
+            p_evidence_tokens[4], p_evidence_tokens[5], p_evidence_exact, p_evidence_source,
+            p_evidence_at);
+    END IF;
+    INSERT INTO cost_settlements (settlement_id, execution_id, scope, operation_key, kind,
+        consumer, session_id, accounting_day, provider, model, price_version, policy_version,
+        currency, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+        reasoning_tokens, amount, source, settled_at)
+    VALUES (p_settlement_id, e.id, e.scope, e.operation_key, e.kind, p_consumer, p_session_id,
+        e.accounting_day, p_provider, p_model, p_price_version, p_policy_version, p_currency,
+        p_tokens[1], p_tokens[2], p_tokens[3], p_tokens[4], p_tokens[5], p_amount, p_source,
+        p_now);
+
+    UPDATE spend_sessions s SET settled = s.settled + p_amount, held = s.held - p_hold
+    WHERE s.scope = e.scope AND s.consumer = p_consumer AND s.session_id = p_session_id
+        AND s.currency = p_currency AND s.held >= p_hold
+    RETURNING s.settled, s.held INTO session_settled, session_held;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'TG002', MESSAGE = 'settle by the general transaction';
+    END IF;
+    UPDATE spend_days d SET settled = d.settled + p_amount, held = d.held - p_hold
+    WHERE d.scope = e.scope AND d.consumer = p_consumer AND d.day = e.accounting_day
+        AND d.currency = p_currency AND d.held >= p_hold
+    RETURNING d.settled, d.held INTO day_settled, day_held;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'TG002', MESSAGE = 'settle by the general transaction';
+    END IF;
+
+    IF p_session_warn IS NOT NULL AND session_settled >= p_session_warn THEN
+        crossed := crossed || jsonb_build_object('cap', 'session', 'level', 'warn',
+            'limit', p_session_warn::text, 'spent', session_settled::text);
+    END IF;
+    IF p_session_block IS NOT NULL AND session_settled > p_session_block THEN
+        crossed := crossed || jsonb_build_object('cap', 'session', 'level', 'block',
+            'limit', p_session_block::text, 'spent', session_settled::text);
+        blocked := true;
+    END IF;
+    IF p_daily_warn IS NOT NULL AND day_settled >= p_daily_warn THEN
+        crossed := crossed || jsonb_build_object('cap', 'daily', 'level', 'warn',
+            'limit', p_daily_warn::text, 'spent', day_settled::text);
+    END IF;
+    IF p_daily_block IS NOT NULL AND day_settled > p_daily_block THEN
+        crossed := crossed || jsonb_build_object('cap', 'daily', 'level', 'block',
+            'limit', p_daily_block::text, 'spent', day_settled::text);
+        blocked := true;
+    END IF;
+    blocked := blocked AND p_outcome <> 'unavailable';
+    settled_outcome := CASE WHEN blocked THEN 'blocked' ELSE p_outcome END;
+
+    INSERT INTO execution_results (execution_id, outcome, stop, output, step, warnings,
+        retention_expires_at, erased_at)
+    VALUES (e.id, settled_outcome, p_stop,
+        CASE WHEN blocked THEN NULL ELSE p_output::json END,
+        CASE WHEN blocked THEN NULL ELSE p_step::json END,
+        crossed, p_retention_expires_at, NULL);
+
+    head_seq := head_seq + 1;
+    row_hash := encode(sha256(p_hash_prefix || decode(head_hash, 'hex') || p_hash_mid
+        || int8send(head_seq) || CASE WHEN blocked THEN p_blocked_tail ELSE p_tail END), 'hex');
+    INSERT INTO audit_log (scope, chain, seq, execution_id, kind, detail, at, prev_hash, hash)
+    VALUES (e.scope, p_chain, head_seq, e.id, 'settled',
+        CASE WHEN blocked THEN p_blocked_detail ELSE p_detail END, p_at, head_hash, row_hash);
+    UPDATE audit_heads SET last_seq = head_seq, last_hash = row_hash
+    WHERE scope = e.scope AND chain = p_chain;
+
+    RETURN QUERY
+    WITH c AS (
+        UPDATE executions x SET state = 'completed', outcome = settled_outcome, hold = 0,
+            provider_ref = COALESCE(p_provider_ref, x.provider_ref), updated_at = p_now
+        WHERE x.id = p_id
+        RETURNING x.*
+    )
+    SELECT c.id, c.scope, c.operation_key, c.kind, c.root_key, c.binding, c.binding_digest,
+        c.accounting_day, c.state, c.not_dispatched_cause, c.outcome, c.fence,
+        c.lease_expires_at, c.hold::numeric, c.provider_ref, c.created_at, c.updated_at,
+        c.reconciliation_reason, session_settled, session_held, day_settled, day_held
+    FROM c;
+END
+$$;
