@@ -6,7 +6,7 @@
 
 use crate::error::{db, sqlstate, DbResultExt};
 use crate::executions;
-use crate::rows::{execution_columns, ExecutionRow, SpendRow};
+use crate::rows::{execution_columns_but_binding, ExecutionRow, SpendRow};
 use crate::spend::SpendKeys;
 use crate::PgStores;
 use rust_decimal::Decimal;
@@ -23,7 +23,7 @@ use tollgate_store::{StoreError, StoreResult};
 /// One claim, as one statement (the function's parameters in order).
 pub(crate) const CLAIM: &str = concat!(
     "SELECT ",
-    execution_columns!(),
+    execution_columns_but_binding!(),
     " FROM tollgate_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
      $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27)"
 );
@@ -136,8 +136,11 @@ impl PgStores {
             .fetch_optional(self.pool())
             .await;
         match row {
+            // The row as inserted, with the binding this claim sent (H-19).
             Ok(Some(row)) => Ok(ClaimOutcome::Claimed(
-                ExecutionRow::from_row(&row).store_err()?.into_record()?,
+                ExecutionRow::from_row(&row)
+                    .store_err()?
+                    .into_record_with(record.binding.clone(), Some(record.binding_digest))?,
             )),
             Ok(None) => {
                 let mut conn = self.pool().acquire().await.store_err()?;

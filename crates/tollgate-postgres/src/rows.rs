@@ -27,6 +27,16 @@ macro_rules! execution_columns {
 }
 pub(crate) use execution_columns;
 
+/// [`execution_columns`] without `binding`, for a statement whose caller holds the binding.
+macro_rules! execution_columns_but_binding {
+    () => {
+        "id, scope, operation_key, kind, root_key, binding_digest, accounting_day, \
+         state, not_dispatched_cause, outcome, fence, lease_expires_at, hold, provider_ref, \
+         created_at, updated_at, reconciliation_reason"
+    };
+}
+pub(crate) use execution_columns_but_binding;
+
 /// Columns of `execution_results`, content as JSON text.
 macro_rules! result_columns {
     () => {
@@ -157,7 +167,11 @@ pub(crate) struct ExecutionRow {
     operation_key: String,
     kind: String,
     root_key: Option<String>,
-    binding: serde_json::Value,
+    /// Absent when the statement leaves it out ([`execution_columns_but_binding`]): the caller
+    /// holds the binding (the row's digest vouches for it) and passes it to
+    /// [`ExecutionRow::into_record_with`].
+    #[sqlx(default)]
+    binding: Option<serde_json::Value>,
     binding_digest: String,
     accounting_day: NaiveDate,
     state: String,
@@ -174,7 +188,24 @@ pub(crate) struct ExecutionRow {
 
 impl ExecutionRow {
     /// The record.
-    pub(crate) fn into_record(self) -> StoreResult<ExecutionRecord> {
+    pub(crate) fn into_record(mut self) -> StoreResult<ExecutionRecord> {
+        let binding = json(
+            self.binding.take().ok_or_else(|| corrupt("binding"))?,
+            "binding",
+        )?;
+        self.into_record_with(binding, None)
+    }
+
+    /// The record, with `binding` for a row read without its binding (H-19): the caller's
+    /// binding, whose digest (`digest`, when given) must be the row's.
+    pub(crate) fn into_record_with(
+        self,
+        binding: tollgate_core::digest::Binding,
+        digest: Option<Digest256>,
+    ) -> StoreResult<ExecutionRecord> {
+        if digest.is_some_and(|d| Some(d) != Digest256::from_hex(&self.binding_digest).ok()) {
+            return Err(corrupt("binding_digest"));
+        }
         Ok(ExecutionRecord {
             id: ExecutionId(self.id),
             scope: id(self.scope, "scope", Scope::parse)?,
@@ -184,7 +215,7 @@ impl ExecutionRow {
                 .root_key
                 .map(|k| id(k, "root_key", RootKey::parse))
                 .transpose()?,
-            binding: json(self.binding, "binding")?,
+            binding,
             binding_digest: Digest256::from_hex(&self.binding_digest)
                 .map_err(|_| corrupt("binding_digest"))?,
             accounting_day: self.accounting_day,

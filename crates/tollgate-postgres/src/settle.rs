@@ -8,8 +8,8 @@ use crate::error::{db, is_unique_violation, DbResultExt};
 use crate::locks;
 use crate::roots;
 use crate::rows::{
-    execution_columns, result_columns, settlement_columns, to_json_text, token_columns,
-    ExecutionRow, ResultRow, SettlementRow, SpendRow,
+    execution_columns, execution_columns_but_binding, result_columns, settlement_columns,
+    to_json_text, token_columns, ExecutionRow, ResultRow, SettlementRow, SpendRow,
 };
 use crate::settlements;
 use crate::spend::{self, SpendKeys};
@@ -186,7 +186,7 @@ async fn finish(conn: &mut PgConnection, f: Finish<'_>) -> StoreResult<Finished>
 /// One settlement, as one statement (the function's parameters in order).
 const SETTLE: &str = concat!(
     "SELECT ",
-    execution_columns!(),
+    execution_columns_but_binding!(),
     ", session_settled, session_held, day_settled, day_held \
      FROM tollgate_settle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
      $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, \
@@ -298,7 +298,11 @@ impl PgStores {
             }
             Err(e) => return Err(duplicate(e, seen)),
         };
-        let record = ExecutionRow::from_row(&row).store_err()?.into_record()?;
+        // The completed row, with the binding the settler holds: the function checked that the
+        // row's digest is that binding's (H-19).
+        let record = ExecutionRow::from_row(&row)
+            .store_err()?
+            .into_record_with(seen.binding.clone(), Some(seen.binding_digest))?;
         let totals = |settled: &str, held: &str| -> StoreResult<SpendTotals> {
             SpendRow::totals(
                 row.try_get(settled).store_err()?,

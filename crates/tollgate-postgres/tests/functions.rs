@@ -217,3 +217,25 @@ async fn h_18_a_settler_with_an_outdated_row_is_settled_by_the_general_transacti
     verify_chain(&rows).unwrap();
     assert_eq!(rows.len(), 3);
 }
+
+#[tokio::test]
+async fn h_19_rows_answered_without_their_binding_equal_the_stored_rows() {
+    // The functions answer the row without its binding; the store completes it with the binding
+    // the caller sent, which is the stored one.
+    let (_db, s) = fresh().await;
+    let r = claimed(&s, "k1", "0.1").await;
+    let stored = s
+        .execution(&scope("a"), &tollgate_store::conformance::key("k1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r, stored);
+    let done = s.settle(settle_req(&r, "0.05", "x")).await.unwrap();
+    let stored = s
+        .execution(&scope("a"), &tollgate_store::conformance::key("k1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.record, stored);
+    assert_eq!(done.record.binding, r.binding);
+}
