@@ -7,14 +7,14 @@
 use crate::error::{db, sqlstate, DbResultExt};
 use crate::executions;
 use crate::rows::{execution_columns_but_binding, ExecutionRow, SpendRow};
-use crate::spend::SpendKeys;
+use crate::spend::{self, SpendKeys};
 use crate::PgStores;
 use rust_decimal::Decimal;
 use sqlx::postgres::PgDatabaseError;
 use sqlx::types::Json;
 use sqlx::FromRow;
 use std::str::FromStr;
-use tollgate_core::caps::{CurrencySpend, SpendTotals};
+use tollgate_core::caps::SpendTotals;
 use tollgate_store::audit::{audit_time, row_hash_frame};
 use tollgate_store::rows::*;
 use tollgate_store::rules;
@@ -152,13 +152,7 @@ impl PgStores {
             }
             Err(e) if sqlstate(&e).as_deref() == Some(CAP_REFUSED) => {
                 let (session, daily) = refused_totals(&e)?;
-                let admitted = caps.admit(
-                    currency,
-                    &CurrencySpend::new(currency.clone(), session),
-                    &CurrencySpend::new(currency.clone(), daily),
-                    request.hold,
-                )?;
-                match admitted {
+                match spend::admit(caps, currency, session, daily, request.hold)? {
                     Err(blocked) => Ok(ClaimOutcome::Blocked(blocked)),
                     Ok(()) => Err(StoreError::Corrupt(
                         "the database refused a hold the caps admit".into(),

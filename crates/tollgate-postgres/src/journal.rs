@@ -12,7 +12,7 @@ use rust_decimal::Decimal;
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use sqlx::{FromRow, PgConnection, Row};
-use tollgate_core::caps::{CurrencySpend, SpendTotals};
+use tollgate_core::caps::SpendTotals;
 use tollgate_core::ids::{ExecutionId, OperationKey, Scope};
 use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
 use tollgate_store::rows::*;
@@ -310,12 +310,7 @@ impl PgStores {
         let daily = rules::release_hold(daily_after, request.hold)?;
         // The spend rows are the snapshot's currency's (SC-105); a mismatch returns before the
         // commit, so the dropped transaction writes nothing (SC-106).
-        let admitted = caps.admit(
-            currency,
-            &CurrencySpend::new(currency.clone(), session),
-            &CurrencySpend::new(currency.clone(), daily),
-            request.hold,
-        )?;
+        let admitted = spend::admit(caps, currency, session, daily, request.hold)?;
         if let Err(blocked) = admitted {
             tx.rollback().await.store_err()?;
             return Ok(ClaimOutcome::Blocked(blocked));

@@ -161,3 +161,24 @@ impl SpendStore for PgStores {
         row.map_or(Ok(SpendTotals::default()), SpendRow::into_totals)
     }
 }
+
+/// The block caps' verdict on a hold of `hold` over the totals before it of a call's session
+/// and day rows, which are kept in its snapshot's `currency` (SC-105).
+///
+/// # Errors
+/// `CurrencyMismatch` (never on rows picked by the call's currency).
+pub(crate) fn admit(
+    caps: &tollgate_core::caps::Caps,
+    currency: &tollgate_core::money::Currency,
+    session: SpendTotals,
+    daily: SpendTotals,
+    hold: tollgate_core::money::Money,
+) -> StoreResult<Result<(), tollgate_core::caps::CapBlocked>> {
+    use tollgate_core::caps::CurrencySpend;
+    Ok(caps.admit(
+        currency,
+        &CurrencySpend::new(currency.clone(), session),
+        &CurrencySpend::new(currency.clone(), daily),
+        hold,
+    )?)
+}
