@@ -239,3 +239,49 @@ async fn h_19_rows_answered_without_their_binding_equal_the_stored_rows() {
     assert_eq!(done.record, stored);
     assert_eq!(done.record.binding, r.binding);
 }
+
+#[tokio::test]
+async fn h_20_concurrent_settlements_near_a_cap_each_see_their_own_total() {
+    // Sixteen calls of one consumer and session, settled at once, with a warn cap crossed
+    // half-way: whether a settlement wrote its result before its spend rows (no cap near on the
+    // totals it read) or after them, each warning names the total after its own charge, and the
+    // warned totals are exactly the ones at or past the cap.
+    let (_db, s) = fresh().await;
+    let mut config = text_config();
+    config.caps.session_warn = Some(money("0.85"));
+    let mut records = Vec::new();
+    for i in 0..16 {
+        let mut request = claim_req("a", &format!("k{i}"), config.clone(), "0.1");
+        request.dispatch = true;
+        match s.claim(request).await.unwrap() {
+            ClaimOutcome::Claimed(r) => records.push(r),
+            other => panic!("expected a claim, got {other:?}"),
+        }
+    }
+    let s = std::sync::Arc::new(s);
+    let settles = records.iter().map(|r| {
+        let s = std::sync::Arc::clone(&s);
+        let request = settle_req(r, "0.1", "x");
+        tokio::spawn(async move { s.settle(request).await.unwrap() })
+    });
+    let mut warned: Vec<String> = Vec::new();
+    for settled in futures::future::join_all(settles).await {
+        let settled = settled.unwrap();
+        assert_eq!(settled.result.outcome, Outcome::Success);
+        for w in &settled.result.warnings {
+            assert_eq!(w.spent, settled.session.settled);
+            warned.push(w.spent.to_string());
+        }
+    }
+    warned.sort();
+    let mut expected: Vec<String> = (9..=16)
+        .map(|k| money(&format!("{}.{}", k / 10, k % 10)).to_string())
+        .collect();
+    expected.sort();
+    assert_eq!(warned, expected);
+    let rows = s
+        .audit_rows(&scope("a"), AuditPosition::START, 100)
+        .await
+        .unwrap();
+    verify_chain(&rows).unwrap();
+}
