@@ -5,14 +5,14 @@
 //! (`journal.rs`), whose root lock and root cap checks come between the insert and the spend rows.
 
 use crate::error::{db, sqlstate, DbResultExt};
-use crate::executions::{self, view_columns, view_joins};
+use crate::executions;
 use crate::rows::{execution_columns_but_binding, ExecutionRow, SpendRow};
 use crate::spend::{self, SpendKeys};
 use crate::PgStores;
 use rust_decimal::Decimal;
 use sqlx::postgres::PgDatabaseError;
 use sqlx::types::Json;
-use sqlx::{FromRow, Row};
+use sqlx::FromRow;
 use std::str::FromStr;
 use tollgate_core::caps::SpendTotals;
 use tollgate_store::audit::{audit_time, row_hash_frame};
@@ -20,33 +20,12 @@ use tollgate_store::rows::*;
 use tollgate_store::rules;
 use tollgate_store::{StoreError, StoreResult};
 
-/// A claim as one statement: the key's view (H-16), and only when the key has no row, the claim
-/// by `tollgate_claim` (its parameters `$1`..`$27`; `$2`, `$3` are the scope and the key). A
-/// replay runs no write; a first call needs no read before its claim. Answers `found` and the
-/// view's columns: the stored view when the key had a row, else the claimed row without its
-/// binding and no result, settlement or receipt. No row at all: another claimer of the key
-/// committed it while this statement ran (the function waited for it), so it is read afterwards.
+/// One claim, as one statement (the function's parameters in order).
 pub(crate) const CLAIM: &str = concat!(
-    "WITH v AS (SELECT ",
-    view_columns!(),
-    " ",
-    view_joins!(),
-    " WHERE e.scope = $2 AND e.operation_key = $3), \
-     c AS (SELECT ",
+    "SELECT ",
     execution_columns_but_binding!(),
     " FROM tollgate_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-     $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27) \
-     WHERE NOT EXISTS (SELECT 1 FROM v)) \
-     SELECT true AS found, v.* FROM v \
-     UNION ALL \
-     SELECT false, c.id, c.scope, c.operation_key, c.kind, c.root_key, NULL, c.binding_digest, \
-     c.accounting_day, c.state, c.not_dispatched_cause, c.outcome, c.fence, c.lease_expires_at, \
-     c.hold, c.provider_ref, c.created_at, c.updated_at, c.reconciliation_reason, \
-     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
-     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
-     NULL, NULL, NULL, NULL, NULL, NULL, \
-     NULL, NULL, NULL, NULL, NULL \
-     FROM c"
+     $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27)"
 );
 
 /// SQLSTATE of the function's cap refusal; its detail is the totals before the hold.
@@ -157,9 +136,6 @@ impl PgStores {
             .fetch_optional(self.pool())
             .await;
         match row {
-            Ok(Some(row)) if row.try_get::<bool, _>("found").store_err()? => Ok(
-                ClaimOutcome::Existing(Box::new(executions::view_of_row(&row)?)),
-            ),
             // The row as inserted, with the binding this claim sent (H-19).
             Ok(Some(row)) => Ok(ClaimOutcome::Claimed(
                 ExecutionRow::from_row(&row)

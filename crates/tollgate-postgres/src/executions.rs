@@ -39,52 +39,33 @@ pub(crate) const BY_STATE: &str = concat!(
     " FROM executions WHERE scope = $1 AND state = $2 ORDER BY created_at, id LIMIT $3"
 );
 
-/// The columns of a view (H-10): the execution's by name, its result's, settlement's and root
-/// receipt's aliased `r_`, `s_` and `rr_` (each join, [`view_joins`], is on a unique index of
-/// `execution_id`).
-macro_rules! view_columns {
-    () => {
-        "e.id, e.scope, e.operation_key, e.kind, e.root_key, e.binding, \
-         e.binding_digest, e.accounting_day, e.state, e.not_dispatched_cause, e.outcome, e.fence, \
-         e.lease_expires_at, e.hold, e.provider_ref, e.created_at, e.updated_at, \
-         e.reconciliation_reason, \
-         r.execution_id AS r_execution_id, r.outcome AS r_outcome, r.stop AS r_stop, \
-         r.output::text AS r_output, r.step::text AS r_step, r.warnings AS r_warnings, \
-         r.retention_expires_at AS r_retention_expires_at, r.erased_at AS r_erased_at, \
-         s.settlement_id AS s_settlement_id, s.execution_id AS s_execution_id, s.scope AS s_scope, \
-         s.operation_key AS s_operation_key, s.kind AS s_kind, s.consumer AS s_consumer, \
-         s.session_id AS s_session_id, s.accounting_day AS s_accounting_day, \
-         s.provider AS s_provider, s.model AS s_model, s.price_version AS s_price_version, \
-         s.policy_version AS s_policy_version, s.currency AS s_currency, \
-         s.input_tokens AS s_input_tokens, s.output_tokens AS s_output_tokens, \
-         s.cache_read_tokens AS s_cache_read_tokens, s.cache_write_tokens AS s_cache_write_tokens, \
-         s.reasoning_tokens AS s_reasoning_tokens, s.amount AS s_amount, s.source AS s_source, \
-         s.settled_at AS s_settled_at, \
-         rr.root_id AS rr_root_id, rr.execution_id AS rr_execution_id, rr.amount AS rr_amount, \
-         rr.currency AS rr_currency, rr.created_at AS rr_created_at"
-    };
-}
-pub(crate) use view_columns;
-
-/// The tables of a view, joined to the execution `e`.
-macro_rules! view_joins {
-    () => {
-        "FROM executions e \
-         LEFT JOIN execution_results r ON r.execution_id = e.id \
-         LEFT JOIN cost_settlements s ON s.execution_id = e.id \
-         LEFT JOIN root_receipts rr ON rr.execution_id = e.id"
-    };
-}
-pub(crate) use view_joins;
-
-/// A journal row with its result, settlement and root receipt in one statement (H-10).
-pub(crate) const VIEW_BY_KEY: &str = concat!(
-    "SELECT ",
-    view_columns!(),
-    " ",
-    view_joins!(),
-    " WHERE e.scope = $1 AND e.operation_key = $2"
-);
+/// A journal row with its result, settlement and root receipt in one statement (H-10): the
+/// execution's columns by name, the others aliased `r_`, `s_` and `rr_` (each join is on a
+/// unique index of `execution_id`).
+pub(crate) const VIEW_BY_KEY: &str =
+    "SELECT e.id, e.scope, e.operation_key, e.kind, e.root_key, e.binding, \
+     e.binding_digest, e.accounting_day, e.state, e.not_dispatched_cause, e.outcome, e.fence, \
+     e.lease_expires_at, e.hold, e.provider_ref, e.created_at, e.updated_at, \
+     e.reconciliation_reason, \
+     r.execution_id AS r_execution_id, r.outcome AS r_outcome, r.stop AS r_stop, \
+     r.output::text AS r_output, r.step::text AS r_step, r.warnings AS r_warnings, \
+     r.retention_expires_at AS r_retention_expires_at, r.erased_at AS r_erased_at, \
+     s.settlement_id AS s_settlement_id, s.execution_id AS s_execution_id, s.scope AS s_scope, \
+     s.operation_key AS s_operation_key, s.kind AS s_kind, s.consumer AS s_consumer, \
+     s.session_id AS s_session_id, s.accounting_day AS s_accounting_day, \
+     s.provider AS s_provider, s.model AS s_model, s.price_version AS s_price_version, \
+     s.policy_version AS s_policy_version, s.currency AS s_currency, \
+     s.input_tokens AS s_input_tokens, s.output_tokens AS s_output_tokens, \
+     s.cache_read_tokens AS s_cache_read_tokens, s.cache_write_tokens AS s_cache_write_tokens, \
+     s.reasoning_tokens AS s_reasoning_tokens, s.amount AS s_amount, s.source AS s_source, \
+     s.settled_at AS s_settled_at, \
+     rr.root_id AS rr_root_id, rr.execution_id AS rr_execution_id, rr.amount AS rr_amount, \
+     rr.currency AS rr_currency, rr.created_at AS rr_created_at \
+     FROM executions e \
+     LEFT JOIN execution_results r ON r.execution_id = e.id \
+     LEFT JOIN cost_settlements s ON s.execution_id = e.id \
+     LEFT JOIN root_receipts rr ON rr.execution_id = e.id \
+     WHERE e.scope = $1 AND e.operation_key = $2";
 
 /// The row under `(scope, key)` with its result, settlement and root receipt, in one statement
 /// ([`VIEW_BY_KEY`], H-10) on `conn`.
@@ -102,24 +83,19 @@ pub(crate) async fn view_by_key(
         .fetch_optional(&mut *conn)
         .await
         .store_err()?;
-    row.as_ref().map(view_of_row).transpose()
-}
-
-/// The view in a row of [`view_columns`].
-///
-/// # Errors
-/// A corrupt row.
-pub(crate) fn view_of_row(row: &PgRow) -> StoreResult<ExecutionView> {
-    let execution = ExecutionRow::from_row(row).store_err()?.into_record()?;
-    let result = ResultRow::joined(row).store_err()?;
-    let settlement = SettlementRow::joined(row).store_err()?;
-    let root_receipt = ReceiptRow::joined(row).store_err()?;
-    Ok(ExecutionView {
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let execution = ExecutionRow::from_row(&row).store_err()?.into_record()?;
+    let result = ResultRow::joined(&row).store_err()?;
+    let settlement = SettlementRow::joined(&row).store_err()?;
+    let root_receipt = ReceiptRow::joined(&row).store_err()?;
+    Ok(Some(ExecutionView {
         execution,
         result: result.map(ResultRow::into_record).transpose()?,
         settlement: settlement.map(SettlementRow::into_record).transpose()?,
         root_receipt: root_receipt.map(ReceiptRow::into_record).transpose()?,
-    })
+    }))
 }
 
 fn records(rows: Vec<ExecutionRow>) -> StoreResult<Vec<ExecutionRecord>> {

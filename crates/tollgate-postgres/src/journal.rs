@@ -259,12 +259,6 @@ impl PgStores {
     /// statement (H-16). Only an absent key takes the insert path, where a claimer
     /// racing on the same key is settled by `ON CONFLICT`.
     pub(crate) async fn claim_tx(&self, request: ClaimRequest) -> StoreResult<ClaimOutcome> {
-        if request.root_key.is_none() {
-            // One statement reads the key and claims it when it is absent (H-17, H-21).
-            return self
-                .claim_call(&request, &rules::new_execution(&request))
-                .await;
-        }
         {
             let mut conn = self.pool().acquire().await.store_err()?;
             let existing =
@@ -274,6 +268,9 @@ impl PgStores {
             }
         }
         let record = rules::new_execution(&request);
+        if request.root_key.is_none() {
+            return self.claim_call(&request, &record).await;
+        }
         let mut tx = self.pool().begin().await.store_err()?;
         let lease_now = self.lease_now(request.now);
         let Some((record, head)) = insert(&mut tx, &record, lease_now, request.lease_ms).await?

@@ -285,27 +285,3 @@ async fn h_20_concurrent_settlements_near_a_cap_each_see_their_own_total() {
         .unwrap();
     verify_chain(&rows).unwrap();
 }
-
-#[tokio::test]
-async fn h_21_a_replay_reads_and_a_first_call_claims_in_one_statement() {
-    // The claim's statement reads the key first: a replay never reaches the function.
-    let (database, s) = fresh().await;
-    let r = claimed(&s, "k1", "0.1").await;
-    s.settle(settle_req(&r, "0.05", "x")).await.unwrap();
-    assert_eq!(calls(&database, "tollgate_claim", 1).await, 1);
-    let mut again = claim_req("a", "k1", capped(), "0.1");
-    again.dispatch = true;
-    let ClaimOutcome::Existing(found) = s.claim(again).await.unwrap() else {
-        panic!("a replay");
-    };
-    assert_eq!(found.execution.id, r.id);
-    assert_eq!(found.execution.binding, r.binding);
-    assert!(found.result.is_some() && found.settlement.is_some());
-    let second = claimed(&s, "k2", "0.1").await;
-    assert_ne!(second.id, r.id);
-    // Two first calls, one replay: the function ran twice (read again once every backend has
-    // reported, which they do within about a second of going idle).
-    assert_eq!(calls(&database, "tollgate_claim", 2).await, 2);
-    tokio::time::sleep(Duration::from_millis(2_000)).await;
-    assert_eq!(calls(&database, "tollgate_claim", 0).await, 2);
-}
