@@ -1,7 +1,7 @@
 //! The part every runner shares after it has a claim: replay and conflict, not-dispatched
 //! causes, input checks, the dispatch mark, the drive in its own task, and reading back.
 
-use crate::dispatched::{drive, Ctx};
+use crate::dispatched::{drive, Ctx, Driven};
 use crate::error::{Interruption, RunError};
 use crate::input::{check_input, probe_request, provider_request};
 use crate::lease::Heartbeat;
@@ -16,7 +16,6 @@ use tollgate_core::config::CallConfig;
 use tollgate_core::digest::Binding;
 use tollgate_core::hold::fitted_hold;
 use tollgate_core::ids::{OperationKey, RootKey, Scope};
-use tollgate_core::invalid::InvalidReason;
 use tollgate_core::message::Message;
 use tollgate_core::money::Money;
 use tollgate_core::state::NotDispatchedCause;
@@ -285,16 +284,22 @@ impl Engine {
     ) -> Result<View, RunError> {
         let key = record.operation_key.clone();
         let (scope, execution_id) = (record.scope.clone(), record.id);
-        let invalid_reason = self
+        let driven = self
             .drive_in_background(record, request, cancel, read_ms, heartbeat)
             .await?;
-        // Read back in one read (H-10): the committed rows, never what the drive meant to write.
-        let stores = self.ctx.stores.as_ref();
-        let mut view = views::read(stores, &scope, &key, self.ctx.clock.now())
-            .await
-            .map_err(|e| RunError::store(&key, e))?
-            .ok_or_else(|| RunError::store(&key, StoreError::NotFound(key.to_string())))?;
-        view.invalid_reason = invalid_reason;
+        // The committed rows, never what the drive meant to write: what its settlement's commit
+        // answered (H-22), or else one read (H-10).
+        let mut view = match driven.settled {
+            Some(settled) => views::of_settled(&settled, self.ctx.clock.now()),
+            None => {
+                let stores = self.ctx.stores.as_ref();
+                views::read(stores, &scope, &key, self.ctx.clock.now())
+                    .await
+                    .map_err(|e| RunError::store(&key, e))?
+                    .ok_or_else(|| RunError::store(&key, StoreError::NotFound(key.to_string())))?
+            }
+        };
+        view.invalid_reason = driven.invalid_reason;
         // Ids, states and amounts only: never content.
         tracing::info!(
             scope = %scope,
@@ -302,7 +307,7 @@ impl Engine {
             execution_id = %execution_id,
             state = ?view.state,
             outcome = ?view.outcome.map(|o| o.as_str()),
-            invalid_reason = ?invalid_reason.map(|r| r.as_str()),
+            invalid_reason = ?driven.invalid_reason.map(|r| r.as_str()),
             amount = ?view.receipt.as_ref().map(|r| r.amount.to_string()),
             "call finished"
         );
@@ -351,7 +356,7 @@ impl Engine {
         cancel: CancellationToken,
         read_ms: u64,
         heartbeat: Heartbeat,
-    ) -> Result<Option<InvalidReason>, RunError> {
+    ) -> Result<Driven, RunError> {
         let key = record.operation_key.clone();
         let report = self.background_error.clone();
         let report_key = key.to_string();
@@ -381,7 +386,7 @@ impl Engine {
 }
 
 async fn report_when_done(
-    task: tokio::task::JoinHandle<Result<Option<InvalidReason>, RunError>>,
+    task: tokio::task::JoinHandle<Result<Driven, RunError>>,
     report: Option<BackgroundErrorFn>,
     operation_key: String,
 ) {

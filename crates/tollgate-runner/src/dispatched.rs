@@ -15,7 +15,9 @@ use tollgate_core::money::Money;
 use tollgate_core::state::{Outcome, ReconciliationReason, SettlementSource};
 use tollgate_core::usage::Usage;
 use tollgate_provider::{ProviderClient, ProviderRequest, SendError, StatusClass};
-use tollgate_store::{EvidenceSource, ExecutionRecord, NewEvidence, SettleRequest, Stores};
+use tollgate_store::{
+    EvidenceSource, ExecutionRecord, NewEvidence, SettleOutcome, SettleRequest, Stores,
+};
 
 /// What a drive needs.
 #[derive(Clone)]
@@ -25,6 +27,24 @@ pub(crate) struct Ctx {
     pub clock: Arc<dyn Clock>,
 }
 
+/// How a drive ended: the invalid reason for the run's response and, when the drive's last write
+/// was its settlement, what that settlement committed (the completed row, its charge and result,
+/// as the committing statement answered them), so the run's answer needs no read (H-22).
+pub(crate) struct Driven {
+    pub invalid_reason: Option<InvalidReason>,
+    pub settled: Option<Box<SettleOutcome>>,
+}
+
+impl Driven {
+    /// A drive that did not end in its own settlement: the answer is read from the store.
+    fn of(invalid_reason: Option<InvalidReason>) -> Self {
+        Self {
+            invalid_reason,
+            settled: None,
+        }
+    }
+}
+
 /// Sends once and finishes the journal. Returns the invalid reason for the run's response.
 pub(crate) async fn drive(
     ctx: Ctx,
@@ -32,7 +52,7 @@ pub(crate) async fn drive(
     request: ProviderRequest,
     policy: Arc<dyn OutputPolicy>,
     read_ms: u64,
-) -> Result<Option<InvalidReason>, RunError> {
+) -> Result<Driven, RunError> {
     let limits = record.binding.config.collector_limits();
     let send_cancel = CancellationToken::new();
     let deadline = tokio::time::Instant::now() + Duration::from_millis(read_ms);
@@ -40,10 +60,16 @@ pub(crate) async fn drive(
         tokio::time::timeout_at(deadline, ctx.client.send(request, send_cancel.clone())).await;
     let stream = match sent {
         Ok(Ok(stream)) => stream,
-        Ok(Err(error)) => return finish_send_error(&ctx, &record, error).await,
+        Ok(Err(error)) => {
+            return finish_send_error(&ctx, &record, error)
+                .await
+                .map(Driven::of)
+        }
         Err(_) => {
             send_cancel.cancel();
-            return finish_send_error(&ctx, &record, SendError::NoResponse("timeout".into())).await;
+            return finish_send_error(&ctx, &record, SendError::NoResponse("timeout".into()))
+                .await
+                .map(Driven::of);
         }
     };
     let mut collector =
@@ -78,7 +104,7 @@ async fn finish_collected(
     record: &ExecutionRecord,
     collected: &Collected,
     policy: &dyn OutputPolicy,
-) -> Result<Option<InvalidReason>, RunError> {
+) -> Result<Driven, RunError> {
     let key = &record.operation_key;
     let provider_ref = collected.provider_ref.clone();
     match decide(collected, policy) {
@@ -92,7 +118,7 @@ async fn finish_collected(
             let Ok(amount) = record.binding.config.prices.cost(&usage) else {
                 let reason = ReconciliationReason::UnpricedUsage;
                 reconcile(ctx, record, reason, provider_ref, Some(usage)).await?;
-                return Ok(invalid_reason);
+                return Ok(Driven::of(invalid_reason));
             };
             // The stream's evidence goes in with the settlement, one commit (H-15). When the
             // settlement fails, the evidence is written alone so that the inbox still holds what
@@ -113,7 +139,8 @@ async fn finish_collected(
                 now: ctx.clock.now(),
                 seen: Some(Box::new(record.clone())),
             };
-            if let Err(settle_error) = ctx.stores.settle(request).await {
+            let settled = ctx.stores.settle(request).await;
+            if let Err(settle_error) = settled {
                 if let Err(e) = ctx.stores.record_evidence(evidence).await {
                     tracing::warn!(
                         scope = %record.scope,
@@ -125,7 +152,10 @@ async fn finish_collected(
                 }
                 return Err(RunError::store(key, settle_error));
             }
-            Ok(invalid_reason)
+            Ok(Driven {
+                invalid_reason,
+                settled: settled.ok().map(Box::new),
+            })
         }
         Decision::ZeroSettle { outcome, .. } => {
             let stop = match outcome {
@@ -133,12 +163,12 @@ async fn finish_collected(
                 _ => None,
             };
             settle_zero(ctx, record, outcome, stop, provider_ref).await?;
-            Ok(None)
+            Ok(Driven::of(None))
         }
         Decision::Reconcile { invalid_reason } => {
             let reason = ReconciliationReason::NoExactUsage;
             reconcile(ctx, record, reason, provider_ref, collected.usage).await?;
-            Ok(invalid_reason)
+            Ok(Driven::of(invalid_reason))
         }
     }
 }

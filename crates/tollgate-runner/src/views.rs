@@ -6,7 +6,8 @@ use tollgate_core::ids::{OperationKey, Scope};
 use tollgate_core::state::{ExecutionState, Outcome};
 use tollgate_core::view::{Receipt, View, ViewState};
 use tollgate_store::{
-    ExecutionRecord, ExecutionView, ResultRecord, SettlementRecord, StoreResult, Stores,
+    ExecutionRecord, ExecutionView, ResultRecord, SettleOutcome, SettlementRecord, StoreResult,
+    Stores,
 };
 
 /// The receipt of a settlement.
@@ -73,6 +74,17 @@ pub fn of_found(found: &ExecutionView, now: DateTime<Utc>) -> View {
         &found.execution,
         found.result.clone(),
         found.settlement.clone(),
+        now,
+    )
+}
+
+/// The view of a call from what its settlement's commit answered (H-22): the completed row, its
+/// result and its charge, as stored.
+pub fn of_settled(settled: &SettleOutcome, now: DateTime<Utc>) -> View {
+    view_from(
+        &settled.record,
+        Some(settled.result.clone()),
+        Some(settled.settlement.clone()),
         now,
     )
 }
