@@ -42,6 +42,41 @@ LANGUAGE sql IMMUTABLE AS $$
     WHERE w IS NOT NULL
 $$;
 
+-- A settlement's charge on its session and day spend rows (the session's first): the hold
+-- released, the amount added; both rows' totals after it. A missing row, or one that holds less
+-- than the hold, raises `TG002` (see `tollgate_settle`).
+CREATE FUNCTION tollgate_charge_spend(
+    p_scope text,
+    p_consumer text,
+    p_session_id text,
+    p_day date,
+    p_currency text,
+    p_amount numeric,
+    p_hold numeric,
+    OUT session_settled numeric,
+    OUT session_held numeric,
+    OUT day_settled numeric,
+    OUT day_held numeric
+)
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE spend_sessions s SET settled = s.settled + p_amount, held = s.held - p_hold
+    WHERE s.scope = p_scope AND s.consumer = p_consumer AND s.session_id = p_session_id
+        AND s.currency = p_currency AND s.held >= p_hold
+    RETURNING s.settled, s.held INTO session_settled, session_held;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'TG002', MESSAGE = 'settle by the general transaction';
+    END IF;
+    UPDATE spend_days d SET settled = d.settled + p_amount, held = d.held - p_hold
+    WHERE d.scope = p_scope AND d.consumer = p_consumer AND d.day = p_day
+        AND d.currency = p_currency AND d.held >= p_hold
+    RETURNING d.settled, d.held INTO day_settled, day_held;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'TG002', MESSAGE = 'settle by the general transaction';
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION tollgate_settle(
     p_id uuid,
     p_fence bigint,
@@ -153,20 +188,10 @@ BEGIN
 
     IF verdict_first THEN
         -- A cap is near: the spend rows first, then the verdict on their locked totals.
-        UPDATE spend_sessions s SET settled = s.settled + p_amount, held = s.held - p_hold
-        WHERE s.scope = e.scope AND s.consumer = p_consumer AND s.session_id = p_session_id
-            AND s.currency = p_currency AND s.held >= p_hold
-        RETURNING s.settled, s.held INTO session_settled, session_held;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION USING ERRCODE = 'TG002', MESSAGE = 'settle by the general transaction';
-        END IF;
-        UPDATE spend_days d SET settled = d.settled + p_amount, held = d.held - p_hold
-        WHERE d.scope = e.scope AND d.consumer = p_consumer AND d.day = e.accounting_day
-            AND d.currency = p_currency AND d.held >= p_hold
-        RETURNING d.settled, d.held INTO day_settled, day_held;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION USING ERRCODE = 'TG002', MESSAGE = 'settle by the general transaction';
-        END IF;
+        SELECT t.session_settled, t.session_held, t.day_settled, t.day_held
+        INTO session_settled, session_held, day_settled, day_held
+        FROM tollgate_charge_spend(e.scope, p_consumer, p_session_id, e.accounting_day,
+            p_currency, p_amount, p_hold) t;
         crossed := tollgate_crossed(session_settled, day_settled, p_session_warn,
             p_session_block, p_daily_warn, p_daily_block);
     END IF;
@@ -197,20 +222,10 @@ BEGIN
 
     IF NOT verdict_first THEN
         -- The spend rows last: held for these two updates and the commit.
-        UPDATE spend_sessions s SET settled = s.settled + p_amount, held = s.held - p_hold
-        WHERE s.scope = e.scope AND s.consumer = p_consumer AND s.session_id = p_session_id
-            AND s.currency = p_currency AND s.held >= p_hold
-        RETURNING s.settled, s.held INTO session_settled, session_held;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION USING ERRCODE = 'TG002', MESSAGE = 'settle by the general transaction';
-        END IF;
-        UPDATE spend_days d SET settled = d.settled + p_amount, held = d.held - p_hold
-        WHERE d.scope = e.scope AND d.consumer = p_consumer AND d.day = e.accounting_day
-            AND d.currency = p_currency AND d.held >= p_hold
-        RETURNING d.settled, d.held INTO day_settled, day_held;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION USING ERRCODE = 'TG002', MESSAGE = 'settle by the general transaction';
-        END IF;
+        SELECT t.session_settled, t.session_held, t.day_settled, t.day_held
+        INTO session_settled, session_held, day_settled, day_held
+        FROM tollgate_charge_spend(e.scope, p_consumer, p_session_id, e.accounting_day,
+            p_currency, p_amount, p_hold) t;
         IF NOT no_caps AND tollgate_crossed(session_settled, day_settled, p_session_warn,
             p_session_block, p_daily_warn, p_daily_block) <> '[]'::jsonb THEN
             -- Another call's charge came between: the general transaction decides.
