@@ -52,6 +52,9 @@ DECLARE
     head_seq bigint;
     head_hash text;
     row_hash text;
+    first_seq bigint;
+    prevs text[] := '{}';
+    hashes text[] := '{}';
     session_settled numeric;
     session_held numeric;
     day_settled numeric;
@@ -82,28 +85,44 @@ BEGIN
         SELECT h.last_seq, h.last_hash INTO STRICT head_seq, head_hash FROM audit_heads h
         WHERE h.scope = p_scope AND h.chain = p_chain FOR UPDATE;
     END IF;
+    -- Each row's place and hash follow from the head; the rows and the head's move are then
+    -- written by one statement.
+    first_seq := head_seq + 1;
     FOR i IN 1 .. cardinality(p_kinds) LOOP
         head_seq := head_seq + 1;
         row_hash := encode(sha256(p_hash_prefix || decode(head_hash, 'hex') || p_hash_mid
             || int8send(head_seq) || p_tails[i]), 'hex');
-        INSERT INTO audit_log (scope, chain, seq, execution_id, kind, detail, at, prev_hash, hash)
-        VALUES (p_scope, p_chain, head_seq, p_id, p_kinds[i], p_details -> (i - 1), p_ats[i],
-            head_hash, row_hash);
+        prevs := prevs || head_hash;
+        hashes := hashes || row_hash;
         head_hash := row_hash;
     END LOOP;
-    UPDATE audit_heads SET last_seq = head_seq, last_hash = head_hash
-    WHERE scope = p_scope AND chain = p_chain;
+    WITH h AS (
+        UPDATE audit_heads SET last_seq = head_seq, last_hash = head_hash
+        WHERE scope = p_scope AND chain = p_chain
+    )
+    INSERT INTO audit_log (scope, chain, seq, execution_id, kind, detail, at, prev_hash, hash)
+    SELECT p_scope, p_chain, first_seq + i - 1, p_id, p_kinds[i], p_details -> (i - 1), p_ats[i],
+        prevs[i], hashes[i]
+    FROM generate_subscripts(p_kinds, 1) AS i;
 
-    INSERT INTO spend_sessions AS s (scope, consumer, session_id, currency, held)
-    VALUES (p_scope, p_consumer, p_session_id, p_currency, p_hold)
-    ON CONFLICT (scope, consumer, session_id, currency)
-    DO UPDATE SET held = s.held + EXCLUDED.held
-    RETURNING s.settled, s.held INTO session_settled, session_held;
-    INSERT INTO spend_days AS d (scope, consumer, day, currency, held)
-    VALUES (p_scope, p_consumer, p_accounting_day, p_currency, p_hold)
-    ON CONFLICT (scope, consumer, day, currency)
-    DO UPDATE SET held = d.held + EXCLUDED.held
-    RETURNING d.settled, d.held INTO day_settled, day_held;
+    -- The hold on both spend rows in one statement, the session's first (the day's insert reads
+    -- the session's result).
+    WITH s AS (
+        INSERT INTO spend_sessions AS s (scope, consumer, session_id, currency, held)
+        VALUES (p_scope, p_consumer, p_session_id, p_currency, p_hold)
+        ON CONFLICT (scope, consumer, session_id, currency)
+        DO UPDATE SET held = s.held + EXCLUDED.held
+        RETURNING s.settled, s.held
+    ), d AS (
+        INSERT INTO spend_days AS d (scope, consumer, day, currency, held)
+        SELECT p_scope, p_consumer, p_accounting_day, p_currency, p_hold FROM s
+        ON CONFLICT (scope, consumer, day, currency)
+        DO UPDATE SET held = d.held + EXCLUDED.held
+        RETURNING d.settled, d.held
+    )
+    SELECT s.settled, s.held, d.settled, d.held
+    INTO session_settled, session_held, day_settled, day_held
+    FROM s, d;
     IF (p_session_block IS NOT NULL AND session_settled + session_held > p_session_block)
         OR (p_daily_block IS NOT NULL AND day_settled + day_held > p_daily_block) THEN
         RAISE EXCEPTION USING
