@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The probe: one `tollgate serve` (release build) on a fresh database, the mock provider as its
+# own process, `wrk` driving first calls for a few seconds; prints the rate and the CPU time per
+# call of the server, the mock and Postgres (all backends of the cluster), read from /proc.
+# Quicker and noisier than the harness (spec/performance.md, "What each lever bought").
+#
+# usage: benches/probe/probe.sh [CONNECTIONS] [SECONDS] [spread|hot]
+#   spread: first calls of eight consumers, one session each (default)
+#   hot:    first calls of one consumer and one session
+# Needs: wrk, psql, bc; Postgres at $PROBE_ADMIN_URL (default postgres://postgres@127.0.0.1:5432/postgres),
+# whose backends run as the `postgres` user on this machine. Uses ports 8088 and 9100 and the
+# database `tollgate_probe` (dropped and created again).
+set -euo pipefail
+CONNECTIONS=${1:-32}
+SECONDS_=${2:-8}
+SHAPE=${3:-spread}
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+ADMIN=${PROBE_ADMIN_URL:-postgres://postgres@127.0.0.1:5432/postgres}
+DB_URL=${ADMIN%/*}/tollgate_probe
+WORK=$(mktemp -d)
+finish() {
+  kill $(jobs -p) 2>/dev/null || true
+  wait 2>/dev/null || true
+  psql "$ADMIN" -qc "DROP DATABASE IF EXISTS tollgate_probe" 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap finish EXIT
+for tool in wrk psql bc; do
+  command -v "$tool" >/dev/null || { echo "probe: $tool is missing" >&2; exit 2; }
+done
+
+cargo build --release -q -p tollgate --manifest-path "$ROOT/Cargo.toml"
+BIN=$ROOT/target/release/tollgate
+psql "$ADMIN" -qc "DROP DATABASE IF EXISTS tollgate_probe" -c "CREATE DATABASE tollgate_probe"
+DATABASE_URL=$DB_URL "$BIN" migrate >/dev/null
+
+KEY=tg_probe$(printf '0%.0s' $(seq 1 56))
+SHA=$(printf '%s' "$KEY" | sha256sum | cut -d' ' -f1)
+sed "s/@SHA@/$SHA/" "$HERE/tollgate.toml" > "$WORK/tollgate.toml"
+if [ "$SHAPE" = hot ]; then SPREAD=1; else SPREAD=8; fi
+sed "s/@KEY@/$KEY/; s/@SPREAD@/$SPREAD/" "$HERE/first.lua" > "$WORK/first.lua"
+
+"$BIN" mock-provider --listen 127.0.0.1:9100 >"$WORK/mock.log" 2>&1 &
+MOCK=$!
+DATABASE_URL=$DB_URL "$BIN" serve --config "$WORK/tollgate.toml" >"$WORK/serve.log" 2>&1 &
+SERVER=$!
+sleep 1.5
+wrk -t1 -c16 -d2s -s "$WORK/first.lua" http://127.0.0.1:8088 >/dev/null
+
+cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+pg_cpu() {
+  for p in $(pgrep -u postgres postgres); do awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null; done |
+    awk '{s += $1} END {print s}'
+}
+idle() { awk '/^cpu /{print $5}' /proc/stat; }
+i0=$(idle); s0=$(cpu $SERVER); m0=$(cpu $MOCK); p0=$(pg_cpu)
+wrk -t1 -c"$CONNECTIONS" -d"${SECONDS_}s" -s "$WORK/first.lua" http://127.0.0.1:8088 > "$WORK/wrk.out"
+i1=$(idle); s1=$(cpu $SERVER); m1=$(cpu $MOCK); p1=$(pg_cpu)
+TICK=$(getconf CLK_TCK)
+N=$(awk '/requests in/{print $1}' "$WORK/wrk.out")
+per_call() { echo "scale=3; ($2 - $1) * 1000 / $TICK / $N" | bc; }
+grep -E "Requests/sec|Non-2xx" "$WORK/wrk.out"
+echo "shape $SHAPE, c$CONNECTIONS, ${SECONDS_} s, $N calls"
+echo "CPU ms per call: server $(per_call "$s0" "$s1"), mock $(per_call "$m0" "$m1"), postgres $(per_call "$p0" "$p1")"
+echo "idle: $(echo "scale=1; ($i1 - $i0) * 100 / ($(nproc) * $TICK * $SECONDS_)" | bc) %"
