@@ -290,7 +290,7 @@ impl TestDatabase {
     pub async fn stores(&self, max_connections: u32) -> Result<PgStores, StoreError> {
         // The pool's options keep `alive` until the pool itself is dropped.
         let alive = Arc::clone(&self.alive);
-        let pool = PgPoolOptions::new()
+        let pool = crate::ping_when_idle(PgPoolOptions::new())
             .max_connections(max_connections)
             .min_connections(0)
             .idle_timeout(Duration::from_secs(5))

@@ -285,3 +285,31 @@ async fn h_20_concurrent_settlements_near_a_cap_each_see_their_own_total() {
         .unwrap();
     verify_chain(&rows).unwrap();
 }
+
+#[tokio::test]
+async fn h_23_a_connection_lost_while_idle_is_replaced_before_use() {
+    // One pooled connection; its backend is terminated while it sits idle. Past
+    // `PING_AFTER_IDLE_MS` the pool pings it before handing it out, finds it gone and opens
+    // another, so the next store operation succeeds.
+    let database = TestDatabase::create(&test_admin_url()).await.unwrap();
+    let s = database.stores(1).await.unwrap();
+    s.migrate().await.unwrap();
+    let s = s.with_caller_lease_clock();
+    let r = claimed(&s, "k1", "0.1").await;
+    let mut admin = PgConnection::connect(&test_admin_url()).await.unwrap();
+    let terminated: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = $1 AND pid <> pg_backend_pid()) t",
+    )
+    .bind(database.name())
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!(terminated, 1, "the pool's one connection");
+    tokio::time::sleep(Duration::from_millis(
+        tollgate_postgres::PING_AFTER_IDLE_MS + 200,
+    ))
+    .await;
+    let done = s.settle(settle_req(&r, "0.05", "x")).await.unwrap();
+    assert_eq!(done.record.state, ExecutionState::Completed);
+}
