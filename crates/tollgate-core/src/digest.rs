@@ -145,7 +145,17 @@ impl Binding {
 
     /// The binding digest under another domain (roots use [`ROOT_BINDING_DOMAIN`]).
     pub fn digest_in(&self, domain: &str) -> Digest256 {
-        let config = canonical_json(&self.config_json());
+        self.digest_in_with(domain, &canonical_json(&self.config_json()))
+    }
+
+    /// [`Binding::digest`] from the canonical JSON of the config snapshot, computed once by a
+    /// caller that digests many bindings of one config (H-24). `config` must be
+    /// `canonical_json(&self.config_json())`.
+    pub fn digest_with(&self, config: &str) -> Digest256 {
+        self.digest_in_with(BINDING_DOMAIN, config)
+    }
+
+    fn digest_in_with(&self, domain: &str, config: &str) -> Digest256 {
         domain_digest(
             domain,
             &[
@@ -199,6 +209,18 @@ mod tests {
             input_revision: InputRevision::parse("r-1").unwrap_or_else(|_| unreachable!()),
             config: text_config(),
         }
+    }
+
+    #[test]
+    fn h_24_the_digest_from_a_canonical_snapshot_is_the_digest() {
+        let b = binding();
+        let canonical = canonical_json(&b.config_json());
+        assert_eq!(b.digest_with(&canonical), b.digest());
+        // Another session under the same snapshot: still the same computation.
+        let mut other = binding();
+        other.session_id = SessionId::parse("s-2").unwrap_or_else(|_| unreachable!());
+        assert_eq!(other.digest_with(&canonical), other.digest());
+        assert_ne!(other.digest(), b.digest());
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tollgate_core::config::CallConfig;
-use tollgate_core::digest::Binding;
+use tollgate_core::digest::{canonical_json, Binding, Digest256};
 use tollgate_core::hold::fitted_hold;
 use tollgate_core::ids::{OperationKey, RootKey, Scope};
 use tollgate_core::message::Message;
@@ -34,8 +34,12 @@ const FINISH_SLACK_MS: u64 = 5_000;
 pub const LEASE_SLACK_MS: u64 = 1_000;
 
 /// Same binding: a replay; another: a conflict naming the differing fields (SC-13, SC-14).
-fn check_binding(existing: &ExecutionRecord, binding: &Binding) -> Result<(), RunError> {
-    if existing.binding_digest != binding.digest() {
+fn check_binding(
+    existing: &ExecutionRecord,
+    binding: &Binding,
+    digest: Digest256,
+) -> Result<(), RunError> {
+    if existing.binding_digest != digest {
         return Err(RunError::Conflict {
             operation_key: existing.operation_key.clone(),
             fields: existing.binding.differing_fields(binding),
@@ -48,6 +52,9 @@ fn check_binding(existing: &ExecutionRecord, binding: &Binding) -> Result<(), Ru
 pub(crate) struct Engine {
     pub ctx: Ctx,
     pub config: CallConfig,
+    /// The canonical JSON of `config`, so that a binding of it is digested without serializing
+    /// the snapshot again (H-24).
+    config_canonical: String,
     pub lease_ms: u64,
     pub policy: Arc<dyn OutputPolicy>,
     pub background_error: Option<BackgroundErrorFn>,
@@ -83,12 +90,25 @@ impl Engine {
                 client,
                 clock: settings.clock,
             },
+            config_canonical: canonical_json(&serde_json::to_value(&config).map_err(|e| {
+                RunError::InvalidConfig(format!("the snapshot does not serialize: {e}"))
+            })?),
             config,
             lease_ms: settings.lease_ms,
             policy,
             background_error: settings.background_error,
             drives: settings.drives,
         })
+    }
+
+    /// The digest of `binding`; from the engine's canonical snapshot when `binding` carries the
+    /// engine's own snapshot (H-24).
+    fn digest_of(&self, binding: &Binding) -> Digest256 {
+        if binding.config == self.config {
+            binding.digest_with(&self.config_canonical)
+        } else {
+            binding.digest()
+        }
     }
 
     /// Claims `(scope, key)` for `binding` (SC-12, SC-16), holding the worst case of `inline`
@@ -162,7 +182,7 @@ impl Engine {
         existing: &ExecutionRecord,
         binding: &Binding,
     ) -> Result<View, RunError> {
-        check_binding(existing, binding)?;
+        check_binding(existing, binding, self.digest_of(binding))?;
         let mut view = self.view(existing).await?;
         view.replayed = true;
         Ok(view)
@@ -178,7 +198,7 @@ impl Engine {
         existing: &ExecutionView,
         binding: &Binding,
     ) -> Result<View, RunError> {
-        check_binding(&existing.execution, binding)?;
+        check_binding(&existing.execution, binding, self.digest_of(binding))?;
         let mut view = views::of_found(existing, self.ctx.clock.now());
         view.replayed = true;
         Ok(view)
