@@ -6,7 +6,7 @@ use crate::rows::{evidence_columns, token_columns, EvidenceRow};
 use crate::PgStores;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::PgConnection;
+use sqlx::{FromRow, PgConnection};
 use tollgate_core::ids::{EvidenceId, ExecutionId, Scope};
 use tollgate_store::rows::{Evidence, NewEvidence};
 use tollgate_store::rules;
@@ -48,16 +48,17 @@ pub(crate) const ACKNOWLEDGE: &str = concat!(
     evidence_columns!()
 );
 
-/// Appends `evidence` to the inbox on `conn` (alone, or inside the settlement's transaction).
+/// Binds a new inbox row for `evidence`: a fresh id, then its columns (13 parameters, in the
+/// order of [`INSERT`]'s).
 ///
 /// # Errors
-/// Store failure; a token count out of the column's range.
-pub(crate) async fn insert(
-    conn: &mut PgConnection,
-    evidence: &NewEvidence,
-) -> StoreResult<Evidence> {
+/// A token count out of the column's range.
+pub(crate) fn bind_new<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    evidence: &'q NewEvidence,
+) -> StoreResult<sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>> {
     let [input, output, cache_read, cache_write, reasoning] = token_columns(&evidence.usage)?;
-    let row: EvidenceRow = sqlx::query_as(INSERT)
+    Ok(query
         .bind(EvidenceId::new().0)
         .bind(evidence.scope.as_str())
         .bind(evidence.execution_id.0)
@@ -70,11 +71,22 @@ pub(crate) async fn insert(
         .bind(reasoning)
         .bind(evidence.exact)
         .bind(evidence.source.as_str())
-        .bind(evidence.now)
+        .bind(evidence.now))
+}
+
+/// Appends `evidence` to the inbox on `conn` (alone, or inside the settlement's transaction).
+///
+/// # Errors
+/// Store failure; a token count out of the column's range.
+pub(crate) async fn insert(
+    conn: &mut PgConnection,
+    evidence: &NewEvidence,
+) -> StoreResult<Evidence> {
+    let row = bind_new(sqlx::query(INSERT), evidence)?
         .fetch_one(&mut *conn)
         .await
         .store_err()?;
-    row.into_record()
+    EvidenceRow::from_row(&row).store_err()?.into_record()
 }
 
 #[async_trait]

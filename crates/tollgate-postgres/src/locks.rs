@@ -2,7 +2,7 @@
 //! execution row first, then its operation root's row, whose totals are written under that lock.
 
 use crate::error::DbResultExt;
-use crate::rows::{execution_columns, root_columns, token_columns, ExecutionRow, RootRow};
+use crate::rows::{execution_columns, root_columns, ExecutionRow, RootRow};
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgConnection, Row};
@@ -112,26 +112,12 @@ pub(crate) async fn lock_execution_and_head(
     let chain = i16::try_from(chain.0).map_err(|_| StoreError::Corrupt("audit chain".into()))?;
     let query = match evidence {
         None => sqlx::query(EXECUTION_LOCK_WITH_HEAD).bind(id.0).bind(chain),
-        Some(evidence) => {
-            let [input, output, cache_read, cache_write, reasoning] =
-                token_columns(&evidence.usage)?;
+        Some(evidence) => crate::inbox::bind_new(
             sqlx::query(EXECUTION_LOCK_WITH_HEAD_AND_EVIDENCE)
                 .bind(id.0)
-                .bind(chain)
-                .bind(EvidenceId::new().0)
-                .bind(evidence.scope.as_str())
-                .bind(evidence.execution_id.0)
-                .bind(evidence.operation_key.as_str())
-                .bind(evidence.provider_ref.as_deref())
-                .bind(input)
-                .bind(output)
-                .bind(cache_read)
-                .bind(cache_write)
-                .bind(reasoning)
-                .bind(evidence.exact)
-                .bind(evidence.source.as_str())
-                .bind(evidence.now)
-        }
+                .bind(chain),
+            evidence,
+        )?,
     };
     let row: Option<PgRow> = query.fetch_optional(&mut *conn).await.store_err()?;
     let row = row.ok_or_else(|| StoreError::NotFound(id.to_string()))?;
