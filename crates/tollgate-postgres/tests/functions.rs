@@ -313,3 +313,148 @@ async fn h_23_a_connection_lost_while_idle_is_replaced_before_use() {
     let done = s.settle(settle_req(&r, "0.05", "x")).await.unwrap();
     assert_eq!(done.record.state, ExecutionState::Completed);
 }
+
+/// The tables a call writes keep no rule on one column as a table constraint: each such rule is
+/// the column's domain, and it still refuses a value that breaks it, with the same SQLSTATE.
+#[tokio::test]
+async fn h_25_column_rules_are_domains_that_still_refuse_bad_values() {
+    let (database, s) = fresh().await;
+    let tables = [
+        "executions",
+        "execution_results",
+        "usage_inbox",
+        "cost_settlements",
+        "spend_sessions",
+        "spend_days",
+        "audit_log",
+        "audit_heads",
+        "roots",
+        "root_receipts",
+    ];
+    let single: Vec<String> = sqlx::query_scalar(
+        "SELECT conrelid::regclass::text || '.' || conname FROM pg_constraint \
+         WHERE contype = 'c' AND cardinality(conkey) = 1 \
+           AND conrelid::regclass::text = ANY($1) ORDER BY 1",
+    )
+    .bind(&tables[..])
+    .fetch_all(s.pool())
+    .await
+    .unwrap();
+    assert_eq!(single, Vec::<String>::new());
+    let across: Vec<String> = sqlx::query_scalar(
+        "SELECT conname::text FROM pg_constraint \
+         WHERE contype = 'c' AND conrelid::regclass::text = ANY($1) ORDER BY 1",
+    )
+    .bind(&tables[..])
+    .fetch_all(s.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        across,
+        [
+            "execution_results_erased_has_no_content",
+            "executions_cause_iff_not_dispatched",
+            "executions_outcome_iff_completed",
+            "executions_reconciliation_reason_state",
+        ]
+    );
+
+    // Every column that had a rule of its own now has a domain, whose base type is the
+    // column's type as before.
+    let domains: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT table_name::text || '.' || column_name::text, domain_name::text, \
+                data_type::text \
+         FROM information_schema.columns \
+         WHERE table_schema = 'public' AND domain_name IS NOT NULL ORDER BY 1",
+    )
+    .fetch_all(s.pool())
+    .await
+    .unwrap();
+    assert_eq!(domains.len(), 39, "{domains:?}");
+    for (column, domain, base) in [
+        ("executions.state", "tollgate_execution_state", "text"),
+        ("executions.hold", "tollgate_money", "numeric"),
+        ("executions.fence", "tollgate_ordinal", "bigint"),
+        ("cost_settlements.amount", "tollgate_money", "numeric"),
+        ("cost_settlements.currency", "tollgate_currency", "text"),
+        ("usage_inbox.input_tokens", "tollgate_count", "bigint"),
+        ("spend_days.held", "tollgate_money", "numeric"),
+        ("audit_log.chain", "tollgate_chain", "smallint"),
+        ("roots.state", "tollgate_root_state", "text"),
+    ] {
+        assert!(
+            domains.contains(&(column.into(), domain.into(), base.into())),
+            "{column}: {domains:?}"
+        );
+    }
+
+    // Each domain refuses what the constraint refused (23514, check_violation), and takes the
+    // values at its edges.
+    for (bad, good) in [
+        ("'chat'::tollgate_kind", "'step'::tollgate_kind"),
+        (
+            "'running'::tollgate_execution_state",
+            "'reconciliation_required'::tollgate_execution_state",
+        ),
+        (
+            "'lost'::tollgate_not_dispatched_cause",
+            "'expired'::tollgate_not_dispatched_cause",
+        ),
+        ("'ok'::tollgate_outcome", "'unavailable'::tollgate_outcome"),
+        (
+            "'unknown'::tollgate_reconciliation_reason",
+            "'ambiguous_status'::tollgate_reconciliation_reason",
+        ),
+        (
+            "'open'::tollgate_root_state",
+            "'reconciled'::tollgate_root_state",
+        ),
+        (
+            "'recovery'::tollgate_evidence_source",
+            "'late'::tollgate_evidence_source",
+        ),
+        (
+            "'late'::tollgate_settlement_source",
+            "'recovery'::tollgate_settlement_source",
+        ),
+        ("'usd'::tollgate_currency", "'EUR'::tollgate_currency"),
+        ("(-0.000000000001)::tollgate_money", "0::tollgate_money"),
+        ("(-1)::tollgate_count", "0::tollgate_count"),
+        ("0::tollgate_ordinal", "1::tollgate_ordinal"),
+        ("16::tollgate_chain", "15::tollgate_chain"),
+    ] {
+        let e = sqlx::query(&format!("SELECT {bad}"))
+            .execute(s.pool())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.as_database_error().and_then(|d| d.code()).as_deref(),
+            Some("23514"),
+            "{bad}"
+        );
+        sqlx::query(&format!("SELECT {good}"))
+            .execute(s.pool())
+            .await
+            .unwrap();
+    }
+
+    // A write through a domain column is checked: a negative hold on a claimed row is refused
+    // and changes nothing.
+    let r = claimed(&s, "k1", "0.5").await;
+    let e = sqlx::query("UPDATE executions SET hold = -1 WHERE id = $1")
+        .bind(r.id.0)
+        .execute(s.pool())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.as_database_error().and_then(|d| d.code()).as_deref(),
+        Some("23514")
+    );
+    let hold: String = sqlx::query_scalar("SELECT hold::text FROM executions WHERE id = $1")
+        .bind(r.id.0)
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    assert_eq!(hold, "0.500000000000");
+    drop(database);
+}
