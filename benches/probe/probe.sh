@@ -4,9 +4,10 @@
 # call of the server, the mock and Postgres (all backends of the cluster), read from /proc.
 # Quicker and noisier than the harness (spec/performance.md, "What each lever bought").
 #
-# usage: benches/probe/probe.sh [CONNECTIONS] [SECONDS] [spread|hot]
+# usage: benches/probe/probe.sh [CONNECTIONS] [SECONDS] [spread|hot|replay]
 #   spread: first calls of eight consumers, one session each (default)
 #   hot:    first calls of one consumer and one session
+#   replay: replays of 64 keys of one consumer (the warm-up makes their first calls)
 # Needs: wrk, psql, bc; Postgres at $PROBE_ADMIN_URL (default postgres://postgres@127.0.0.1:5432/postgres),
 # whose backends run as the `postgres` user on this machine. Uses ports 8088 and 9100 and the
 # database `tollgate_probe` (dropped and created again).
@@ -38,8 +39,14 @@ DATABASE_URL=$DB_URL "$BIN" migrate >/dev/null
 KEY=tg_probe$(printf '0%.0s' $(seq 1 56))
 SHA=$(printf '%s' "$KEY" | sha256sum | cut -d' ' -f1)
 sed "s/@SHA@/$SHA/" "$HERE/tollgate.toml" > "$WORK/tollgate.toml"
-if [ "$SHAPE" = hot ]; then SPREAD=1; else SPREAD=8; fi
-sed "s/@KEY@/$KEY/; s/@SPREAD@/$SPREAD/" "$HERE/first.lua" > "$WORK/first.lua"
+REPLAY_KEYS=0
+case "$SHAPE" in
+  hot) SPREAD=1 ;;
+  replay) SPREAD=1; REPLAY_KEYS=64 ;;
+  *) SPREAD=8 ;;
+esac
+sed "s/@KEY@/$KEY/; s/@SPREAD@/$SPREAD/; s/@REPLAY_KEYS@/$REPLAY_KEYS/" "$HERE/first.lua" \
+  > "$WORK/first.lua"
 
 "$BIN" mock-provider --listen 127.0.0.1:9100 >"$WORK/mock.log" 2>&1 &
 MOCK=$!

@@ -144,10 +144,15 @@ impl PgStores {
             )),
             Ok(None) => {
                 let mut conn = self.pool().acquire().await.store_err()?;
-                let existing =
-                    executions::view_by_key(&mut conn, &request.scope, &request.operation_key)
-                        .await?
-                        .ok_or_else(|| StoreError::Corrupt("key without row".into()))?;
+                let held = Some((&record.binding, record.binding_digest));
+                let existing = executions::view_by_key(
+                    &mut conn,
+                    &request.scope,
+                    &request.operation_key,
+                    held,
+                )
+                .await?
+                .ok_or_else(|| StoreError::Corrupt("key without row".into()))?;
                 Ok(ClaimOutcome::Existing(Box::new(existing)))
             }
             Err(e) if sqlstate(&e).as_deref() == Some(CAP_REFUSED) => {

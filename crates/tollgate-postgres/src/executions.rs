@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgConnection};
+use tollgate_core::digest::{Binding, Digest256};
 use tollgate_core::ids::{ExecutionId, OperationKey, Scope};
 use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
 use tollgate_store::rows::*;
@@ -41,9 +42,10 @@ pub(crate) const BY_STATE: &str = concat!(
 
 /// A journal row with its result, settlement and root receipt in one statement (H-10): the
 /// execution's columns by name, the others aliased `r_`, `s_` and `rr_` (each join is on a
-/// unique index of `execution_id`).
-pub(crate) const VIEW_BY_KEY: &str =
-    "SELECT e.id, e.scope, e.operation_key, e.kind, e.root_key, e.binding, \
+/// unique index of `execution_id`). The binding comes only when its digest is not `$3` (H-26):
+/// a reader that holds a binding with the row's digest already has it.
+pub(crate) const VIEW_BY_KEY: &str = "SELECT e.id, e.scope, e.operation_key, e.kind, e.root_key, \
+     CASE WHEN e.binding_digest = $3 THEN NULL ELSE e.binding END AS binding, \
      e.binding_digest, e.accounting_day, e.state, e.not_dispatched_cause, e.outcome, e.fence, \
      e.lease_expires_at, e.hold, e.provider_ref, e.created_at, e.updated_at, \
      e.reconciliation_reason, \
@@ -68,7 +70,9 @@ pub(crate) const VIEW_BY_KEY: &str =
      WHERE e.scope = $1 AND e.operation_key = $2";
 
 /// The row under `(scope, key)` with its result, settlement and root receipt, in one statement
-/// ([`VIEW_BY_KEY`], H-10) on `conn`.
+/// ([`VIEW_BY_KEY`], H-10) on `conn`. With `held` (a binding and its digest, as a claimer holds
+/// them), the row's binding is read only when its digest differs (a conflict); otherwise the
+/// record carries `held` (H-26).
 ///
 /// # Errors
 /// Store failure; a corrupt row.
@@ -76,17 +80,25 @@ pub(crate) async fn view_by_key(
     conn: &mut PgConnection,
     scope: &Scope,
     key: &OperationKey,
+    held: Option<(&Binding, Digest256)>,
 ) -> StoreResult<Option<ExecutionView>> {
     let row: Option<PgRow> = sqlx::query(VIEW_BY_KEY)
         .bind(scope.as_str())
         .bind(key.as_str())
+        .bind(held.map(|(_, digest)| digest.to_hex()))
         .fetch_optional(&mut *conn)
         .await
         .store_err()?;
     let Some(row) = row else {
         return Ok(None);
     };
-    let execution = ExecutionRow::from_row(&row).store_err()?.into_record()?;
+    let execution = ExecutionRow::from_row(&row).store_err()?;
+    let execution = match held {
+        Some((binding, digest)) if !execution.has_binding() => {
+            execution.into_record_with(binding.clone(), Some(digest))?
+        }
+        _ => execution.into_record()?,
+    };
     let result = ResultRow::joined(&row).store_err()?;
     let settlement = SettlementRow::joined(&row).store_err()?;
     let root_receipt = ReceiptRow::joined(&row).store_err()?;
@@ -201,7 +213,7 @@ impl ExecutionStore for PgStores {
         key: &OperationKey,
     ) -> StoreResult<Option<ExecutionView>> {
         let mut conn = self.pool().acquire().await.store_err()?;
-        view_by_key(&mut conn, scope, key).await
+        view_by_key(&mut conn, scope, key, None).await
     }
 
     async fn execution_by_id(

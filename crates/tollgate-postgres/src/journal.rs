@@ -261,8 +261,10 @@ impl PgStores {
     pub(crate) async fn claim_tx(&self, request: ClaimRequest) -> StoreResult<ClaimOutcome> {
         {
             let mut conn = self.pool().acquire().await.store_err()?;
+            let held = Some((&request.binding, request.digest()));
             let existing =
-                executions::view_by_key(&mut conn, &request.scope, &request.operation_key).await?;
+                executions::view_by_key(&mut conn, &request.scope, &request.operation_key, held)
+                    .await?;
             if let Some(existing) = existing {
                 return Ok(ClaimOutcome::Existing(Box::new(existing)));
             }
@@ -276,9 +278,11 @@ impl PgStores {
         let Some((record, head)) = insert(&mut tx, &record, lease_now, request.lease_ms).await?
         else {
             // The insert waited for any concurrent claimer of the key, so the row is committed.
-            let existing = executions::view_by_key(&mut tx, &request.scope, &request.operation_key)
-                .await?
-                .ok_or_else(|| StoreError::Corrupt("key without row".into()))?;
+            let held = Some((&record.binding, record.binding_digest));
+            let existing =
+                executions::view_by_key(&mut tx, &request.scope, &request.operation_key, held)
+                    .await?
+                    .ok_or_else(|| StoreError::Corrupt("key without row".into()))?;
             tx.rollback().await.store_err()?;
             return Ok(ClaimOutcome::Existing(Box::new(existing)));
         };

@@ -187,6 +187,11 @@ pub(crate) struct ExecutionRow {
 }
 
 impl ExecutionRow {
+    /// Whether the statement read the binding (see [`ExecutionRow::into_record_with`]).
+    pub(crate) fn has_binding(&self) -> bool {
+        self.binding.is_some()
+    }
+
     /// The record.
     pub(crate) fn into_record(mut self) -> StoreResult<ExecutionRecord> {
         let binding = json(

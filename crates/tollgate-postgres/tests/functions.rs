@@ -458,3 +458,51 @@ async fn h_25_column_rules_are_domains_that_still_refuse_bad_values() {
     assert_eq!(hold, "0.500000000000");
     drop(database);
 }
+
+/// A claim that finds its key taken reads the stored binding only when its digest differs from
+/// the claimer's: a replay's record carries the claimer's binding, a conflict's the stored one.
+#[tokio::test]
+async fn h_26_a_replay_read_leaves_the_binding_in_the_row() {
+    let (database, s) = fresh().await;
+    let first = claimed(&s, "k1", "0.5").await;
+    // The stored binding column now says another intent, under the same digest: only a read
+    // that transfers the column can see it.
+    sqlx::query(
+        "UPDATE executions SET binding = jsonb_set(binding, '{intent}', '\"elsewhere\"') \
+         WHERE id = $1",
+    )
+    .bind(first.id.0)
+    .execute(s.pool())
+    .await
+    .unwrap();
+
+    let mut replay = claim_req("a", "k1", capped(), "0.5");
+    replay.binding_digest = Some(replay.binding.digest());
+    let ClaimOutcome::Existing(found) = s.claim(replay.clone()).await.unwrap() else {
+        panic!("expected the existing row");
+    };
+    assert_eq!(found.execution.id, first.id);
+    assert_eq!(found.execution.binding, replay.binding);
+    assert_eq!(found.execution.binding_digest, first.binding_digest);
+
+    // Without a binding in hand (the read API), the stored column is what comes back.
+    let read = s
+        .execution_view(&scope("a"), &replay.operation_key)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(read.execution.binding.intent.as_str(), "elsewhere");
+
+    // A claimer with another binding gets the stored one, to name what differs.
+    let mut conflict = claim_req("a", "k1", capped(), "0.5");
+    conflict.binding.session_id = tollgate_core::ids::SessionId::parse("s-9").unwrap();
+    let ClaimOutcome::Existing(found) = s.claim(conflict.clone()).await.unwrap() else {
+        panic!("expected the existing row");
+    };
+    assert_eq!(found.execution.binding.intent.as_str(), "elsewhere");
+    assert_eq!(
+        found.execution.binding.differing_fields(&conflict.binding),
+        ["session_id", "intent"]
+    );
+    drop(database);
+}

@@ -135,6 +135,7 @@ impl Engine {
             operation_key: key.clone(),
             root_key,
             binding: binding.clone(),
+            binding_digest: Some(self.digest_of(binding)),
             hold,
             now: self.ctx.clock.now(),
             lease_ms,

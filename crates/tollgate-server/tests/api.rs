@@ -711,6 +711,7 @@ async fn sc_93_ledger_audit_route_and_scheduled_drift() {
         now: chrono::Utc::now(),
         lease_ms: 30_000,
         dispatch: false,
+        binding_digest: None,
     };
     let ClaimOutcome::Claimed(r) = stores.claim(claim).await.unwrap() else {
         panic!("expected a claim");

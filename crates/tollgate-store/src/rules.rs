@@ -25,7 +25,7 @@ pub fn new_execution(request: &ClaimRequest) -> ExecutionRecord {
         operation_key: request.operation_key.clone(),
         kind: request.binding.config.kind,
         root_key: request.root_key.clone(),
-        binding_digest: request.binding.digest(),
+        binding_digest: request.digest(),
         binding: request.binding.clone(),
         accounting_day: request.now.date_naive(),
         state: if request.dispatch {

@@ -229,6 +229,7 @@ pub async fn sc_102_skewed_host_clocks_do_not_expire_a_live_lease(base: Arc<dyn 
         now: Utc::now() - ChronoDuration::hours(1),
         lease_ms: 30_000,
         dispatch: false,
+        binding_digest: None,
     };
     let tollgate_store::ClaimOutcome::Claimed(record) = base.claim(claim).await.unwrap() else {
         panic!("a fresh key claims");

@@ -47,6 +47,7 @@ async fn claim(h: &Harness, key: &str) -> ExecutionRecord {
         now: h.clock.now(),
         lease_ms: 30_000,
         dispatch: false,
+        binding_digest: None,
     };
     match h.stores.claim(request).await.unwrap() {
         ClaimOutcome::Claimed(r) => r,

@@ -118,6 +118,7 @@ pub fn claim_req(scope_: &str, key_: &str, config: CallConfig, hold: &str) -> Cl
         now: t0(),
         lease_ms: 30_000,
         dispatch: false,
+        binding_digest: None,
     }
 }
 

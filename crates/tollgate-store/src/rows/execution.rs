@@ -94,6 +94,10 @@ pub struct ClaimRequest {
     pub root_key: Option<RootKey>,
     /// Session, intent, input revision and snapshot, stored with its digest.
     pub binding: Binding,
+    /// `binding`'s digest when the caller has it (a runner digests bindings of its own snapshot
+    /// without serializing the snapshot again, H-24); `None`: the store digests `binding`. When
+    /// given it must be `binding.digest()` (see [`ClaimRequest::digest`]).
+    pub binding_digest: Option<Digest256>,
     /// Worst-case cost to hold against every block cap of `binding.config.caps`.
     pub hold: Money,
     /// Clock reading (the accounting day is `now`'s UTC date).
@@ -104,6 +108,19 @@ pub struct ClaimRequest {
     /// so the claim is also the dispatch mark (one commit; the audit trail still reads `claimed`
     /// then `dispatched`). `false`: the row starts `prepared` and the input is loaded after.
     pub dispatch: bool,
+}
+
+impl ClaimRequest {
+    /// The digest of the binding: the caller's (H-26), else computed here.
+    pub fn digest(&self) -> Digest256 {
+        match self.binding_digest {
+            Some(digest) => {
+                debug_assert_eq!(digest, self.binding.digest(), "a claim's binding digest");
+                digest
+            }
+            None => self.binding.digest(),
+        }
+    }
 }
 
 /// What a claim did.
