@@ -105,6 +105,7 @@ impl PgStores {
         let keys = SpendKeys::of(record);
         let currency = rules::currency_of(record);
         let caps = &request.binding.config.caps;
+        let mut call = self.call_connection().await?;
         let row = sqlx::query(CLAIM)
             .bind(record.id.0)
             .bind(record.scope.as_str())
@@ -133,9 +134,9 @@ impl PgStores {
             .bind(keys.currency)
             .bind(caps.session_block.map(|m| m.decimal()))
             .bind(caps.daily_block.map(|m| m.decimal()))
-            .fetch_optional(self.pool())
+            .fetch_optional(call.conn()?)
             .await;
-        match row {
+        match call.check(row) {
             // The row as inserted, with the binding this claim sent (H-19).
             Ok(Some(row)) => Ok(ClaimOutcome::Claimed(
                 ExecutionRow::from_row(&row)
@@ -143,15 +144,18 @@ impl PgStores {
                     .into_record_with(record.binding.clone(), Some(record.binding_digest))?,
             )),
             Ok(None) => {
-                let mut conn = self.pool().acquire().await.store_err()?;
-                let held = Some((&record.binding, record.binding_digest));
-                let existing = executions::view_by_key(
-                    &mut conn,
+                let digest = record.binding_digest;
+                let row = executions::view_row(
+                    call.conn()?,
                     &request.scope,
                     &request.operation_key,
-                    held,
+                    Some(digest),
                 )
-                .await?
+                .await;
+                let existing = executions::view_of_row(
+                    call.check(row).store_err()?,
+                    Some((&record.binding, digest)),
+                )?
                 .ok_or_else(|| StoreError::Corrupt("key without row".into()))?;
                 Ok(ClaimOutcome::Existing(Box::new(existing)))
             }

@@ -82,13 +82,36 @@ pub(crate) async fn view_by_key(
     key: &OperationKey,
     held: Option<(&Binding, Digest256)>,
 ) -> StoreResult<Option<ExecutionView>> {
-    let row: Option<PgRow> = sqlx::query(VIEW_BY_KEY)
-        .bind(scope.as_str())
-        .bind(key.as_str())
-        .bind(held.map(|(_, digest)| digest.to_hex()))
-        .fetch_optional(&mut *conn)
+    let row = view_row(conn, scope, key, held.map(|(_, digest)| digest))
         .await
         .store_err()?;
+    view_of_row(row, held)
+}
+
+/// The row of [`VIEW_BY_KEY`] under `(scope, key)`, its binding left out when its digest is
+/// `digest`.
+pub(crate) async fn view_row(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    key: &OperationKey,
+    digest: Option<Digest256>,
+) -> Result<Option<PgRow>, sqlx::Error> {
+    sqlx::query(VIEW_BY_KEY)
+        .bind(scope.as_str())
+        .bind(key.as_str())
+        .bind(digest.map(|d| d.to_hex()))
+        .fetch_optional(conn)
+        .await
+}
+
+/// The view a [`view_row`] answer holds (see [`view_by_key`] for `held`).
+///
+/// # Errors
+/// A corrupt row.
+pub(crate) fn view_of_row(
+    row: Option<PgRow>,
+    held: Option<(&Binding, Digest256)>,
+) -> StoreResult<Option<ExecutionView>> {
     let Some(row) = row else {
         return Ok(None);
     };
@@ -212,8 +235,9 @@ impl ExecutionStore for PgStores {
         scope: &Scope,
         key: &OperationKey,
     ) -> StoreResult<Option<ExecutionView>> {
-        let mut conn = self.pool().acquire().await.store_err()?;
-        view_by_key(&mut conn, scope, key, None).await
+        let mut call = self.call_connection().await?;
+        let row = view_row(call.conn()?, scope, key, None).await;
+        view_of_row(call.check(row).store_err()?, None)
     }
 
     async fn execution_by_id(

@@ -260,11 +260,19 @@ impl PgStores {
     /// racing on the same key is settled by `ON CONFLICT`.
     pub(crate) async fn claim_tx(&self, request: ClaimRequest) -> StoreResult<ClaimOutcome> {
         {
-            let mut conn = self.pool().acquire().await.store_err()?;
-            let held = Some((&request.binding, request.digest()));
-            let existing =
-                executions::view_by_key(&mut conn, &request.scope, &request.operation_key, held)
-                    .await?;
+            let mut call = self.call_connection().await?;
+            let digest = request.digest();
+            let row = executions::view_row(
+                call.conn()?,
+                &request.scope,
+                &request.operation_key,
+                Some(digest),
+            )
+            .await;
+            let existing = executions::view_of_row(
+                call.check(row).store_err()?,
+                Some((&request.binding, digest)),
+            )?;
             if let Some(existing) = existing {
                 return Ok(ClaimOutcome::Existing(Box::new(existing)));
             }

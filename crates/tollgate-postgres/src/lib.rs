@@ -33,6 +33,7 @@ mod error;
 mod executions;
 mod inbox;
 mod journal;
+mod lane;
 mod ledger;
 mod locks;
 mod results;
@@ -48,9 +49,11 @@ mod work;
 #[cfg(feature = "test-support")]
 pub use bench_support::{hot_statements, DbActivity, GenericPlan, HotStatement, PlanSummary};
 use error::{db, sqlstate, DbResultExt, UNDEFINED_TABLE};
+use lane::{CallConnection, Lane};
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use std::str::FromStr;
+use std::sync::Arc;
 #[cfg(feature = "test-support")]
 pub use test_support::{
     fresh_test_database, test_admin_url, ExecutionWritesBlocked, Tamper, TestDatabase,
@@ -142,6 +145,9 @@ impl SessionTimeouts {
 #[derive(Debug, Clone)]
 pub struct PgStores {
     pool: PgPool,
+    /// The connections of a call's own single statements (H-27), when `max_connections` allows
+    /// one; without it they take the pool.
+    lane: Option<Arc<Lane>>,
     /// Whether leases follow the caller's `now` (tests only) instead of the database's clock.
     caller_lease_clock: bool,
 }
@@ -167,13 +173,14 @@ impl PgStores {
         max_connections: u32,
         timeouts: SessionTimeouts,
     ) -> Result<Self, StoreError> {
-        let options = PgConnectOptions::from_str(url).store_err()?;
+        let options = timeouts.apply(PgConnectOptions::from_str(url).store_err()?);
+        let (pool_connections, lane_connections) = lane::split(max_connections);
         let pool = ping_when_idle(PgPoolOptions::new())
-            .max_connections(max_connections)
-            .connect_with(timeouts.apply(options))
+            .max_connections(pool_connections)
+            .connect_with(options.clone())
             .await
             .store_err()?;
-        Ok(Self::new(pool))
+        Ok(Self::new(pool).with_lane(options, lane_connections))
     }
 
     /// Like [`PgStores::connect`], but opens connections only when first needed.
@@ -181,19 +188,38 @@ impl PgStores {
     /// # Errors
     /// [`StoreError::Unavailable`] when the URL is not valid.
     pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let options = PgConnectOptions::from_str(url).store_err()?;
+        let options =
+            SessionTimeouts::default().apply(PgConnectOptions::from_str(url).store_err()?);
+        let (pool_connections, lane_connections) = lane::split(max_connections);
         let pool = ping_when_idle(PgPoolOptions::new())
-            .max_connections(max_connections)
-            .connect_lazy_with(SessionTimeouts::default().apply(options));
-        Ok(Self::new(pool))
+            .max_connections(pool_connections)
+            .connect_lazy_with(options.clone());
+        Ok(Self::new(pool).with_lane(options, lane_connections))
     }
 
-    /// Stores over an existing pool.
+    /// Stores over an existing pool; every statement takes it (no lane, H-27).
     pub fn new(pool: PgPool) -> Self {
         Self {
             pool,
+            lane: None,
             caller_lease_clock: false,
         }
+    }
+
+    /// These stores with a lane of `connections` connections made with `options` for a call's
+    /// own single statements (H-27); none with zero. Its connections wait for a free one as long
+    /// as the pool's acquire does.
+    pub(crate) fn with_lane(self, options: PgConnectOptions, connections: u32) -> Self {
+        let lane = (connections > 0).then(|| {
+            let acquire_timeout = self.pool.options().get_acquire_timeout();
+            Arc::new(Lane::new(options, connections, acquire_timeout))
+        });
+        Self { lane, ..self }
+    }
+
+    /// A connection for one of a call's own single statements (H-27).
+    pub(crate) async fn call_connection(&self) -> Result<CallConnection, StoreError> {
+        CallConnection::acquire(self.lane.as_ref(), &self.pool).await
     }
 
     /// These stores with leases computed from the caller's `now` instead of the database's

@@ -236,6 +236,7 @@ impl PgStores {
             Some(evidence) => Some(token_columns(&evidence.usage)?.to_vec()),
             None => None,
         };
+        let mut call = self.call_connection().await?;
         let row = sqlx::query(SETTLE)
             .bind(seen.id.0)
             .bind(request.fence.token.0)
@@ -288,8 +289,10 @@ impl PgStores {
             .bind(&frame.tail)
             .bind(Json(&blocked_event.detail))
             .bind(&blocked_frame.tail)
-            .fetch_one(self.pool())
+            .fetch_one(call.conn()?)
             .await;
+        let row = call.check(row);
+        drop(call);
         let row = match row {
             Ok(row) => row,
             Err(e) if sqlstate(&e).as_deref() == Some(GENERAL) => return Ok(None),

@@ -290,8 +290,10 @@ impl TestDatabase {
     pub async fn stores(&self, max_connections: u32) -> Result<PgStores, StoreError> {
         // The pool's options keep `alive` until the pool itself is dropped.
         let alive = Arc::clone(&self.alive);
+        let (pool_connections, lane_connections) = crate::lane::split(max_connections);
+        let options = options(&self.admin_url)?.database(&self.name);
         let pool = crate::ping_when_idle(PgPoolOptions::new())
-            .max_connections(max_connections)
+            .max_connections(pool_connections)
             .min_connections(0)
             .idle_timeout(Duration::from_secs(5))
             .acquire_timeout(Duration::from_secs(60))
@@ -299,10 +301,10 @@ impl TestDatabase {
                 let _alive = &alive;
                 Box::pin(async { Ok(()) })
             })
-            .connect_with(options(&self.admin_url)?.database(&self.name))
+            .connect_with(options.clone())
             .await
             .store_err()?;
-        Ok(PgStores::new(pool))
+        Ok(PgStores::new(pool).with_lane(options, lane_connections))
     }
 }
 

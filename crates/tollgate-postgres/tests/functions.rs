@@ -506,3 +506,43 @@ async fn h_26_a_replay_read_leaves_the_binding_in_the_row() {
     );
     drop(database);
 }
+
+/// A claim whose future is dropped while its statement waits on a lock leaves its lane
+/// connection usable: the statement still commits on the server, and the next statement on that
+/// connection reads the answer it left unread before sending its own.
+#[tokio::test]
+async fn h_27_a_statement_dropped_mid_answer_leaves_its_lane_connection_usable() {
+    let (database, s) = fresh().await;
+    claimed(&s, "k0", "0.1").await;
+    let mut holder = PgConnection::connect(database.url()).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut holder).await.unwrap();
+    sqlx::query("SELECT * FROM audit_heads WHERE scope = 'a' FOR UPDATE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let mut stuck = claim_req("a", "k1", capped(), "0.1");
+    stuck.dispatch = true;
+    let dropped = tokio::time::timeout(Duration::from_millis(300), s.claim(stuck)).await;
+    assert!(dropped.is_err(), "the claim waits for the audit head");
+    sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
+
+    // The next claims take the connection back (the lane hands out the one it got last).
+    for key in ["k2", "k3"] {
+        let record = claimed(&s, key, "0.1").await;
+        assert_eq!(record.operation_key.as_str(), key);
+        let view = s
+            .execution_view(&scope("a"), &record.operation_key)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(view.execution.id, record.id);
+    }
+    // The dropped claim committed on the server: its key is taken.
+    let mut again = claim_req("a", "k1", capped(), "0.1");
+    again.dispatch = true;
+    assert!(matches!(
+        s.claim(again).await.unwrap(),
+        ClaimOutcome::Existing(_)
+    ));
+    drop(database);
+}

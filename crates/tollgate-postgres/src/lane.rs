@@ -1,0 +1,220 @@
+//! The connections of a call's own statements (spec/performance.md, H-27): the claim's read of
+//! its key, the claim and the settlement of a call outside a root, and the read of a call's view.
+//!
+//! Each of those is one statement outside an explicit transaction. A connection of the sqlx pool
+//! sends a `Sync` and waits for `ReadyForQuery` every time it goes back to the pool (its guard
+//! against a connection left mid-transaction or mid-answer), so through the pool each of them
+//! cost two round trips. A lane connection goes back to its idle list as it is:
+//!
+//! - it never holds a transaction (only single statements in autocommit run on it);
+//! - an answer left unread (the statement's future was dropped) is read to its end by the next
+//!   statement before it is sent (the driver waits for the pending `ReadyForQuery` first);
+//! - a connection that failed other than with a database error (i/o, protocol) is closed, not
+//!   kept; one idle for [`PING_AFTER_IDLE_MS`](crate::PING_AFTER_IDLE_MS) or more is pinged before
+//!   use and replaced when it does not answer (as the pool does, H-23).
+//!
+//! The lane's connections count against the stores' `max_connections`: the stores split it
+//! between the pool and the lane ([`split`]).
+
+use crate::error::DbResultExt;
+use crate::PING_AFTER_IDLE_MS;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection, PgConnection, PgPool, Postgres};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tollgate_store::{StoreError, StoreResult};
+
+/// The smallest `max_connections` that gets a lane; below it every statement takes the pool.
+pub(crate) const LANE_MIN_CONNECTIONS: u32 = 4;
+
+/// `max_connections` split into the pool's share and the lane's: half each (the pool keeps the
+/// odd one), and no lane below [`LANE_MIN_CONNECTIONS`].
+pub(crate) fn split(max_connections: u32) -> (u32, u32) {
+    if max_connections < LANE_MIN_CONNECTIONS {
+        return (max_connections, 0);
+    }
+    let lane = max_connections / 2;
+    (max_connections - lane, lane)
+}
+
+/// A bounded set of connections for single statements outside a transaction.
+pub(crate) struct Lane {
+    options: PgConnectOptions,
+    /// Idle connections with the moment each went idle, the most recent last.
+    idle: Mutex<Vec<(PgConnection, Instant)>>,
+    /// One permit per connection the lane may have open (idle or in use).
+    permits: Arc<Semaphore>,
+    /// How long a caller waits for a connection before the statement fails.
+    acquire_timeout: Duration,
+}
+
+impl std::fmt::Debug for Lane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lane")
+            .field("available", &self.permits.available_permits())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Lane {
+    /// A lane of at most `connections` connections made with `options`; none is opened yet.
+    pub(crate) fn new(
+        options: PgConnectOptions,
+        connections: u32,
+        acquire_timeout: Duration,
+    ) -> Self {
+        Self {
+            options,
+            idle: Mutex::new(Vec::new()),
+            permits: Arc::new(Semaphore::new(
+                usize::try_from(connections).unwrap_or(usize::MAX),
+            )),
+            acquire_timeout,
+        }
+    }
+
+    /// A connection: an idle one (pinged first when it has been idle for
+    /// [`PING_AFTER_IDLE_MS`]), else a new one.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when none is free within the acquire timeout or the database
+    /// cannot be reached.
+    pub(crate) async fn acquire(self: &Arc<Self>) -> StoreResult<LaneConnection> {
+        let permit = tokio::time::timeout(
+            self.acquire_timeout,
+            Arc::clone(&self.permits).acquire_owned(),
+        )
+        .await
+        .map_err(|_| StoreError::Unavailable("database lane timed out".into()))?
+        .map_err(|_| StoreError::Unavailable("database lane closed".into()))?;
+        loop {
+            let next = self.idle.lock().map_err(|_| poisoned())?.pop();
+            let Some((mut conn, since)) = next else {
+                break;
+            };
+            if since.elapsed() < Duration::from_millis(PING_AFTER_IDLE_MS)
+                || conn.ping().await.is_ok()
+            {
+                return Ok(self.hand_out(conn, permit));
+            }
+            // It no longer answers: dropped, and the next idle one (or a new one) is tried.
+        }
+        let conn = PgConnection::connect_with(&self.options)
+            .await
+            .store_err()?;
+        Ok(self.hand_out(conn, permit))
+    }
+
+    fn hand_out(
+        self: &Arc<Self>,
+        conn: PgConnection,
+        permit: OwnedSemaphorePermit,
+    ) -> LaneConnection {
+        LaneConnection {
+            lane: Arc::clone(self),
+            conn: Some(conn),
+            broken: false,
+            _permit: permit,
+        }
+    }
+}
+
+fn poisoned() -> StoreError {
+    StoreError::Unavailable("database lane state lost".into())
+}
+
+/// A lane connection in use; it goes back to the lane's idle list when dropped, unless it
+/// failed other than with a database error ([`LaneConnection::failed`]).
+pub(crate) struct LaneConnection {
+    lane: Arc<Lane>,
+    conn: Option<PgConnection>,
+    broken: bool,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl LaneConnection {
+    /// Notes how a statement on this connection failed: anything but an error the database
+    /// answered (an i/o or protocol failure, a decoding failure mid-answer) closes it.
+    pub(crate) fn failed(&mut self, error: &sqlx::Error) {
+        if !matches!(error, sqlx::Error::Database(_)) {
+            self.broken = true;
+        }
+    }
+
+    /// The connection (present from hand-out until drop).
+    fn conn(&mut self) -> StoreResult<&mut PgConnection> {
+        self.conn.as_mut().ok_or_else(poisoned)
+    }
+}
+
+impl Drop for LaneConnection {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else {
+            return;
+        };
+        if self.broken {
+            return;
+        }
+        if let Ok(mut idle) = self.lane.idle.lock() {
+            idle.push((conn, Instant::now()));
+        }
+    }
+}
+
+/// The connection of one of a call's own statements: from the lane when the stores have one,
+/// else from the pool.
+pub(crate) enum CallConnection {
+    /// A lane connection.
+    Lane(LaneConnection),
+    /// A pooled connection (stores without a lane).
+    Pool(PoolConnection<Postgres>),
+}
+
+impl CallConnection {
+    /// A connection from `lane`, or from `pool` without one.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when none can be had.
+    pub(crate) async fn acquire(lane: Option<&Arc<Lane>>, pool: &PgPool) -> StoreResult<Self> {
+        match lane {
+            Some(lane) => Ok(Self::Lane(lane.acquire().await?)),
+            None => Ok(Self::Pool(pool.acquire().await.store_err()?)),
+        }
+    }
+
+    /// The connection to run a statement on.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] if a lane connection was already given back (never, while
+    /// this value lives).
+    pub(crate) fn conn(&mut self) -> StoreResult<&mut PgConnection> {
+        match self {
+            Self::Lane(conn) => conn.conn(),
+            Self::Pool(conn) => Ok(conn),
+        }
+    }
+
+    /// `result`, having noted its failure ([`LaneConnection::failed`]).
+    pub(crate) fn check<T>(&mut self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        if let (Self::Lane(conn), Err(error)) = (&mut *self, &result) {
+            conn.failed(error);
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn h_27_the_lane_takes_half_of_four_or_more_connections() {
+        assert_eq!(split(1), (1, 0));
+        assert_eq!(split(3), (3, 0));
+        assert_eq!(split(4), (2, 2));
+        assert_eq!(split(5), (3, 2));
+        assert_eq!(split(16), (8, 8));
+    }
+}
