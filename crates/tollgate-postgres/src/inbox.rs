@@ -126,7 +126,7 @@ impl UsageInbox for PgStores {
         scope: &Scope,
         id: EvidenceId,
         now: DateTime<Utc>,
-    ) -> StoreResult<()> {
+    ) -> StoreResult<bool> {
         let mut tx = self.pool().begin().await.store_err()?;
         let acknowledged: Option<EvidenceRow> = sqlx::query_as(ACKNOWLEDGE)
             .bind(id.0)
@@ -146,7 +146,7 @@ impl UsageInbox for PgStores {
             .store_err()?;
             tx.rollback().await.store_err()?;
             return if exists {
-                Ok(())
+                Ok(false)
             } else {
                 Err(StoreError::NotFound(id.to_string()))
             };
@@ -155,6 +155,6 @@ impl UsageInbox for PgStores {
         let event = rules::evidence_acknowledged_event(scope, &evidence, now);
         audit::append(&mut tx, event).await?;
         tx.commit().await.store_err()?;
-        Ok(())
+        Ok(true)
     }
 }

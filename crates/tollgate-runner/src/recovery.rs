@@ -228,10 +228,15 @@ impl Reconciler {
             if skip(&evidence.operation_key) || !self.is_settled_exactly(scope, evidence).await? {
                 continue;
             }
-            self.stores
+            // Counted only when this pass acknowledged it: a concurrent pass over the same page
+            // may have come first.
+            if self
+                .stores
                 .acknowledge(scope, evidence.id, self.clock.now())
-                .await?;
-            counts.acknowledged += 1;
+                .await?
+            {
+                counts.acknowledged += 1;
+            }
         }
         Ok(counts)
     }

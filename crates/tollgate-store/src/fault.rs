@@ -521,7 +521,8 @@ fault_wrapper! {
         read EvidenceFor = fn evidence_for(execution_id: ExecutionId) -> Vec<Evidence>;
         read Unacknowledged = fn unacknowledged(scope: &Scope, after: i64, limit: u32)
             -> Vec<Evidence>;
-        write Acknowledge = fn acknowledge(scope: &Scope, id: EvidenceId, now: DateTime<Utc>) -> ();
+        write Acknowledge = fn acknowledge(scope: &Scope, id: EvidenceId, now: DateTime<Utc>)
+            -> bool;
     }
     impl SettlementStore via stores {
         read Settlement = fn settlement(execution_id: ExecutionId) -> Option<SettlementRecord>;

@@ -242,7 +242,8 @@ pub trait UsageInbox: Send + Sync {
         limit: u32,
     ) -> StoreResult<Vec<Evidence>>;
 
-    /// Marks evidence acknowledged (idempotent). Audits `evidence_acknowledged` once.
+    /// Marks evidence acknowledged (idempotent). Audits `evidence_acknowledged` once. Whether this
+    /// call acknowledged it: `false` when it already was (another reconciler came first).
     ///
     /// # Errors
     /// `NotFound`.
@@ -251,7 +252,7 @@ pub trait UsageInbox: Send + Sync {
         scope: &Scope,
         id: EvidenceId,
         now: DateTime<Utc>,
-    ) -> StoreResult<()>;
+    ) -> StoreResult<bool>;
 }
 
 /// Governed settlements (read side; the write is [`ExecutionStore::settle`]).

@@ -286,7 +286,7 @@ impl UsageInbox for SimStores {
         scope: &Scope,
         id: EvidenceId,
         now: DateTime<Utc>,
-    ) -> StoreResult<()> {
+    ) -> StoreResult<bool> {
         self.enter().await?;
         let out = self.inner().acknowledge(scope, id, now).await;
         oracle::on_write(&self.shared, &self.gate.name, "acknowledge", scope, &out);

@@ -817,8 +817,8 @@ pub async fn sc_42_inbox_pages_by_seq_and_acknowledges_once<S: Stores>(s: Arc<S>
     );
     let next = s.unacknowledged(&scope("a"), e2.seq, 2).await.unwrap();
     assert_eq!(next.iter().map(|e| e.id).collect::<Vec<_>>(), [e3.id]);
-    s.acknowledge(&scope("a"), e2.id, t0()).await.unwrap();
-    s.acknowledge(&scope("a"), e2.id, t0()).await.unwrap();
+    assert!(s.acknowledge(&scope("a"), e2.id, t0()).await.unwrap());
+    assert!(!s.acknowledge(&scope("a"), e2.id, t0()).await.unwrap());
     assert!(s.acknowledge(&scope("b"), e1.id, t0()).await.is_err());
     let left: Vec<_> = s
         .unacknowledged(&scope("a"), 0, 10)

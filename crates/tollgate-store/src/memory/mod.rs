@@ -631,7 +631,7 @@ impl UsageInbox for MemoryStores {
         scope: &Scope,
         id: EvidenceId,
         now: DateTime<Utc>,
-    ) -> StoreResult<()> {
+    ) -> StoreResult<bool> {
         let mut t = self.lock()?;
         let evidence = t
             .evidence
@@ -639,12 +639,12 @@ impl UsageInbox for MemoryStores {
             .find(|e| e.id == id && &e.scope == scope)
             .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
         if evidence.acknowledged_at.is_some() {
-            return Ok(());
+            return Ok(false);
         }
         evidence.acknowledged_at = Some(now);
         let event = rules::evidence_acknowledged_event(scope, evidence, now);
         t.append(event);
-        Ok(())
+        Ok(true)
     }
 }
 
