@@ -144,19 +144,10 @@ impl PgStores {
                     .into_record_with(record.binding.clone(), Some(record.binding_digest))?,
             )),
             Ok(None) => {
-                let digest = record.binding_digest;
-                let row = executions::view_row(
-                    call.conn()?,
-                    &request.scope,
-                    &request.operation_key,
-                    Some(digest),
-                )
-                .await;
-                let existing = executions::view_of_row(
-                    call.check(row).store_err()?,
-                    Some((&record.binding, digest)),
-                )?
-                .ok_or_else(|| StoreError::Corrupt("key without row".into()))?;
+                let held = (&record.binding, record.binding_digest);
+                let existing = executions::view_held(&mut call, request, held)
+                    .await?
+                    .ok_or_else(|| StoreError::Corrupt("key without row".into()))?;
                 Ok(ClaimOutcome::Existing(Box::new(existing)))
             }
             Err(e) if sqlstate(&e).as_deref() == Some(CAP_REFUSED) => {

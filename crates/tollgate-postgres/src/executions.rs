@@ -2,6 +2,7 @@
 //! are here. Every read is scoped and bounded by an index.
 
 use crate::error::DbResultExt;
+use crate::lane::CallConnection;
 use crate::locks;
 use crate::rows::{execution_columns, ExecutionRow, ReceiptRow, ResultRow, SettlementRow};
 use crate::PgStores;
@@ -102,6 +103,26 @@ pub(crate) async fn view_row(
         .bind(digest.map(|d| d.to_hex()))
         .fetch_optional(conn)
         .await
+}
+
+/// The view under a claim's key on a call connection, read as a claimer holding `held` reads it
+/// (see [`view_by_key`]).
+///
+/// # Errors
+/// Store failure; a corrupt row.
+pub(crate) async fn view_held(
+    call: &mut CallConnection,
+    request: &ClaimRequest,
+    held: (&Binding, Digest256),
+) -> StoreResult<Option<ExecutionView>> {
+    let row = view_row(
+        call.conn()?,
+        &request.scope,
+        &request.operation_key,
+        Some(held.1),
+    )
+    .await;
+    view_of_row(call.check(row).store_err()?, Some(held))
 }
 
 /// The view a [`view_row`] answer holds (see [`view_by_key`] for `held`).

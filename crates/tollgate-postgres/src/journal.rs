@@ -261,18 +261,8 @@ impl PgStores {
     pub(crate) async fn claim_tx(&self, request: ClaimRequest) -> StoreResult<ClaimOutcome> {
         {
             let mut call = self.call_connection().await?;
-            let digest = request.digest();
-            let row = executions::view_row(
-                call.conn()?,
-                &request.scope,
-                &request.operation_key,
-                Some(digest),
-            )
-            .await;
-            let existing = executions::view_of_row(
-                call.check(row).store_err()?,
-                Some((&request.binding, digest)),
-            )?;
+            let held = (&request.binding, request.digest());
+            let existing = executions::view_held(&mut call, &request, held).await?;
             if let Some(existing) = existing {
                 return Ok(ClaimOutcome::Existing(Box::new(existing)));
             }
