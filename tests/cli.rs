@@ -531,9 +531,31 @@ fn metric(text: &str, name: &str) -> Option<u64> {
     })
 }
 
-/// SC-117: `serve` runs the scheduler. With no operator call and no `tollgate scheduler`, the
-/// running server acknowledges the usage evidence of a call it ran, which only a scheduler pass
-/// does (the call path leaves its evidence unacknowledged), and counts its passes.
+/// The server's metrics once `done` holds on them (polled for at most 20 s).
+async fn metrics_when(http: &reqwest::Client, base: &str, done: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let text = http
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if done(&text) {
+            return text;
+        }
+        assert!(std::time::Instant::now() < deadline, "never:\n{text}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// SC-117: `serve` runs the scheduler. With no operator call to reconcile and no
+/// `tollgate scheduler`, the running server counts its passes and acknowledges late usage
+/// evidence equal to a call's settlement, which only a scheduler pass does. The call's own
+/// stream evidence was acknowledged by its settlement (H-28), so passes before the late report
+/// acknowledge nothing.
 #[tokio::test]
 async fn sc_117_serve_runs_the_scheduler_without_an_operator() {
     use std::io::{BufRead, BufReader};
@@ -554,8 +576,8 @@ async fn sc_117_serve_runs_the_scheduler_without_an_operator() {
             let _ = tx.send(line);
         }
     });
-    let (mut base, mut caller) = (None, None);
-    while base.is_none() || caller.is_none() {
+    let (mut base, mut caller, mut operator) = (None, None, None);
+    while base.is_none() || caller.is_none() || operator.is_none() {
         let line = lines
             .recv_timeout(std::time::Duration::from_secs(30))
             .expect("serve prints its keys and address");
@@ -565,8 +587,11 @@ async fn sc_117_serve_runs_the_scheduler_without_an_operator() {
         if let Some(rest) = line.split("caller key ").nth(1) {
             caller = rest.split(',').next().map(str::to_string);
         }
+        if let Some(rest) = line.split("operator key ").nth(1) {
+            operator = rest.split_whitespace().next().map(str::to_string);
+        }
     }
-    let (base, caller) = (base.unwrap(), caller.unwrap());
+    let (base, caller, operator) = (base.unwrap(), caller.unwrap(), operator.unwrap());
     let http = reqwest::Client::new();
     let body = serde_json::json!({
         "profile": "summarize", "operation_key": "sched-1", "session_id": "s-1",
@@ -580,30 +605,27 @@ async fn sc_117_serve_runs_the_scheduler_without_an_operator() {
         .send()
         .await
         .unwrap();
-    assert!(answer.status().is_success(), "{:?}", answer.text().await);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let text = loop {
-        let text = http
-            .get(format!("{base}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        if metric(&text, "tollgate_evidence_acknowledged_total").unwrap_or(0) >= 1 {
-            break text;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never acknowledged:\n{text}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
-    assert!(
-        metric(&text, "tollgate_scheduler_passes_total").unwrap() > 0,
-        "{text}"
-    );
+    assert!(answer.status().is_success(), "{:?}", answer.status());
+    let view: serde_json::Value = answer.json().await.unwrap();
+    assert_eq!(view["state"], "completed", "{view}");
+    let passes = |text: &str| metric(text, "tollgate_scheduler_passes_total").unwrap_or(0);
+    let acknowledged = |text: &str| metric(text, "tollgate_evidence_acknowledged_total");
+    let after_call = passes(&metrics_when(&http, &base, |_| true).await);
+    // Two whole passes after the call: its own evidence was acknowledged by its settlement.
+    let text = metrics_when(&http, &base, |text| passes(text) >= after_call + 2).await;
+    assert_eq!(acknowledged(&text).unwrap_or(0), 0, "{text}");
+    let late = http
+        .post(format!("{base}/v1/admin/usage-evidence"))
+        .bearer_auth(&operator)
+        .json(&serde_json::json!({
+            "execution_id": view["execution_id"],
+            "usage": view["receipt"]["usage"],
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert!(late.status().is_success(), "{:?}", late.status());
+    metrics_when(&http, &base, |text| acknowledged(text).unwrap_or(0) >= 1).await;
     child.kill().unwrap();
     child.wait().unwrap();
 }

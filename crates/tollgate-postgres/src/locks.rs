@@ -42,8 +42,8 @@ const EXECUTION_LOCK_WITH_HEAD: &str = concat!(
 const EXECUTION_LOCK_WITH_HEAD_AND_EVIDENCE: &str = concat!(
     "WITH ev AS (INSERT INTO usage_inbox (id, scope, execution_id, operation_key, provider_ref, \
      input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, \
-     exact, source, received_at) \
-     VALUES ($3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) RETURNING id), \
+     exact, source, received_at, acknowledged_at) \
+     VALUES ($3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) RETURNING id), \
      e AS (SELECT ",
     execution_columns!(),
     " FROM executions WHERE id = $1 FOR UPDATE) \
@@ -96,7 +96,8 @@ pub(crate) async fn lock_execution(
         .into_record()
 }
 
-/// Appends `evidence` (when given) to the inbox, then locks the row `id` and, outside a root,
+/// Appends `evidence` (when given, with its acknowledgement time when the settlement
+/// acknowledges it) to the inbox, then locks the row `id` and, outside a root,
 /// the head of the audit chain `chain` of its scope, until the transaction ends, in one round
 /// trip. The head is `None` under a root (the root lock comes between the
 /// two: take it, then the head) and before the scope's first append.
@@ -107,17 +108,18 @@ pub(crate) async fn lock_execution_and_head(
     conn: &mut PgConnection,
     id: ExecutionId,
     chain: AuditChain,
-    evidence: Option<&NewEvidence>,
+    evidence: Option<(&NewEvidence, Option<DateTime<Utc>>)>,
 ) -> StoreResult<Locked> {
     let chain = i16::try_from(chain.0).map_err(|_| StoreError::Corrupt("audit chain".into()))?;
     let query = match evidence {
         None => sqlx::query(EXECUTION_LOCK_WITH_HEAD).bind(id.0).bind(chain),
-        Some(evidence) => crate::inbox::bind_new(
+        Some((evidence, acknowledged_at)) => crate::inbox::bind_new(
             sqlx::query(EXECUTION_LOCK_WITH_HEAD_AND_EVIDENCE)
                 .bind(id.0)
                 .bind(chain),
             evidence,
-        )?,
+        )?
+        .bind(acknowledged_at),
     };
     let row: Option<PgRow> = query.fetch_optional(&mut *conn).await.store_err()?;
     let row = row.ok_or_else(|| StoreError::NotFound(id.to_string()))?;

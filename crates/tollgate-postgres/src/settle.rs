@@ -1,6 +1,7 @@
 //! Settlement: governed charge, spend, root totals and root receipt (under a root), result,
-//! journal completion and audit in one transaction (spec/journal.md, SC-52, ST-6). Evidence is not
-//! acknowledged here: reconcile usage compares it with the durable settlement.
+//! journal completion and audit in one transaction (spec/journal.md, SC-52, ST-6), with the call's
+//! own evidence, acknowledged when it is what was charged (H-28); other evidence is left to
+//! reconcile usage, which compares it with the durable settlement.
 
 use crate::audit;
 use crate::error::sqlstate;
@@ -190,7 +191,7 @@ const SETTLE: &str = concat!(
     ", session_settled, session_held, day_settled, day_held \
      FROM tollgate_settle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
      $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, \
-     $35, $36, $37, $38, $39, $40, $41)"
+     $35, $36, $37, $38, $39, $40, $41, $42)"
 );
 
 /// SQLSTATE by which the function hands the settlement to the general transaction.
@@ -208,6 +209,18 @@ impl PgStores {
     ) -> StoreResult<Option<SettleOutcome>> {
         let chain = AuditChain::of_execution(seen.id);
         let settlement = rules::settlement_row(seen, request);
+        // The call's own evidence: its id is drawn here, since the audit row names it (H-28).
+        let acknowledged_at = rules::own_evidence_acknowledged_at(request);
+        let named = match &request.evidence {
+            Some(_) => rules::SettledEvidence {
+                id: Some(EvidenceId::new()),
+                acknowledged: acknowledged_at.is_some(),
+            },
+            None => rules::SettledEvidence {
+                id: request.evidence_id,
+                acknowledged: false,
+            },
+        };
         // The result before the post-call block check: its content, stop and retention.
         let planned = rules::settled_result(
             seen,
@@ -224,6 +237,7 @@ impl PgStores {
                     outcome,
                     ..planned.clone()
                 },
+                named,
             );
             event.at = audit_time(event.at);
             let frame = row_hash_frame(chain, &event);
@@ -250,7 +264,7 @@ impl PgStores {
             .bind(seen.hold.decimal())
             .bind(request.provider_ref.as_deref())
             .bind(request.now)
-            .bind(request.evidence.as_ref().map(|_| EvidenceId::new().0))
+            .bind(request.evidence.as_ref().and(named.id).map(|id| id.0))
             .bind(
                 request
                     .evidence
@@ -261,6 +275,7 @@ impl PgStores {
             .bind(request.evidence.as_ref().map(|e| e.exact))
             .bind(request.evidence.as_ref().map(|e| e.source.as_str()))
             .bind(request.evidence.as_ref().map(|e| e.now))
+            .bind(acknowledged_at)
             .bind(settlement.id.0)
             .bind(settlement.consumer.as_str())
             .bind(settlement.session_id.as_str())
@@ -351,16 +366,21 @@ impl PgStores {
         // The call's own evidence goes in with that statement (H-15): a new inbox row, which
         // nothing waits for.
         let mut request = request;
+        let acknowledged_at = rules::own_evidence_acknowledged_at(&request);
         let evidence = request.evidence.take();
         let locked = locks::lock_execution_and_head(
             &mut tx,
             request.fence.execution_id,
             chain,
-            evidence.as_ref(),
+            evidence.as_ref().map(|e| (e, acknowledged_at)),
         )
         .await?;
         let (record, head) = (locked.record, locked.head);
-        request.evidence_id = locked.evidence_id.or(request.evidence_id);
+        let named = rules::SettledEvidence {
+            id: locked.evidence_id.or(request.evidence_id),
+            acknowledged: locked.evidence_id.is_some() && acknowledged_at.is_some(),
+        };
+        request.evidence_id = named.id;
         rules::check_fence(&record, request.fence, &rules::SETTLEABLE)?;
         let (root, head) = match &record.root_key {
             Some(root_key) => {
@@ -398,7 +418,10 @@ impl PgStores {
             root_receipt = Some(roots::insert_receipt(&mut tx, &receipt).await?);
         }
         let done = rules::completed(&record, &request, result.outcome);
-        let audit = audit::prepare(rules::settled_event(&done, &settlement, &result), head)?;
+        let audit = audit::prepare(
+            rules::settled_event(&done, &settlement, &result, named),
+            head,
+        )?;
         let finished = finish(
             &mut tx,
             Finish {

@@ -366,6 +366,11 @@ async fn sc_40_sc_42_operator_recover_reconcile_and_resolve() {
         .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(counts, json!({"roots": 0, "executions": 0}));
+    // The call's own evidence was acknowledged by its settlement (H-28); a late report equal to
+    // the settlement is what reconciliation acknowledges.
+    let late = json!({"execution_id": done["execution_id"], "usage": done["receipt"]["usage"]});
+    let (status, row, _) = s.post("/v1/admin/usage-evidence", &s.operator, &late).await;
+    assert_eq!(status, StatusCode::OK, "{row}");
     let (status, usage, _) = s
         .post("/v1/admin/reconcile/usage", &s.operator, &json!({}))
         .await;
@@ -414,7 +419,7 @@ async fn sc_40_sc_42_operator_recover_reconcile_and_resolve() {
 #[tokio::test]
 async fn sc_62_scheduler_pass_acknowledges_settled_evidence() {
     let s = Server::memory().await;
-    let (status, _, _) = s
+    let (status, done, _) = s
         .post(
             "/v1/calls",
             &s.caller,
@@ -428,6 +433,13 @@ async fn sc_62_scheduler_pass_acknowledges_settled_evidence() {
     };
     let metrics = Arc::new(Metrics::default());
     let mut scheduler = Scheduler::new(s.backend.clone(), settings, 1000, metrics);
+    // The call's own evidence was acknowledged by its settlement (H-28): no work.
+    let idle = scheduler.pass(&CancellationToken::new()).await;
+    assert_eq!((idle.scopes, idle.acknowledged), (0, 0));
+    // A late report equal to the settlement is work for the next pass.
+    let late = json!({"execution_id": done["execution_id"], "usage": done["receipt"]["usage"]});
+    let (status, row, _) = s.post("/v1/admin/usage-evidence", &s.operator, &late).await;
+    assert_eq!(status, StatusCode::OK, "{row}");
     let counts = scheduler.pass(&CancellationToken::new()).await;
     assert_eq!(counts.errors, 0);
     assert_eq!(counts.scopes, 1, "acme has work, globex none");

@@ -6,7 +6,7 @@ use crate::rows::*;
 use chrono::{DateTime, Duration, Utc};
 use serde_json::json;
 use tollgate_core::caps::{CapLevel, CurrencySpend, SpendTotals};
-use tollgate_core::ids::{ExecutionId, FenceToken, Scope, SettlementId};
+use tollgate_core::ids::{EvidenceId, ExecutionId, FenceToken, Scope, SettlementId};
 use tollgate_core::money::{Currency, Money};
 use tollgate_core::state::{ExecutionState, Outcome};
 
@@ -279,11 +279,38 @@ pub fn claim_events(record: &ExecutionRecord, at: DateTime<Utc>) -> Vec<AuditEve
     ]
 }
 
-/// Audit event of a settlement.
+/// When a settlement acknowledges the call's own evidence (`request.evidence`), which it records
+/// in its unit: when that evidence is the execution's, exact, and its usage is the usage charged.
+/// That is what `reconcile_usage` would find and acknowledge later (SC-42), so the settlement
+/// acknowledges it at once (H-28): the answer is the acknowledgement time (`request.now`).
+/// `None`: the evidence stays open for reconciliation (or there is none).
+pub fn own_evidence_acknowledged_at(request: &SettleRequest) -> Option<DateTime<Utc>> {
+    request
+        .evidence
+        .as_ref()
+        .filter(|e| {
+            e.execution_id == request.fence.execution_id && e.exact && e.usage == request.usage
+        })
+        .map(|_| request.now)
+}
+
+/// The evidence a settlement names in its audit row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SettledEvidence {
+    /// The evidence the charged usage came from: the call's own, recorded in the settlement's
+    /// unit, or the inbox row recovery or an operator settled from. `None`: none named.
+    pub id: Option<EvidenceId>,
+    /// Whether the settlement acknowledged it ([`own_evidence_acknowledged_at`]).
+    pub acknowledged: bool,
+}
+
+/// Audit event of a settlement; its detail names the evidence (`evidence_id`, `null` when none)
+/// and whether the settlement acknowledged it (`evidence_acknowledged`).
 pub fn settled_event(
     record: &ExecutionRecord,
     settlement: &SettlementRecord,
     result: &ResultRecord,
+    evidence: SettledEvidence,
 ) -> AuditEvent {
     AuditEvent {
         scope: record.scope.clone(),
@@ -297,6 +324,8 @@ pub fn settled_event(
             "source": settlement.source.as_str(),
             "outcome": result.outcome.as_str(),
             "fence": record.fence.0,
+            "evidence_id": evidence.id.map(|id| id.to_string()),
+            "evidence_acknowledged": evidence.acknowledged,
         }),
         at: settlement.settled_at,
     }
@@ -313,7 +342,8 @@ pub fn erased_event(scope: &Scope, id: ExecutionId, now: DateTime<Utc>) -> Audit
     }
 }
 
-/// Audit event of an evidence acknowledgement (by reconcile usage).
+/// Audit event of an evidence acknowledgement by reconcile usage (a settlement that acknowledges
+/// its own evidence says so in its `settled` row instead).
 pub fn evidence_acknowledged_event(
     scope: &Scope,
     evidence: &Evidence,

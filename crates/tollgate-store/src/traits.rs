@@ -89,8 +89,10 @@ pub trait ExecutionStore: Send + Sync {
     /// unit: inserts the governed charge (at most one per execution, enforced by the store),
     /// releases the hold and adds the amount to both spend rows, applies the post-call block
     /// check of the binding's caps on the settled totals (outcome `blocked`, output and step
-    /// dropped, SC-16), stores the result, completes the journal and audits `settled`. Evidence is
-    /// not acknowledged here: `reconcile_usage` compares it with the durable settlement.
+    /// dropped, SC-16), stores the result, completes the journal and audits `settled`. The call's
+    /// own evidence (`request.evidence`) goes into the inbox in the same unit, acknowledged when
+    /// [`crate::rules::own_evidence_acknowledged_at`] says so (H-28); other evidence is left to
+    /// `reconcile_usage`, which compares it with the durable settlement.
     ///
     /// # Errors
     /// `StaleFence`; `Duplicate` if a settlement exists; `HoldUnderflow` when a spend row or the

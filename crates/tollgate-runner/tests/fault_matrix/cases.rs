@@ -8,7 +8,7 @@ use super::*;
 use tollgate_store::fault::FaultKind;
 use tollgate_store::{
     ApiKeyRecord, ApiKeyStore, AuditEvent, AuditLog, ExecutionStore, KeyDigest, KeyRole,
-    ResultStore, WorkScan,
+    ResultStore, SettlementStore, WorkScan,
 };
 
 /// The root of the step and recovery cases.
@@ -73,7 +73,7 @@ pub enum Case {
     Recover,
     /// `reconcile_expired` over the same work, and the expired root.
     ReconcileExpired,
-    /// `reconcile_usage` over two settled calls' evidence.
+    /// `reconcile_usage` over late evidence equal to two settled calls' settlements.
     ReconcileUsage,
     /// An operator resolving a call that awaits reconciliation.
     Operator,
@@ -188,6 +188,18 @@ impl Case {
             Case::ReconcileUsage => {
                 text_call(world, "a", text_reply(), None).await;
                 text_call(world, "b", text_reply(), None).await;
+                // Their own evidence was acknowledged by their settlements (H-28): late reports
+                // equal to the settlements are what reconciliation acknowledges.
+                let stores = world.process();
+                let reconciler = world.reconciler(&stores);
+                for key in ["a", "b"] {
+                    let id = world.id(key).unwrap();
+                    let charged = stores.settlement(id).await.unwrap().unwrap().usage;
+                    reconciler
+                        .record_late_evidence(&world.scope, id, charged, None)
+                        .await
+                        .unwrap();
+                }
             }
             Case::Operator => text_call(world, "cut", cut_reply(), None).await,
             Case::Erasure => {

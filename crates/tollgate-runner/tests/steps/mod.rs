@@ -750,9 +750,21 @@ pub async fn sr_10_one_key_one_outcome(h: H) {
 pub async fn sr_11_recover_and_reconcile_usage_take_the_host_key(h: H) {
     let c = client(vec![tool_reply("{}"), tool_reply("{}")]);
     let runner = h.structured(&c);
-    runner.run(h.call("a")).await.unwrap();
-    runner.run(h.call("b")).await.unwrap();
+    let a = runner.run(h.call("a")).await.unwrap();
+    let b = runner.run(h.call("b")).await.unwrap();
     let r = Reconciler::with_roots(h.stores.clone(), h.clock.clone());
+    // Their own evidence was acknowledged by their settlements (H-28): late reports equal to
+    // the settlements are what reconciliation acknowledges.
+    for view in [&a, &b] {
+        r.record_late_evidence(
+            &scope("acme"),
+            view.execution_id.unwrap(),
+            view.receipt.as_ref().unwrap().usage,
+            None,
+        )
+        .await
+        .unwrap();
+    }
     let counts = runner
         .reconcile_usage(&r, &scope("acme"), &key("a"), None, None)
         .await

@@ -740,16 +740,21 @@ pub async fn sc_42_reconcile_usage_acknowledges_only_exact_settled_evidence(h: H
     let done = runner.run(h.request("done", "x")).await.unwrap();
     runner.run(h.request("cut", "x")).await.unwrap();
     let r = h.reconciler();
-    // Late evidence that disagrees with the settlement stays pending.
-    r.record_late_evidence(
-        &scope("acme"),
-        done.execution_id.unwrap(),
-        usage(99, 1),
-        None,
-    )
-    .await
-    .unwrap();
     let never = |_: &OperationKey| false;
+    // The call's own exact evidence was acknowledged by its settlement (H-28): nothing is open.
+    let before = r
+        .reconcile_usage(&scope("acme"), None, None, &never)
+        .await
+        .unwrap();
+    assert_eq!((before.scanned, before.acknowledged), (0, 0));
+    // Late evidence equal to the settlement is acknowledged; evidence that disagrees with it
+    // stays pending.
+    let charged = done.receipt.as_ref().unwrap().usage;
+    for late in [charged, usage(99, 1)] {
+        r.record_late_evidence(&scope("acme"), done.execution_id.unwrap(), late, None)
+            .await
+            .unwrap();
+    }
     let counts = r
         .reconcile_usage(&scope("acme"), None, None, &never)
         .await
@@ -771,11 +776,21 @@ pub async fn sc_42_reconcile_usage_acknowledges_only_exact_settled_evidence(h: H
 
 pub async fn sc_44_skip_leaves_rows_pending(h: Harness) {
     let c = client(vec![ok_reply("a")]);
-    h.runner(text_config(), &c)
+    let done = h
+        .runner(text_config(), &c)
         .run(h.request("control", "x"))
         .await
         .unwrap();
     let r = h.reconciler();
+    // A late report equal to the settlement (the call's own evidence was acknowledged by it).
+    r.record_late_evidence(
+        &scope("acme"),
+        done.execution_id.unwrap(),
+        done.receipt.as_ref().unwrap().usage,
+        None,
+    )
+    .await
+    .unwrap();
     let skip = |k: &OperationKey| k.as_str() == "control";
     let counts = r
         .reconcile_usage(&scope("acme"), None, None, &skip)

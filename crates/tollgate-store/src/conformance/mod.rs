@@ -38,6 +38,7 @@ macro_rules! store_conformance {
             sc_30_not_dispatched_releases_hold,
             settle_writes_charge_spend_result_and_completes,
             h_15_evidence_and_settlement_commit_together,
+            h_28_a_settlement_acknowledges_its_own_exact_evidence,
             settlement_is_exactly_once,
             sc_119_a_second_settlement_is_refused_by_the_one_per_execution_constraint,
             sc_15_warning_keeps_output,
@@ -423,6 +424,82 @@ pub async fn h_15_evidence_and_settlement_commit_together<S: Stores>(s: Arc<S>) 
         s.settlement(r.id).await.unwrap().unwrap().amount,
         money("0.2")
     );
+}
+
+/// H-28: a settlement acknowledges the call's own evidence in its unit when that evidence is
+/// exact and its usage is the usage charged, and its `settled` audit row names the evidence and
+/// says so; inexact evidence, or evidence of other usage, stays open for reconciliation. Both the
+/// settlement from the row as last read (`seen`) and the general one.
+pub async fn h_28_a_settlement_acknowledges_its_own_exact_evidence<S: Stores>(s: Arc<S>) {
+    // (key, the row as last read given, evidence exact, evidence usage = charged) → acknowledged
+    let cases = [
+        ("k1", true, true, true, true),
+        ("k2", false, true, true, true),
+        ("k3", true, false, true, false),
+        ("k4", false, false, true, false),
+        ("k5", true, true, false, false),
+        ("k6", false, true, false, false),
+    ];
+    for (k, seen, exact, equal, acknowledged) in cases {
+        let r = dispatched(&*s, claim_req("a", k, text_config(), "0.5")).await;
+        let mut request = settle_req(&r, "0.1", "x");
+        if !seen {
+            request.seen = None;
+        }
+        let charged = request.usage;
+        let mut own = evidence(&r, 0);
+        own.usage = if equal {
+            charged
+        } else {
+            Usage {
+                input: charged.input + 1,
+                ..charged
+            }
+        };
+        own.exact = exact;
+        request.evidence = Some(own);
+        s.settle(request).await.unwrap();
+        let recorded = s.evidence_for(r.id).await.unwrap();
+        assert_eq!(recorded.len(), 1, "{k}");
+        assert_eq!(
+            recorded[0].acknowledged_at,
+            acknowledged.then_some(t0()),
+            "{k}"
+        );
+        let trail = s
+            .audit_rows(&scope("a"), AuditPosition::START, 100)
+            .await
+            .unwrap();
+        let settled = trail
+            .iter()
+            .find(|row| row.event.kind == "settled" && row.event.execution_id == Some(r.id))
+            .unwrap();
+        assert_eq!(
+            settled.event.detail["evidence_id"],
+            recorded[0].id.to_string(),
+            "{k}"
+        );
+        assert_eq!(
+            settled.event.detail["evidence_acknowledged"], acknowledged,
+            "{k}"
+        );
+        // What it acknowledged is never open again; what it left open is.
+        let open = s.unacknowledged(&scope("a"), 0, 100).await.unwrap();
+        assert_eq!(
+            open.iter().any(|e| e.id == recorded[0].id),
+            !acknowledged,
+            "{k}"
+        );
+    }
+    // No evidence acknowledged by a settlement shows up as an `evidence_acknowledged` row: the
+    // `settled` row says it.
+    let trail = s
+        .audit_rows(&scope("a"), AuditPosition::START, 100)
+        .await
+        .unwrap();
+    assert!(!trail
+        .iter()
+        .any(|row| row.event.kind == "evidence_acknowledged"));
 }
 
 pub async fn settle_writes_charge_spend_result_and_completes<S: Stores>(s: Arc<S>) {

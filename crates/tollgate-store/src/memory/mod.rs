@@ -98,7 +98,11 @@ impl Tables {
     }
 
     /// Appends usage evidence to the inbox.
-    fn record_evidence(&mut self, evidence: NewEvidence) -> Evidence {
+    fn record_evidence(
+        &mut self,
+        evidence: NewEvidence,
+        acknowledged_at: Option<DateTime<Utc>>,
+    ) -> Evidence {
         let row = Evidence {
             id: EvidenceId::new(),
             seq: self.evidence.len() as i64 + 1,
@@ -110,7 +114,7 @@ impl Tables {
             exact: evidence.exact,
             source: evidence.source,
             received_at: evidence.now,
-            acknowledged_at: None,
+            acknowledged_at,
         };
         self.evidence.push(row.clone());
         row
@@ -390,9 +394,18 @@ impl ExecutionStore for MemoryStores {
             rules::apply_root_caps(&record, &mut result, &rules::root_spend(&after))?;
             root_update = Some(after);
         }
-        // The call's own evidence, in the settlement's unit (H-15).
+        // The call's own evidence, in the settlement's unit (H-15), acknowledged by it when it
+        // is what was charged (H-28).
+        let mut named = rules::SettledEvidence {
+            id: request.evidence_id,
+            acknowledged: false,
+        };
         if let Some(evidence) = request.evidence.clone() {
-            t.record_evidence(evidence);
+            let acknowledged_at = rules::own_evidence_acknowledged_at(&request);
+            named = rules::SettledEvidence {
+                id: Some(t.record_evidence(evidence, acknowledged_at).id),
+                acknowledged: acknowledged_at.is_some(),
+            };
         }
         let mut root_receipt = None;
         if let Some(after) = root_update {
@@ -408,7 +421,7 @@ impl ExecutionStore for MemoryStores {
         t.push_settlement(settlement.clone());
         t.results.insert(record.id, result.clone());
         t.executions.insert(record.id, done.clone());
-        t.append(rules::settled_event(&done, &settlement, &result));
+        t.append(rules::settled_event(&done, &settlement, &result, named));
         Ok(SettleOutcome {
             record: done,
             settlement,
@@ -597,7 +610,7 @@ impl ResultStore for MemoryStores {
 #[async_trait]
 impl UsageInbox for MemoryStores {
     async fn record_evidence(&self, evidence: NewEvidence) -> StoreResult<Evidence> {
-        Ok(self.lock()?.record_evidence(evidence))
+        Ok(self.lock()?.record_evidence(evidence, None))
     }
 
     async fn evidence_for(&self, execution_id: ExecutionId) -> StoreResult<Vec<Evidence>> {
