@@ -21,9 +21,9 @@ const INSERT: &str = concat!(
     evidence_columns!()
 );
 
-/// A scope's open evidence after a cursor (index `usage_inbox_open_idx`). Ordered by the
-/// partial index's own `(scope, seq)` (the same order, the scope being fixed), so no plan walks
-/// `usage_inbox_seq_key` past the scope's acknowledged rows (H-12).
+/// A scope's open evidence after a cursor (index `usage_inbox_open_idx`), ordered by the
+/// partial index's own `(scope, seq)` (the same order, the scope being fixed). No other index of
+/// the inbox is led by `seq` (H-29), so no plan walks the scope's acknowledged rows (H-12).
 pub(crate) const OPEN: &str = concat!(
     "SELECT ",
     evidence_columns!(),

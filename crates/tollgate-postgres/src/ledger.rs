@@ -63,7 +63,7 @@ const EXECUTIONS: &str = "SELECT e.id, e.operation_key, e.state, e.hold, e.accou
      WHERE e.state = ANY($2) AND e.scope = $1";
 
 /// Settlements written in the scope whose execution is not in it (index
-/// `cost_settlements_scope_idx`).
+/// `cost_settlements_feed_scope_idx`, led by the scope).
 const FOREIGN_SETTLEMENTS: &str = concat!(
     "SELECT ",
     settlement_columns!(),

@@ -145,7 +145,8 @@ impl SettlementStore for PgStores {
 /// (across scopes, for the operator's export, every committed row: a point-in-time listing). Such a row's
 /// transaction has ended, and any row that commits later was inserted by a transaction at or
 /// above that horizon, so it sorts after every row listed now. Serves the scope's feed from
-/// `cost_settlements_feed_scope_idx`, the export across scopes from `cost_settlements_feed_idx`.
+/// `cost_settlements_feed_scope_idx`, the export across scopes from `cost_settlements_feed_key`
+/// (unique: a feed position names one charge).
 const FEED: &str = concat!(
     "SELECT ",
     settlement_columns!(),

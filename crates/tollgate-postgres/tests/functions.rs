@@ -546,3 +546,69 @@ async fn h_27_a_statement_dropped_mid_answer_leaves_its_lane_connection_usable()
     ));
     drop(database);
 }
+
+/// H-29: the indexes a call writes are the ones its reads need, and a charge's finance-feed
+/// position `(txid, seq)` is unique: a second row at a position already taken is refused.
+#[tokio::test]
+async fn h_29_the_call_tables_keep_only_the_indexes_they_need() {
+    let (_database, s) = fresh().await;
+    let r = claimed(&s, "k1", "0.1").await;
+    s.settle(settle_req(&r, "0.05", "x")).await.unwrap();
+    let indexes: Vec<(String, String)> = sqlx::query_as(
+        "SELECT tablename::text, indexname::text FROM pg_indexes \
+         WHERE schemaname = 'public' AND tablename IN ('executions', 'execution_results', \
+           'usage_inbox', 'cost_settlements', 'audit_log', 'audit_heads', 'spend_sessions', \
+           'spend_days') \
+         ORDER BY tablename, indexname",
+    )
+    .fetch_all(s.pool())
+    .await
+    .unwrap();
+    let names: Vec<String> = indexes.iter().map(|(t, i)| format!("{t}.{i}")).collect();
+    assert_eq!(
+        names,
+        [
+            "audit_heads.audit_heads_pkey",
+            "audit_log.audit_log_pkey",
+            "cost_settlements.cost_settlements_day_idx",
+            "cost_settlements.cost_settlements_execution_id_key",
+            "cost_settlements.cost_settlements_feed_key",
+            "cost_settlements.cost_settlements_feed_scope_idx",
+            "cost_settlements.cost_settlements_pkey",
+            "execution_results.execution_results_pkey",
+            "execution_results.execution_results_retention_idx",
+            "executions.executions_open_scope_idx",
+            "executions.executions_operation_key_scope_key",
+            "executions.executions_pkey",
+            "executions.executions_scope_root_key_idx",
+            "executions.executions_state_scope_created_idx",
+            "spend_days.spend_days_pkey",
+            "spend_sessions.spend_sessions_pkey",
+            "usage_inbox.usage_inbox_acknowledged_scope_idx",
+            "usage_inbox.usage_inbox_execution_idx",
+            "usage_inbox.usage_inbox_open_idx",
+            "usage_inbox.usage_inbox_pkey",
+        ]
+    );
+    let copy = sqlx::query(
+        "INSERT INTO cost_settlements (settlement_id, execution_id, seq, txid, scope, \
+           operation_key, kind, consumer, session_id, accounting_day, provider, model, \
+           price_version, policy_version, currency, input_tokens, output_tokens, \
+           cache_read_tokens, cache_write_tokens, reasoning_tokens, amount, source, settled_at) \
+         SELECT gen_random_uuid(), gen_random_uuid(), seq, txid, scope, operation_key, kind, \
+           consumer, session_id, accounting_day, provider, model, price_version, \
+           policy_version, currency, input_tokens, output_tokens, cache_read_tokens, \
+           cache_write_tokens, reasoning_tokens, amount, source, settled_at \
+         FROM cost_settlements",
+    )
+    .execute(s.pool())
+    .await
+    .unwrap_err();
+    let code = copy.as_database_error().and_then(|e| e.code());
+    assert_eq!(code.as_deref(), Some("23505"), "{copy}");
+    assert_eq!(
+        copy.as_database_error().and_then(|e| e.constraint()),
+        Some("cost_settlements_feed_key"),
+        "{copy}"
+    );
+}
