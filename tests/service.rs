@@ -885,33 +885,44 @@ async fn sc_139_the_concurrency_limit_and_the_request_timeout_on_postgres() {
     let s = std::sync::Arc::new(
         Service::start("concurrency_limit = 1\nrequest_timeout_ms = 1000").await,
     );
-    let slow = {
-        let s = s.clone();
-        tokio::spawn(async move {
-            let (status, answer, headers) = s
-                .send(
-                    Method::POST,
-                    "/v1/calls",
-                    Some(&s.caller),
-                    Some(&call("slow", "slow-1", "hello")),
-                )
-                .await;
-            (status, answer, headers.contains_key("x-request-id"))
-        })
-    };
-    // While the slow call holds the only slot, other requests are turned away with a 503.
-    let mut overloaded = None;
-    while !slow.is_finished() {
-        let (status, answer, headers) = s.send(Method::GET, "/healthz", None, None).await;
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            assert!(headers.contains_key("x-request-id"));
-            overloaded = Some(answer);
-            break;
+    // While the slow call holds the only slot, other requests are turned away with a 503. A
+    // probe that holds the slot when the slow call arrives turns the slow call away instead
+    // (nothing written): then it is sent again.
+    let mut turned_away = 0;
+    let (overloaded, slow) = loop {
+        let slow = {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let (status, answer, headers) = s
+                    .send(
+                        Method::POST,
+                        "/v1/calls",
+                        Some(&s.caller),
+                        Some(&call("slow", "slow-1", "hello")),
+                    )
+                    .await;
+                (status, answer, headers.contains_key("x-request-id"))
+            })
+        };
+        let mut overloaded = None;
+        while !slow.is_finished() {
+            let (status, answer, headers) = s.send(Method::GET, "/healthz", None, None).await;
+            if status == StatusCode::SERVICE_UNAVAILABLE {
+                assert!(headers.contains_key("x-request-id"));
+                overloaded = Some(answer);
+                break;
+            }
+            assert_eq!(status, StatusCode::OK);
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
-        assert_eq!(status, StatusCode::OK);
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    let overloaded = overloaded.expect("a request over the concurrency limit was answered 503");
+        if let Some(overloaded) = overloaded {
+            break (overloaded, slow);
+        }
+        let (status, answer, _) = slow.await.unwrap();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+        turned_away += 1;
+        assert!(turned_away < 20, "the slow call never took the slot");
+    };
     assert_eq!(overloaded["error"]["code"], "unavailable", "{overloaded}");
 
     let (status, answer, has_id) = slow.await.unwrap();
