@@ -12,6 +12,7 @@ use rust_decimal::Decimal;
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use sqlx::{FromRow, PgConnection, Row};
+use std::sync::atomic::Ordering;
 use tollgate_core::caps::SpendTotals;
 use tollgate_core::ids::{ExecutionId, OperationKey, Scope};
 use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
@@ -259,17 +260,30 @@ impl PgStores {
     /// statement (H-16). Only an absent key takes the insert path, where a claimer
     /// racing on the same key is settled by `ON CONFLICT`.
     pub(crate) async fn claim_tx(&self, request: ClaimRequest) -> StoreResult<ClaimOutcome> {
-        {
+        // A key seen here with a row is most likely a replay: read it first, one read and no
+        // write. Any other key outside a root goes to the claim function at once, which answers
+        // a key that has a row with nothing; the read follows then (H-30).
+        let known = self.known.contains(&request.scope, &request.operation_key);
+        if known || request.root_key.is_some() {
+            self.reads_first.fetch_add(1, Ordering::Relaxed);
             let mut call = self.call_connection().await?;
             let held = (&request.binding, request.digest());
             let existing = executions::view_held(&mut call, &request, held).await?;
             if let Some(existing) = existing {
+                self.known.insert(&request.scope, &request.operation_key);
                 return Ok(ClaimOutcome::Existing(Box::new(existing)));
             }
         }
         let record = rules::new_execution(&request);
         if request.root_key.is_none() {
-            return self.claim_call(&request, &record).await;
+            let outcome = self.claim_call(&request, &record).await?;
+            if matches!(
+                outcome,
+                ClaimOutcome::Claimed(_) | ClaimOutcome::Existing(_)
+            ) {
+                self.known.insert(&request.scope, &request.operation_key);
+            }
+            return Ok(outcome);
         }
         let mut tx = self.pool().begin().await.store_err()?;
         let lease_now = self.lease_now(request.now);

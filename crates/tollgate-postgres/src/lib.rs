@@ -33,6 +33,7 @@ mod error;
 mod executions;
 mod inbox;
 mod journal;
+mod known;
 mod lane;
 mod ledger;
 mod locks;
@@ -53,6 +54,7 @@ use lane::{CallConnection, Lane};
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 #[cfg(feature = "test-support")]
 pub use test_support::{
@@ -148,6 +150,10 @@ pub struct PgStores {
     /// The connections of a call's own single statements (H-27), when `max_connections` allows
     /// one; without it they take the pool.
     lane: Option<Arc<Lane>>,
+    /// The keys these stores have seen with a row: which statement a claim sends first (H-30).
+    known: Arc<known::KnownKeys>,
+    /// Claims that read their key before claiming it (H-30), for tests and the harness.
+    reads_first: Arc<AtomicU64>,
     /// Whether leases follow the caller's `now` (tests only) instead of the database's clock.
     caller_lease_clock: bool,
 }
@@ -202,8 +208,17 @@ impl PgStores {
         Self {
             pool,
             lane: None,
+            known: Arc::new(known::KnownKeys::new(known::KNOWN_KEYS_PER_GENERATION)),
+            reads_first: Arc::new(AtomicU64::new(0)),
             caller_lease_clock: false,
         }
+    }
+
+    /// How many claims read their key before claiming it (H-30): claims of keys these stores
+    /// have seen with a row. A claim of any other key outside a root is the claim function
+    /// first.
+    pub fn claims_read_first(&self) -> u64 {
+        self.reads_first.load(Ordering::Relaxed)
     }
 
     /// These stores with a lane of `connections` connections made with `options` for a call's

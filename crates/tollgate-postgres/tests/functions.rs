@@ -612,3 +612,74 @@ async fn h_29_the_call_tables_keep_only_the_indexes_they_need() {
         "{copy}"
     );
 }
+
+/// H-30: a claim of a key these stores have not seen with a row goes to the claim function
+/// first (no read before it); a key they have seen (claimed or found) is read first. Another
+/// instance that has not seen the key finds the same row through the claim function's answer,
+/// takes no hold for it, and still sees a different binding; from then on it reads first too.
+#[tokio::test]
+async fn h_30_a_claim_reads_first_only_for_keys_it_has_seen() {
+    let (database, s) = fresh().await;
+    let other = database.stores(4).await.unwrap().with_caller_lease_clock();
+    let first = claimed(&s, "k1", "0.5").await;
+    assert_eq!(s.claims_read_first(), 0);
+    assert_eq!(calls(&database, "tollgate_claim", 1).await, 1);
+
+    // A replay here: read first.
+    let ClaimOutcome::Existing(found) = s
+        .claim(claim_req("a", "k1", capped(), "0.5"))
+        .await
+        .unwrap()
+    else {
+        panic!("expected the existing row");
+    };
+    assert_eq!(found.execution.id, first.id);
+    assert_eq!(s.claims_read_first(), 1);
+
+    // The other instance has not seen it: the claim function, which writes nothing, then the
+    // read; the same row, and no second hold.
+    let held = |stores: PgStores| async move {
+        sqlx::query_scalar::<_, rust_decimal::Decimal>(
+            "SELECT COALESCE(sum(held), 0) FROM spend_days",
+        )
+        .fetch_one(stores.pool())
+        .await
+        .unwrap()
+    };
+    let before = held(s.clone()).await;
+    let ClaimOutcome::Existing(there) = other
+        .claim(claim_req("a", "k1", capped(), "0.5"))
+        .await
+        .unwrap()
+    else {
+        panic!("expected the existing row");
+    };
+    assert_eq!(there.execution.id, first.id);
+    assert_eq!(other.claims_read_first(), 0);
+    assert_eq!(calls(&database, "tollgate_claim", 2).await, 2);
+    assert_eq!(held(s.clone()).await, before);
+
+    // Seen now: read first.
+    let mut conflict = claim_req("a", "k1", capped(), "0.5");
+    conflict.binding.session_id = tollgate_core::ids::SessionId::parse("s-9").unwrap();
+    let ClaimOutcome::Existing(found) = other.claim(conflict.clone()).await.unwrap() else {
+        panic!("expected the existing row");
+    };
+    assert_eq!(other.claims_read_first(), 1);
+    assert_eq!(
+        found.execution.binding.differing_fields(&conflict.binding),
+        ["session_id"]
+    );
+
+    // A third instance meets the conflicting binding through the claim function's answer.
+    let third = database.stores(4).await.unwrap().with_caller_lease_clock();
+    let ClaimOutcome::Existing(found) = third.claim(conflict.clone()).await.unwrap() else {
+        panic!("expected the existing row");
+    };
+    assert_eq!(third.claims_read_first(), 0);
+    assert_eq!(
+        found.execution.binding.differing_fields(&conflict.binding),
+        ["session_id"]
+    );
+    assert_eq!(held(s.clone()).await, before);
+}
