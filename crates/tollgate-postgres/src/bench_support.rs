@@ -106,7 +106,12 @@ const SEED_EVIDENCE: &str = "INSERT INTO usage_inbox \
      WHERE e.scope = $1 AND e.operation_key = $2 \
      ORDER BY s.g";
 
-const ANALYZE: &str = "ANALYZE executions, execution_results, cost_settlements, usage_inbox";
+/// After a bulk copy: the tables vacuumed and analyzed, and a checkpoint, so neither autovacuum
+/// nor the checkpointer works through the copy while a size is measured.
+const SETTLE_AFTER_COPY: [&str; 2] = [
+    "VACUUM (ANALYZE) executions, execution_results, cost_settlements, usage_inbox",
+    "CHECKPOINT",
+];
 
 const EXECUTION_ID: &str = "SELECT id FROM executions WHERE scope = $1 AND operation_key = $2";
 
@@ -301,7 +306,8 @@ impl TestDatabase {
 
     /// Copies the completed execution `(scope, operation_key)` — journal row, result,
     /// settlement and usage evidence — `copies` times under new ids and the keys
-    /// `<operation_key><tag><n>` (n = 1..=copies), in one transaction, then analyzes the tables.
+    /// `<operation_key><tag><n>` (n = 1..=copies), in one transaction, then vacuums and analyzes
+    /// the tables and takes a checkpoint (the copy's own maintenance, before anything is measured).
     /// The copies' evidence is left unacknowledged when `open_evidence`. Audit rows are not
     /// copied (each would need its place in the hash chain). Returns the journal rows written.
     ///
@@ -352,7 +358,12 @@ impl TestDatabase {
             query.execute(&mut *tx).await.store_err()?;
         }
         tx.commit().await.store_err()?;
-        sqlx::query(ANALYZE).execute(&mut conn).await.store_err()?;
+        for statement in SETTLE_AFTER_COPY {
+            sqlx::raw_sql(statement)
+                .execute(&mut conn)
+                .await
+                .store_err()?;
+        }
         let _ = conn.close().await;
         Ok(written)
     }

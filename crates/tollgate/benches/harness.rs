@@ -4,7 +4,9 @@
 //!
 //! 1. **pgbench** (Debian's `postgresql-contrib` client; the harness stops with a clear message
 //!    when it is missing) on a scratch database of the same Postgres: TPC-B at 1 and 8 clients,
-//!    select-only at 16;
+//!    select-only at 16; and the design's own ceiling: pgbench driving the claim and settlement
+//!    functions of a first call (`benches/probe/db_only.sql`) at 8 clients on a migrated database,
+//!    with no application;
 //! 2. **the service**: real `tollgate serve` processes (the built binary) on a fresh database,
 //!    the mock provider at zero delay in this process, driven over HTTP by `wrk` (one thread, N
 //!    connections, a Lua script per case): one scope (c1, c16, c64), eight scopes, one hot daily block cap, replays of
@@ -801,6 +803,12 @@ async fn load_section(knobs: &Knobs, admin: &str) {
     let t = Instant::now();
     pgbench(bench_db.url(), &["-i", "-q", "-s", &scale]);
     println!("pgbench -i -s {scale}: {:.1} s", t.elapsed().as_secs_f64());
+    // The design's ceiling: the two function calls of a first call, driven by pgbench alone.
+    let ceiling_db = TestDatabase::create(admin).await.unwrap();
+    ceiling_db.stores(1).await.unwrap().migrate().await.unwrap();
+    let ceiling_script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/probe/db_only.sql");
+    let ceiling_script = ceiling_script.to_str().unwrap().to_string();
 
     // The service's database, migrated, and the mock.
     let db = TestDatabase::create(admin).await.unwrap();
@@ -861,13 +869,15 @@ async fn load_section(knobs: &Knobs, admin: &str) {
     let mut tpcb1 = Vec::new();
     let mut tpcb8 = Vec::new();
     let mut select16 = Vec::new();
+    let mut ceiling8 = Vec::new();
     let mut seen: BTreeMap<Case, Observed> = BTreeMap::new();
     for round in 0..knobs.rounds {
         service.round.store(round, Ordering::Relaxed);
         let pg_first = round % 2 == 0;
         let run_pgbench = |tpcb1: &mut Vec<PgbenchRun>,
                            tpcb8: &mut Vec<PgbenchRun>,
-                           select16: &mut Vec<PgbenchRun>| {
+                           select16: &mut Vec<PgbenchRun>,
+                           ceiling8: &mut Vec<PgbenchRun>| {
             tpcb1.push(pgbench(
                 bench_db.url(),
                 &["-n", "-c", "1", "-j", "1", "-T", &secs],
@@ -880,9 +890,25 @@ async fn load_section(knobs: &Knobs, admin: &str) {
                 bench_db.url(),
                 &["-n", "-S", "-c", "16", "-j", "2", "-T", &secs],
             ));
+            ceiling8.push(pgbench(
+                ceiling_db.url(),
+                &[
+                    "-n",
+                    "-M",
+                    "prepared",
+                    "-c",
+                    "8",
+                    "-j",
+                    "2",
+                    "-T",
+                    &secs,
+                    "-f",
+                    &ceiling_script,
+                ],
+            ));
         };
         if pg_first {
-            run_pgbench(&mut tpcb1, &mut tpcb8, &mut select16);
+            run_pgbench(&mut tpcb1, &mut tpcb8, &mut select16, &mut ceiling8);
         }
         let order: Vec<Case> = if pg_first {
             CASES.to_vec()
@@ -894,7 +920,7 @@ async fn load_section(knobs: &Knobs, admin: &str) {
             seen.entry(case).or_default().add(observed);
         }
         if !pg_first {
-            run_pgbench(&mut tpcb1, &mut tpcb8, &mut select16);
+            run_pgbench(&mut tpcb1, &mut tpcb8, &mut select16, &mut ceiling8);
         }
         println!("round {} of {} done", round + 1, knobs.rounds);
     }
@@ -913,16 +939,19 @@ async fn load_section(knobs: &Knobs, admin: &str) {
     let tpcb1_tps = mean(&tpcb1, |r| r.tps);
     let tpcb8_tps = mean(&tpcb8, |r| r.tps);
     let select16_tps = mean(&select16, |r| r.tps);
+    let ceiling8_tps = mean(&ceiling8, |r| r.tps);
     let pg_failed: u64 = tpcb1
         .iter()
         .chain(&tpcb8)
         .chain(&select16)
+        .chain(&ceiling8)
         .map(|r| r.failed)
         .sum();
     let pg_total: u64 = tpcb1
         .iter()
         .chain(&tpcb8)
         .chain(&select16)
+        .chain(&ceiling8)
         .map(|r| r.transactions + r.failed)
         .sum();
 
@@ -943,6 +972,10 @@ async fn load_section(knobs: &Knobs, admin: &str) {
     println!(
         "| select-only c16 | {select16_tps:.0} | {:.2} |",
         mean(&select16, |r| r.latency_ms)
+    );
+    println!(
+        "| tollgate_claim + tollgate_settle c8 (no application) | {ceiling8_tps:.0} | {:.2} |",
+        mean(&ceiling8, |r| r.latency_ms)
     );
     println!("pgbench failed transactions: {pg_failed} of {pg_total}");
     println!();
@@ -991,6 +1024,18 @@ async fn load_section(knobs: &Knobs, admin: &str) {
         one_scope / tpcb8_tps,
         "≥ 0.50",
         one_scope / tpcb8_tps >= 0.5,
+    );
+    ratio_row(
+        "the design's ceiling: claim + settle functions by pgbench c8 / TPC-B c8 TPS",
+        ceiling8_tps / tpcb8_tps,
+        "(info)",
+        true,
+    );
+    ratio_row(
+        "first calls/s, 1 scope (best) / the design's ceiling",
+        one_scope / ceiling8_tps,
+        "(info)",
+        true,
     );
     ratio_row(
         "first calls/s, 8 scopes / TPC-B c8 TPS",
