@@ -12,7 +12,7 @@
 //! 2. the operation root's row, "the root lock" (`SELECT … FOR UPDATE` in `claim`,
 //!    `mark_not_dispatched` and `settle` of a call under a root, and in the root operations;
 //!    root receipts come with it; `reconcile_roots` skips locked roots instead of waiting);
-//! 3. the head of the audit chain the event goes to (`audit_heads`: 16 per scope, chosen by
+//! 3. the head of the audit chain the event goes to (`audit_heads`: 64 per scope, chosen by
 //!    execution id), which serializes that chain's appends and makes its `seq` gapless;
 //! 4. last, the consumer's session spend row, then its day spend row (upserted and locked in
 //!    one statement, so they exist before they are locked). They are the hottest rows (every

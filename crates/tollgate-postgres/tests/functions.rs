@@ -421,7 +421,7 @@ async fn h_25_column_rules_are_domains_that_still_refuse_bad_values() {
         ("(-0.000000000001)::tollgate_money", "0::tollgate_money"),
         ("(-1)::tollgate_count", "0::tollgate_count"),
         ("0::tollgate_ordinal", "1::tollgate_ordinal"),
-        ("16::tollgate_chain", "15::tollgate_chain"),
+        ("64::tollgate_chain", "63::tollgate_chain"),
     ] {
         let e = sqlx::query(&format!("SELECT {bad}"))
             .execute(s.pool())
@@ -682,4 +682,95 @@ async fn h_30_a_claim_reads_first_only_for_keys_it_has_seen() {
         ["session_id"]
     );
     assert_eq!(held(s.clone()).await, before);
+}
+
+/// H-31: a scope's audit rows are spread over 64 chains. A database migrated before H-31 keeps
+/// 16 heads per scope; the migration gives each such scope its 48 new heads, empty, so the
+/// scope's chains end at their heads and a call appends to a new chain; a chain past 63 is
+/// refused by the column's domain.
+#[tokio::test]
+async fn h_31_a_scope_of_sixteen_chains_gains_the_new_heads() {
+    use sqlx::migrate::Migrator;
+    use tollgate_store::audit::ChainVerifier;
+    use tollgate_store::{AuditChain, AUDIT_CHAINS};
+    const H_31: i64 = 20_261_201_050_000;
+    assert_eq!(AUDIT_CHAINS, 64);
+    let database = TestDatabase::create(&test_admin_url()).await.unwrap();
+    let s = database.stores(4).await.unwrap();
+    let before = Migrator {
+        migrations: tollgate_postgres::MIGRATOR
+            .iter()
+            .filter(|m| m.version < H_31)
+            .cloned()
+            .collect::<Vec<_>>()
+            .into(),
+        ignore_missing: false,
+        locking: true,
+        no_tx: false,
+    };
+    before.run(s.pool()).await.unwrap();
+    // A scope as the 16-chain code left it: every head of its 16, one chain moved on.
+    sqlx::query(
+        "INSERT INTO audit_heads (scope, chain, last_seq, last_hash) \
+         SELECT 'a', c, 0, repeat('0', 64) FROM generate_series(0, 15) AS c",
+    )
+    .execute(s.pool())
+    .await
+    .unwrap();
+    let too_far = sqlx::query(
+        "INSERT INTO audit_heads (scope, chain, last_seq, last_hash) \
+         VALUES ('b', 16, 0, repeat('0', 64))",
+    )
+    .execute(s.pool())
+    .await
+    .unwrap_err();
+    assert_eq!(
+        too_far
+            .as_database_error()
+            .and_then(|e| e.code())
+            .as_deref(),
+        Some("23514"),
+        "{too_far}"
+    );
+    s.migrate().await.unwrap();
+    let chains: Vec<i16> =
+        sqlx::query_scalar("SELECT chain FROM audit_heads WHERE scope = 'a' ORDER BY chain")
+            .fetch_all(s.pool())
+            .await
+            .unwrap();
+    assert_eq!(chains, (0..64).collect::<Vec<i16>>());
+    // Calls until one lands on a chain the migration added; every chain still ends at its head.
+    let mut n = 0;
+    loop {
+        n += 1;
+        let r = claimed(&s, &format!("k{n}"), "0.1").await;
+        s.settle(settle_req(&r, "0.05", "x")).await.unwrap();
+        if AuditChain::of_execution(r.id).0 >= 16 {
+            break;
+        }
+        assert!(n < 200, "no call landed on chains 16..63");
+    }
+    let mut verifier = ChainVerifier::default();
+    let rows = s
+        .audit_rows(&scope("a"), AuditPosition::START, 1000)
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 3 * n);
+    rows.iter().for_each(|row| verifier.push(row).unwrap());
+    verifier
+        .finish(&s.audit_heads(&scope("a")).await.unwrap())
+        .unwrap();
+    let past = sqlx::query(
+        "INSERT INTO audit_heads (scope, chain, last_seq, last_hash) \
+         VALUES ('b', 64, 0, repeat('0', 64))",
+    )
+    .execute(s.pool())
+    .await
+    .unwrap_err();
+    assert_eq!(
+        past.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some("23514"),
+        "{past}"
+    );
+    drop(database);
 }

@@ -30,7 +30,7 @@ pub struct AuditEvent {
 pub struct AuditChain(pub u16);
 
 /// Chains per scope.
-pub const AUDIT_CHAINS: u16 = 16;
+pub const AUDIT_CHAINS: u16 = 64;
 
 impl AuditChain {
     /// The chain of every row of execution `id`.
