@@ -7,7 +7,7 @@
 #
 # The call's parameters in db_only.sql were taken from a real first call of the probe (the
 # binding snapshot, the audit rows' hash input, the evidence); each transaction uses a fresh key
-# and one of eight consumers and sixteen audit chains. When a migration changes either
+# and one of eight consumers and 64 audit chains. When a migration changes either
 # function's parameters, take them again (log_statement = all, one probe call).
 #
 # usage: benches/probe/db_only.sh [SECONDS] [ROUNDS] [CLIENTS]
