@@ -684,6 +684,26 @@ async fn h_30_a_claim_reads_first_only_for_keys_it_has_seen() {
     assert_eq!(held(s.clone()).await, before);
 }
 
+/// A head of chain `chain` is refused by the column's domain (a check violation).
+async fn head_refused(s: &PgStores, chain: i16) {
+    let refused = sqlx::query(
+        "INSERT INTO audit_heads (scope, chain, last_seq, last_hash) \
+         VALUES ('b', $1, 0, repeat('0', 64))",
+    )
+    .bind(chain)
+    .execute(s.pool())
+    .await
+    .unwrap_err();
+    assert_eq!(
+        refused
+            .as_database_error()
+            .and_then(|e| e.code())
+            .as_deref(),
+        Some("23514"),
+        "{refused}"
+    );
+}
+
 /// H-31: a scope's audit rows are spread over 64 chains. A database migrated before H-31 keeps
 /// 16 heads per scope; the migration gives each such scope its 48 new heads, empty, so the
 /// scope's chains end at their heads and a call appends to a new chain; a chain past 63 is
@@ -717,21 +737,7 @@ async fn h_31_a_scope_of_sixteen_chains_gains_the_new_heads() {
     .execute(s.pool())
     .await
     .unwrap();
-    let too_far = sqlx::query(
-        "INSERT INTO audit_heads (scope, chain, last_seq, last_hash) \
-         VALUES ('b', 16, 0, repeat('0', 64))",
-    )
-    .execute(s.pool())
-    .await
-    .unwrap_err();
-    assert_eq!(
-        too_far
-            .as_database_error()
-            .and_then(|e| e.code())
-            .as_deref(),
-        Some("23514"),
-        "{too_far}"
-    );
+    head_refused(&s, 16).await;
     s.migrate().await.unwrap();
     let chains: Vec<i16> =
         sqlx::query_scalar("SELECT chain FROM audit_heads WHERE scope = 'a' ORDER BY chain")
@@ -760,17 +766,6 @@ async fn h_31_a_scope_of_sixteen_chains_gains_the_new_heads() {
     verifier
         .finish(&s.audit_heads(&scope("a")).await.unwrap())
         .unwrap();
-    let past = sqlx::query(
-        "INSERT INTO audit_heads (scope, chain, last_seq, last_hash) \
-         VALUES ('b', 64, 0, repeat('0', 64))",
-    )
-    .execute(s.pool())
-    .await
-    .unwrap_err();
-    assert_eq!(
-        past.as_database_error().and_then(|e| e.code()).as_deref(),
-        Some("23514"),
-        "{past}"
-    );
+    head_refused(&s, 64).await;
     drop(database);
 }
