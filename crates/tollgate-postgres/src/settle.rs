@@ -211,16 +211,11 @@ impl PgStores {
         let settlement = rules::settlement_row(seen, request);
         // The call's own evidence: its id is drawn here, since the audit row names it (H-28).
         let acknowledged_at = rules::own_evidence_acknowledged_at(request);
-        let named = match &request.evidence {
-            Some(_) => rules::SettledEvidence {
-                id: Some(EvidenceId::new()),
-                acknowledged: acknowledged_at.is_some(),
-            },
-            None => rules::SettledEvidence {
-                id: request.evidence_id,
-                acknowledged: false,
-            },
-        };
+        let named = rules::SettledEvidence::named(
+            request.evidence.as_ref().map(|_| EvidenceId::new()),
+            acknowledged_at,
+            request.evidence_id,
+        );
         // The result before the post-call block check: its content, stop and retention.
         let planned = rules::settled_result(
             seen,
@@ -376,10 +371,8 @@ impl PgStores {
         )
         .await?;
         let (record, head) = (locked.record, locked.head);
-        let named = rules::SettledEvidence {
-            id: locked.evidence_id.or(request.evidence_id),
-            acknowledged: locked.evidence_id.is_some() && acknowledged_at.is_some(),
-        };
+        let named =
+            rules::SettledEvidence::named(locked.evidence_id, acknowledged_at, request.evidence_id);
         request.evidence_id = named.id;
         rules::check_fence(&record, request.fence, &rules::SETTLEABLE)?;
         let (root, head) = match &record.root_key {

@@ -304,6 +304,29 @@ pub struct SettledEvidence {
     pub acknowledged: bool,
 }
 
+impl SettledEvidence {
+    /// What a settlement names: the call's own evidence when it was `recorded` in the
+    /// settlement's unit (acknowledged when [`own_evidence_acknowledged_at`] answered
+    /// `acknowledged_at`), else the inbox row it was `settled_from` (recovery, an operator),
+    /// which the settlement does not acknowledge.
+    pub fn named(
+        recorded: Option<EvidenceId>,
+        acknowledged_at: Option<DateTime<Utc>>,
+        settled_from: Option<EvidenceId>,
+    ) -> Self {
+        match recorded {
+            Some(id) => Self {
+                id: Some(id),
+                acknowledged: acknowledged_at.is_some(),
+            },
+            None => Self {
+                id: settled_from,
+                acknowledged: false,
+            },
+        }
+    }
+}
+
 /// Audit event of a settlement; its detail names the evidence (`evidence_id`, `null` when none)
 /// and whether the settlement acknowledged it (`evidence_acknowledged`).
 pub fn settled_event(

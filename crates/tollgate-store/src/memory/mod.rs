@@ -396,17 +396,12 @@ impl ExecutionStore for MemoryStores {
         }
         // The call's own evidence, in the settlement's unit (H-15), acknowledged by it when it
         // is what was charged (H-28).
-        let mut named = rules::SettledEvidence {
-            id: request.evidence_id,
-            acknowledged: false,
-        };
-        if let Some(evidence) = request.evidence.clone() {
-            let acknowledged_at = rules::own_evidence_acknowledged_at(&request);
-            named = rules::SettledEvidence {
-                id: Some(t.record_evidence(evidence, acknowledged_at).id),
-                acknowledged: acknowledged_at.is_some(),
-            };
-        }
+        let acknowledged_at = rules::own_evidence_acknowledged_at(&request);
+        let recorded = request
+            .evidence
+            .clone()
+            .map(|evidence| t.record_evidence(evidence, acknowledged_at).id);
+        let named = rules::SettledEvidence::named(recorded, acknowledged_at, request.evidence_id);
         let mut root_receipt = None;
         if let Some(after) = root_update {
             let receipt = rules::root_receipt(&after, &settlement);
