@@ -4,16 +4,19 @@
 //! the function and the commit only. Calls under a root take the multi-statement transaction
 //! (`journal.rs`), whose root lock and root cap checks come between the insert and the spend rows.
 
+use crate::batch::{self, Answer};
 use crate::error::{db, sqlstate, DbResultExt};
 use crate::executions;
 use crate::rows::{execution_columns_but_binding, ExecutionRow, SpendRow};
 use crate::spend::{self, SpendKeys};
 use crate::PgStores;
 use rust_decimal::Decimal;
-use sqlx::postgres::PgDatabaseError;
+use sqlx::postgres::{PgArguments, PgDatabaseError};
+use sqlx::query::Query;
 use sqlx::types::Json;
-use sqlx::FromRow;
+use sqlx::{FromRow, Postgres};
 use std::str::FromStr;
+use std::sync::OnceLock;
 use tollgate_core::caps::SpendTotals;
 use tollgate_store::audit::{audit_time, row_hash_frame};
 use tollgate_store::rows::*;
@@ -91,61 +94,227 @@ fn refused_totals(error: &sqlx::Error) -> StoreResult<(SpendTotals, SpendTotals)
     ))
 }
 
+/// A claim's parameters, as the function takes them, owned so that a batch can send them (no
+/// `Debug`: they hold the binding).
+pub(crate) struct ClaimCall {
+    id: uuid::Uuid,
+    scope: String,
+    operation_key: String,
+    kind: &'static str,
+    binding: Json<tollgate_core::digest::Binding>,
+    binding_digest: String,
+    accounting_day: chrono::NaiveDate,
+    state: &'static str,
+    fence: i64,
+    lease_now: Option<chrono::DateTime<chrono::Utc>>,
+    lease_ms: i64,
+    hold: Decimal,
+    created_at: chrono::DateTime<chrono::Utc>,
+    updated_at: chrono::DateTime<chrono::Utc>,
+    chain: i16,
+    chains: i32,
+    audit: ClaimAudit,
+    consumer: String,
+    session: String,
+    currency: String,
+    session_block: Option<Decimal>,
+    daily_block: Option<Decimal>,
+}
+
+/// The types of the claim function's parameters, in order (`tollgate_claim_call`'s fields).
+const CLAIM_TYPES: [&str; 27] = [
+    "uuid",
+    "text",
+    "text",
+    "text",
+    "jsonb",
+    "text",
+    "date",
+    "text",
+    "bigint",
+    "timestamptz",
+    "bigint",
+    "numeric",
+    "timestamptz",
+    "timestamptz",
+    "smallint",
+    "integer",
+    "bytea",
+    "bytea",
+    "text[]",
+    "jsonb",
+    "timestamptz[]",
+    "bytea[]",
+    "text",
+    "text",
+    "text",
+    "numeric",
+    "numeric",
+];
+
+/// The statements of batches of claims, by size (H-32).
+fn claim_batches() -> &'static [String] {
+    static STATEMENTS: OnceLock<Vec<String>> = OnceLock::new();
+    STATEMENTS.get_or_init(|| {
+        batch::statements(
+            "tollgate_claim_batch",
+            "tollgate_claim_call",
+            &CLAIM_TYPES,
+            execution_columns_but_binding!(),
+        )
+    })
+}
+
+impl ClaimCall {
+    fn bind<'q>(
+        &'q self,
+        query: Query<'q, Postgres, PgArguments>,
+    ) -> Query<'q, Postgres, PgArguments> {
+        query
+            .bind(self.id)
+            .bind(&self.scope)
+            .bind(&self.operation_key)
+            .bind(self.kind)
+            .bind(&self.binding)
+            .bind(&self.binding_digest)
+            .bind(self.accounting_day)
+            .bind(self.state)
+            .bind(self.fence)
+            .bind(self.lease_now)
+            .bind(self.lease_ms)
+            .bind(self.hold)
+            .bind(self.created_at)
+            .bind(self.updated_at)
+            .bind(self.chain)
+            .bind(self.chains)
+            .bind(&self.audit.prefix)
+            .bind(&self.audit.mid)
+            .bind(&self.audit.kinds)
+            .bind(Json(&self.audit.details))
+            .bind(&self.audit.ats)
+            .bind(&self.audit.tails)
+            .bind(&self.consumer)
+            .bind(&self.session)
+            .bind(&self.currency)
+            .bind(self.session_block)
+            .bind(self.daily_block)
+    }
+}
+
 impl PgStores {
+    /// One claim alone, as the single function.
+    async fn claim_alone(&self, call: &ClaimCall) -> Answer {
+        let mut conn = match self.call_connection().await {
+            Ok(conn) => conn,
+            Err(e) => return Answer::Failed(e),
+        };
+        let on = match conn.conn() {
+            Ok(on) => on,
+            Err(e) => return Answer::Failed(e),
+        };
+        let row = call.bind(sqlx::query(CLAIM)).fetch_optional(on).await;
+        Answer::Single(conn.check(row))
+    }
+
+    /// The claims of `calls`: alone for one, else one batch statement (H-32).
+    async fn send_claims(&self, calls: Vec<ClaimCall>) -> (Vec<Answer>, Vec<ClaimCall>) {
+        let statement = match claim_batches().get(calls.len()) {
+            Some(statement) if calls.len() > 1 => statement,
+            _ => {
+                let mut answers = Vec::with_capacity(calls.len());
+                for call in &calls {
+                    answers.push(self.claim_alone(call).await);
+                }
+                return (answers, calls);
+            }
+        };
+        let mut conn = match self.call_connection().await {
+            Ok(conn) => conn,
+            Err(e) => return (batch::failed(&e, calls.len()), calls),
+        };
+        let on = match conn.conn() {
+            Ok(on) => on,
+            Err(e) => return (batch::failed(&e, calls.len()), calls),
+        };
+        let mut query = sqlx::query(statement);
+        for call in &calls {
+            query = call.bind(query);
+        }
+        let rows = query.fetch_all(on).await;
+        let rows = conn.check(rows);
+        drop(conn);
+        (batch::answers(rows, calls.len()), calls)
+    }
+
     /// The claim of `record` (new, outside a root) by `tollgate_claim`: `Claimed`, `Existing`
     /// when the key already has a row, or `Blocked` when a block cap refuses the hold (nothing
-    /// written).
+    /// written). With batches (H-32), claims that arrive together share one statement.
     pub(crate) async fn claim_call(
         &self,
         request: &ClaimRequest,
         record: &ExecutionRecord,
     ) -> StoreResult<ClaimOutcome> {
         let chain = AuditChain::of_execution(record.id);
-        let audit = claim_audit(record, chain, request);
         let keys = SpendKeys::of(record);
         let currency = rules::currency_of(record);
         let caps = &request.binding.config.caps;
-        let mut call = self.call_connection().await?;
-        let row = sqlx::query(CLAIM)
-            .bind(record.id.0)
-            .bind(record.scope.as_str())
-            .bind(record.operation_key.as_str())
-            .bind(record.kind.as_str())
-            .bind(Json(&record.binding))
-            .bind(record.binding_digest.to_hex())
-            .bind(record.accounting_day)
-            .bind(record.state.as_str())
-            .bind(record.fence.0)
-            .bind(self.lease_now(request.now))
-            .bind(i64::try_from(request.lease_ms).unwrap_or(i64::MAX))
-            .bind(record.hold.decimal())
-            .bind(record.created_at)
-            .bind(record.updated_at)
-            .bind(i16::try_from(chain.0).map_err(|_| StoreError::Corrupt("audit chain".into()))?)
-            .bind(i32::from(AUDIT_CHAINS))
-            .bind(&audit.prefix)
-            .bind(&audit.mid)
-            .bind(&audit.kinds)
-            .bind(Json(&audit.details))
-            .bind(&audit.ats)
-            .bind(&audit.tails)
-            .bind(keys.consumer)
-            .bind(keys.session)
-            .bind(keys.currency)
-            .bind(caps.session_block.map(|m| m.decimal()))
-            .bind(caps.daily_block.map(|m| m.decimal()))
-            .fetch_optional(call.conn()?)
-            .await;
-        match call.check(row) {
+        let call = ClaimCall {
+            id: record.id.0,
+            scope: record.scope.as_str().to_owned(),
+            operation_key: record.operation_key.as_str().to_owned(),
+            kind: record.kind.as_str(),
+            binding: Json(record.binding.clone()),
+            binding_digest: record.binding_digest.to_hex(),
+            accounting_day: record.accounting_day,
+            state: record.state.as_str(),
+            fence: record.fence.0,
+            lease_now: self.lease_now(request.now),
+            lease_ms: i64::try_from(request.lease_ms).unwrap_or(i64::MAX),
+            hold: record.hold.decimal(),
+            created_at: record.created_at,
+            updated_at: record.updated_at,
+            chain: i16::try_from(chain.0).map_err(|_| StoreError::Corrupt("audit chain".into()))?,
+            chains: i32::from(AUDIT_CHAINS),
+            audit: claim_audit(record, chain, request),
+            consumer: keys.consumer.to_owned(),
+            session: keys.session.to_owned(),
+            currency: keys.currency.to_owned(),
+            session_block: caps.session_block.map(|m| m.decimal()),
+            daily_block: caps.daily_block.map(|m| m.decimal()),
+        };
+        let (answer, call) = match &self.batches {
+            Some(batches) => {
+                let stores = self.clone();
+                let queue = batches.claims(&call.scope, &call.consumer);
+                queue
+                    .submit(call, move |calls| {
+                        let stores = stores.clone();
+                        async move { stores.send_claims(calls).await }
+                    })
+                    .await?
+            }
+            None => (self.claim_alone(&call).await, call),
+        };
+        let row = match answer.single()? {
+            Some(row) => row,
+            // Left out of its batch: nothing of it was written; it goes alone.
+            None => self
+                .claim_alone(&call)
+                .await
+                .single()?
+                .ok_or_else(|| StoreError::Corrupt("a claim alone left out".into()))?,
+        };
+        match row {
             // The row as inserted, with the binding this claim sent (H-19).
             Ok(Some(row)) => Ok(ClaimOutcome::Claimed(
                 ExecutionRow::from_row(&row)
                     .store_err()?
-                    .into_record_with(record.binding.clone(), Some(record.binding_digest))?,
+                    .into_record_with(call.binding.0, Some(record.binding_digest))?,
             )),
             Ok(None) => {
                 let held = (&record.binding, record.binding_digest);
-                let existing = executions::view_held(&mut call, request, held)
+                let mut conn = self.call_connection().await?;
+                let existing = executions::view_held(&mut conn, request, held)
                     .await?
                     .ok_or_else(|| StoreError::Corrupt("key without row".into()))?;
                 Ok(ClaimOutcome::Existing(Box::new(existing)))

@@ -19,6 +19,10 @@
 //!    call of a consumer takes them), so they come last: a transaction holding them has at most
 //!    its writes and its commit left.
 //!
+//! A batch of calls (`batch.rs`, H-32) holds the locks of several calls in one transaction, each
+//! call in this order; from its second call on it waits for a lock at most
+//! `BATCH_LOCK_TIMEOUT_MS` and leaves out a call that would wait longer, so it cannot deadlock.
+//!
 //! SQL is fixed text with bound parameters (never formatted values), checked at run time, so
 //! building never needs a database. Migrations are embedded from the workspace's
 //! `migrations/` directory.
@@ -26,6 +30,7 @@
 
 mod api_keys;
 mod audit;
+mod batch;
 #[cfg(feature = "test-support")]
 mod bench_support;
 mod claim;
@@ -150,12 +155,65 @@ pub struct PgStores {
     /// The connections of a call's own single statements (H-27), when `max_connections` allows
     /// one; without it they take the pool.
     lane: Option<Arc<Lane>>,
+    /// The queues that batch the claims and settlements of calls arriving together (H-32), with
+    /// the lane.
+    batches: Option<Arc<Batches>>,
     /// The keys these stores have seen with a row: which statement a claim sends first (H-30).
     known: Arc<known::KnownKeys>,
     /// Claims that read their key before claiming it (H-30), for tests and the harness.
     reads_first: Arc<AtomicU64>,
     /// Whether leases follow the caller's `now` (tests only) instead of the database's clock.
     caller_lease_clock: bool,
+}
+
+/// The batch queues of a lane of `connections` (H-32), claims and settlements apart: one
+/// queue per shard of the consumers, each with one statement in flight, so two batches of one
+/// kind in flight never hold the spend rows of one consumer; the claims and the settlements each
+/// keep at most half of the lane's connections busy, so a call's other statements (a view, a
+/// read) still find one.
+#[derive(Debug)]
+pub(crate) struct Batches {
+    claims: Vec<Arc<batch::Batcher<claim::ClaimCall>>>,
+    settles: Vec<Arc<batch::Batcher<settle::SettleCall>>>,
+}
+
+impl Batches {
+    fn new(connections: u32) -> Self {
+        let shards = usize::try_from(connections / 2).unwrap_or(1).max(1);
+        Self {
+            claims: (0..shards)
+                .map(|_| Arc::new(batch::Batcher::new(1)))
+                .collect(),
+            settles: (0..shards)
+                .map(|_| Arc::new(batch::Batcher::new(1)))
+                .collect(),
+        }
+    }
+
+    fn shard(&self, scope: &str, consumer: &str) -> usize {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (scope, consumer).hash(&mut hasher);
+        usize::try_from(hasher.finish() % self.claims.len().max(1) as u64).unwrap_or(0)
+    }
+
+    /// The claim queue of `consumer`'s shard.
+    pub(crate) fn claims(
+        &self,
+        scope: &str,
+        consumer: &str,
+    ) -> &Arc<batch::Batcher<claim::ClaimCall>> {
+        &self.claims[self.shard(scope, consumer)]
+    }
+
+    /// The settlement queue of `consumer`'s shard.
+    pub(crate) fn settles(
+        &self,
+        scope: &str,
+        consumer: &str,
+    ) -> &Arc<batch::Batcher<settle::SettleCall>> {
+        &self.settles[self.shard(scope, consumer)]
+    }
 }
 
 impl PgStores {
@@ -208,6 +266,7 @@ impl PgStores {
         Self {
             pool,
             lane: None,
+            batches: None,
             known: Arc::new(known::KnownKeys::new(known::KNOWN_KEYS_PER_GENERATION)),
             reads_first: Arc::new(AtomicU64::new(0)),
             caller_lease_clock: false,
@@ -229,7 +288,12 @@ impl PgStores {
             let acquire_timeout = self.pool.options().get_acquire_timeout();
             Arc::new(Lane::new(options, connections, acquire_timeout))
         });
-        Self { lane, ..self }
+        let batches = lane.as_ref().map(|_| Arc::new(Batches::new(connections)));
+        Self {
+            lane,
+            batches,
+            ..self
+        }
     }
 
     /// A connection for one of a call's own single statements (H-27).

@@ -4,6 +4,7 @@
 //! reconcile usage, which compares it with the durable settlement.
 
 use crate::audit;
+use crate::batch::{self, Answer};
 use crate::error::sqlstate;
 use crate::error::{db, is_unique_violation, DbResultExt};
 use crate::locks;
@@ -15,9 +16,11 @@ use crate::rows::{
 use crate::settlements;
 use crate::spend::{self, SpendKeys};
 use crate::PgStores;
-use sqlx::postgres::PgRow;
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
 use sqlx::types::Json;
-use sqlx::{FromRow, PgConnection, Row};
+use sqlx::{FromRow, PgConnection, Postgres, Row};
+use std::sync::OnceLock;
 use tollgate_core::caps::CurrencySpend;
 use tollgate_core::caps::SpendTotals;
 use tollgate_core::ids::EvidenceId;
@@ -197,6 +200,213 @@ const SETTLE: &str = concat!(
 /// SQLSTATE by which the function hands the settlement to the general transaction.
 const GENERAL: &str = "TG002";
 
+/// A settlement's parameters, as the function takes them, owned so that a batch can send them
+/// (no `Debug`: they hold the call's output).
+pub(crate) struct SettleCall {
+    id: uuid::Uuid,
+    fence: i64,
+    states: Vec<&'static str>,
+    binding_digest: String,
+    hold: rust_decimal::Decimal,
+    provider_ref: Option<String>,
+    now: chrono::DateTime<chrono::Utc>,
+    evidence_id: Option<uuid::Uuid>,
+    evidence_provider_ref: Option<String>,
+    evidence_tokens: Option<Vec<i64>>,
+    evidence_exact: Option<bool>,
+    evidence_source: Option<&'static str>,
+    evidence_at: Option<chrono::DateTime<chrono::Utc>>,
+    acknowledged_at: Option<chrono::DateTime<chrono::Utc>>,
+    settlement_id: uuid::Uuid,
+    consumer: String,
+    session_id: String,
+    provider: String,
+    model: String,
+    price_version: String,
+    policy_version: String,
+    currency: String,
+    tokens: Vec<i64>,
+    amount: rust_decimal::Decimal,
+    source: &'static str,
+    outcome: &'static str,
+    stop: Option<String>,
+    output: Option<String>,
+    step: Option<String>,
+    retention_expires_at: chrono::DateTime<chrono::Utc>,
+    session_warn: Option<rust_decimal::Decimal>,
+    session_block: Option<rust_decimal::Decimal>,
+    daily_warn: Option<rust_decimal::Decimal>,
+    daily_block: Option<rust_decimal::Decimal>,
+    chain: i16,
+    prefix: Vec<u8>,
+    mid: Vec<u8>,
+    at: chrono::DateTime<chrono::Utc>,
+    detail: serde_json::Value,
+    tail: Vec<u8>,
+    blocked_detail: serde_json::Value,
+    blocked_tail: Vec<u8>,
+}
+
+/// The types of the settlement function's parameters, in order (`tollgate_settle_call`'s
+/// fields).
+const SETTLE_TYPES: [&str; 42] = [
+    "uuid",
+    "bigint",
+    "text[]",
+    "text",
+    "numeric",
+    "text",
+    "timestamptz",
+    "uuid",
+    "text",
+    "bigint[]",
+    "boolean",
+    "text",
+    "timestamptz",
+    "timestamptz",
+    "uuid",
+    "text",
+    "text",
+    "text",
+    "text",
+    "text",
+    "text",
+    "text",
+    "bigint[]",
+    "numeric",
+    "text",
+    "text",
+    "text",
+    "text",
+    "text",
+    "timestamptz",
+    "numeric",
+    "numeric",
+    "numeric",
+    "numeric",
+    "smallint",
+    "bytea",
+    "bytea",
+    "timestamptz",
+    "jsonb",
+    "bytea",
+    "jsonb",
+    "bytea",
+];
+
+/// The statements of batches of settlements, by size (H-32).
+fn settle_batches() -> &'static [String] {
+    static STATEMENTS: OnceLock<Vec<String>> = OnceLock::new();
+    STATEMENTS.get_or_init(|| {
+        batch::statements(
+            "tollgate_settle_batch",
+            "tollgate_settle_call",
+            &SETTLE_TYPES,
+            concat!(
+                execution_columns_but_binding!(),
+                ", session_settled, session_held, day_settled, day_held"
+            ),
+        )
+    })
+}
+
+impl SettleCall {
+    fn bind<'q>(
+        &'q self,
+        query: Query<'q, Postgres, PgArguments>,
+    ) -> Query<'q, Postgres, PgArguments> {
+        query
+            .bind(self.id)
+            .bind(self.fence)
+            .bind(&self.states)
+            .bind(&self.binding_digest)
+            .bind(self.hold)
+            .bind(self.provider_ref.as_deref())
+            .bind(self.now)
+            .bind(self.evidence_id)
+            .bind(self.evidence_provider_ref.as_deref())
+            .bind(self.evidence_tokens.as_deref())
+            .bind(self.evidence_exact)
+            .bind(self.evidence_source)
+            .bind(self.evidence_at)
+            .bind(self.acknowledged_at)
+            .bind(self.settlement_id)
+            .bind(&self.consumer)
+            .bind(&self.session_id)
+            .bind(&self.provider)
+            .bind(&self.model)
+            .bind(&self.price_version)
+            .bind(&self.policy_version)
+            .bind(&self.currency)
+            .bind(&self.tokens)
+            .bind(self.amount)
+            .bind(self.source)
+            .bind(self.outcome)
+            .bind(self.stop.as_deref())
+            .bind(self.output.as_deref())
+            .bind(self.step.as_deref())
+            .bind(self.retention_expires_at)
+            .bind(self.session_warn)
+            .bind(self.session_block)
+            .bind(self.daily_warn)
+            .bind(self.daily_block)
+            .bind(self.chain)
+            .bind(&self.prefix)
+            .bind(&self.mid)
+            .bind(self.at)
+            .bind(Json(&self.detail))
+            .bind(&self.tail)
+            .bind(Json(&self.blocked_detail))
+            .bind(&self.blocked_tail)
+    }
+}
+
+impl PgStores {
+    /// One settlement alone, as the single function.
+    async fn settle_alone(&self, call: &SettleCall) -> Answer {
+        let mut conn = match self.call_connection().await {
+            Ok(conn) => conn,
+            Err(e) => return Answer::Failed(e),
+        };
+        let on = match conn.conn() {
+            Ok(on) => on,
+            Err(e) => return Answer::Failed(e),
+        };
+        let row = call.bind(sqlx::query(SETTLE)).fetch_optional(on).await;
+        Answer::Single(conn.check(row))
+    }
+
+    /// The settlements of `calls`: alone for one, else one batch statement (H-32).
+    async fn send_settles(&self, calls: Vec<SettleCall>) -> (Vec<Answer>, Vec<SettleCall>) {
+        let statement = match settle_batches().get(calls.len()) {
+            Some(statement) if calls.len() > 1 => statement,
+            _ => {
+                let mut answers = Vec::with_capacity(calls.len());
+                for call in &calls {
+                    answers.push(self.settle_alone(call).await);
+                }
+                return (answers, calls);
+            }
+        };
+        let mut conn = match self.call_connection().await {
+            Ok(conn) => conn,
+            Err(e) => return (batch::failed(&e, calls.len()), calls),
+        };
+        let on = match conn.conn() {
+            Ok(on) => on,
+            Err(e) => return (batch::failed(&e, calls.len()), calls),
+        };
+        let mut query = sqlx::query(statement);
+        for call in &calls {
+            query = call.bind(query);
+        }
+        let rows = query.fetch_all(on).await;
+        let rows = conn.check(rows);
+        drop(conn);
+        (batch::answers(rows, calls.len()), calls)
+    }
+}
+
 impl PgStores {
     /// The settlement of a call outside a root by `tollgate_settle` (H-18), from the row as the
     /// settler last read it (`seen`); `None` when the function hands it to [`Self::settle_tx`]
@@ -245,66 +455,85 @@ impl PgStores {
             Some(evidence) => Some(token_columns(&evidence.usage)?.to_vec()),
             None => None,
         };
-        let mut call = self.call_connection().await?;
-        let row = sqlx::query(SETTLE)
-            .bind(seen.id.0)
-            .bind(request.fence.token.0)
-            .bind(
-                rules::SETTLEABLE
-                    .iter()
-                    .map(ExecutionState::as_str)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(seen.binding_digest.to_hex())
-            .bind(seen.hold.decimal())
-            .bind(request.provider_ref.as_deref())
-            .bind(request.now)
-            .bind(request.evidence.as_ref().and(named.id).map(|id| id.0))
-            .bind(
-                request
-                    .evidence
-                    .as_ref()
-                    .and_then(|e| e.provider_ref.as_deref()),
-            )
-            .bind(evidence_tokens)
-            .bind(request.evidence.as_ref().map(|e| e.exact))
-            .bind(request.evidence.as_ref().map(|e| e.source.as_str()))
-            .bind(request.evidence.as_ref().map(|e| e.now))
-            .bind(acknowledged_at)
-            .bind(settlement.id.0)
-            .bind(settlement.consumer.as_str())
-            .bind(settlement.session_id.as_str())
-            .bind(&settlement.provider)
-            .bind(&settlement.model)
-            .bind(&settlement.price_version)
-            .bind(&settlement.policy_version)
-            .bind(settlement.currency.as_str())
-            .bind(token_columns(&settlement.usage)?.to_vec())
-            .bind(settlement.amount.decimal())
-            .bind(settlement.source.as_str())
-            .bind(request.outcome.as_str())
-            .bind(planned.stop.as_deref())
-            .bind(to_json_text(planned.output.as_ref(), "output")?)
-            .bind(to_json_text(planned.step.as_ref(), "step")?)
-            .bind(planned.retention_expires_at)
-            .bind(caps.session_warn.map(|m| m.decimal()))
-            .bind(caps.session_block.map(|m| m.decimal()))
-            .bind(caps.daily_warn.map(|m| m.decimal()))
-            .bind(caps.daily_block.map(|m| m.decimal()))
-            .bind(i16::try_from(chain.0).map_err(|_| StoreError::Corrupt("audit chain".into()))?)
-            .bind(&frame.prefix)
-            .bind(&frame.mid)
-            .bind(event.at)
-            .bind(Json(&event.detail))
-            .bind(&frame.tail)
-            .bind(Json(&blocked_event.detail))
-            .bind(&blocked_frame.tail)
-            .fetch_one(call.conn()?)
-            .await;
-        let row = call.check(row);
-        drop(call);
+        let call = SettleCall {
+            id: seen.id.0,
+            fence: request.fence.token.0,
+            states: rules::SETTLEABLE
+                .iter()
+                .map(ExecutionState::as_str)
+                .collect(),
+            binding_digest: seen.binding_digest.to_hex(),
+            hold: seen.hold.decimal(),
+            provider_ref: request.provider_ref.clone(),
+            now: request.now,
+            evidence_id: request.evidence.as_ref().and(named.id).map(|id| id.0),
+            evidence_provider_ref: request
+                .evidence
+                .as_ref()
+                .and_then(|e| e.provider_ref.clone()),
+            evidence_tokens,
+            evidence_exact: request.evidence.as_ref().map(|e| e.exact),
+            evidence_source: request.evidence.as_ref().map(|e| e.source.as_str()),
+            evidence_at: request.evidence.as_ref().map(|e| e.now),
+            acknowledged_at,
+            settlement_id: settlement.id.0,
+            consumer: settlement.consumer.as_str().to_owned(),
+            session_id: settlement.session_id.as_str().to_owned(),
+            provider: settlement.provider.clone(),
+            model: settlement.model.clone(),
+            price_version: settlement.price_version.clone(),
+            policy_version: settlement.policy_version.clone(),
+            currency: settlement.currency.as_str().to_owned(),
+            tokens: token_columns(&settlement.usage)?.to_vec(),
+            amount: settlement.amount.decimal(),
+            source: settlement.source.as_str(),
+            outcome: request.outcome.as_str(),
+            stop: planned.stop.clone(),
+            output: to_json_text(planned.output.as_ref(), "output")?,
+            step: to_json_text(planned.step.as_ref(), "step")?,
+            retention_expires_at: planned.retention_expires_at,
+            session_warn: caps.session_warn.map(|m| m.decimal()),
+            session_block: caps.session_block.map(|m| m.decimal()),
+            daily_warn: caps.daily_warn.map(|m| m.decimal()),
+            daily_block: caps.daily_block.map(|m| m.decimal()),
+            chain: i16::try_from(chain.0).map_err(|_| StoreError::Corrupt("audit chain".into()))?,
+            prefix: frame.prefix,
+            mid: frame.mid,
+            at: event.at,
+            detail: event.detail,
+            tail: frame.tail,
+            blocked_detail: blocked_event.detail,
+            blocked_tail: blocked_frame.tail,
+        };
+        let answer = match &self.batches {
+            Some(batches) => {
+                let stores = self.clone();
+                let queue = batches.settles(seen.scope.as_str(), &call.consumer);
+                queue
+                    .submit(call, move |calls| {
+                        let stores = stores.clone();
+                        async move { stores.send_settles(calls).await }
+                    })
+                    .await?
+            }
+            None => {
+                let answer = self.settle_alone(&call).await;
+                (answer, call)
+            }
+        };
+        let (answer, call) = answer;
+        let row = match answer.single()? {
+            Some(row) => row,
+            // Left out of its batch: nothing of it was written; it goes alone.
+            None => self
+                .settle_alone(&call)
+                .await
+                .single()?
+                .ok_or_else(|| StoreError::Corrupt("a settlement alone left out".into()))?,
+        };
         let row = match row {
-            Ok(row) => row,
+            Ok(Some(row)) => row,
+            Ok(None) => return Err(StoreError::Corrupt("settled without a row".into())),
             Err(e) if sqlstate(&e).as_deref() == Some(GENERAL) => return Ok(None),
             Err(e) if is_unique_violation(&e, Some(settlements::ONE_PER_EXECUTION)) => {
                 return Err(settlements::insert_error(e, &settlement))

@@ -769,3 +769,142 @@ async fn h_31_a_scope_of_sixteen_chains_gains_the_new_heads() {
     head_refused(&s, 64).await;
     drop(database);
 }
+
+/// A claim request of `consumer` (session `s-1`) under `config`, to be dispatched.
+fn claim_of(
+    consumer: &str,
+    key: &str,
+    mut config: tollgate_core::config::CallConfig,
+) -> tollgate_store::ClaimRequest {
+    config.consumer = tollgate_core::ids::ConsumerId::parse(consumer).unwrap();
+    let mut request = claim_req("a", key, config, "0.1");
+    request.dispatch = true;
+    request
+}
+
+#[tokio::test]
+async fn h_32_calls_arriving_together_are_batched_and_decided_as_alone() {
+    // Forty claims of one consumer at once under a daily block cap that admits exactly thirty
+    // holds of 0.1, then the thirty settlements at once: the batch functions ran, each claim
+    // and settlement was decided as it would be alone (thirty claimed, ten refused from the
+    // totals, every charge on the totals, one unbroken audit chain per head).
+    let (database, s) = fresh().await;
+    let mut config = text_config();
+    config.caps.daily_block = Some(money("3.0"));
+    let s = std::sync::Arc::new(s);
+    let claims = (0..40).map(|i| {
+        let s = std::sync::Arc::clone(&s);
+        let request = claim_of("team-a", &format!("k{i}"), config.clone());
+        tokio::spawn(async move { s.claim(request).await.unwrap() })
+    });
+    let mut records = Vec::new();
+    let mut refused = 0;
+    for outcome in futures::future::join_all(claims).await {
+        match outcome.unwrap() {
+            ClaimOutcome::Claimed(r) => records.push(r),
+            ClaimOutcome::Blocked(_) => refused += 1,
+            other => panic!("expected a claim or a refusal, got {other:?}"),
+        }
+    }
+    assert_eq!((records.len(), refused), (30, 10));
+    let settles = records.iter().map(|r| {
+        let s = std::sync::Arc::clone(&s);
+        let request = settle_req(r, "0.05", "x");
+        tokio::spawn(async move { s.settle(request).await.unwrap() })
+    });
+    let mut settled = Vec::new();
+    for done in futures::future::join_all(settles).await {
+        let done = done.unwrap();
+        assert_eq!(done.record.state, ExecutionState::Completed);
+        assert_eq!(done.result.outcome, Outcome::Success);
+        settled.push(done.daily.settled.to_string());
+    }
+    // Every settlement answered the day's total after its own charge: 0.05 .. 1.50, once each.
+    settled.sort_by_key(|t| money(t));
+    let expected: Vec<String> = (1..=30)
+        .map(|k| money(&format!("{}.{:02}", k * 5 / 100, k * 5 % 100)).to_string())
+        .collect();
+    assert_eq!(settled, expected);
+    assert!(calls(&database, "tollgate_claim_batch", 1).await >= 1);
+    assert!(calls(&database, "tollgate_settle_batch", 1).await >= 1);
+    let rows = s
+        .audit_rows(&scope("a"), AuditPosition::START, 1000)
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 3 * 30);
+    let mut verifier = tollgate_store::audit::ChainVerifier::default();
+    rows.iter().for_each(|row| verifier.push(row).unwrap());
+    verifier
+        .finish(&s.audit_heads(&scope("a")).await.unwrap())
+        .unwrap();
+}
+
+#[tokio::test]
+async fn h_32_a_batch_leaves_out_a_call_that_would_wait_for_a_lock() {
+    // One runner (a lane of two connections): while a claim of team-a waits for team-a's day
+    // row, a second claim of team-a and one of team-b queue behind it and go as one batch once
+    // team-a's row is free. team-b's day row is still locked: the batch decides team-a's claim
+    // and commits it, and leaves team-b's out (it would have waited while the batch held
+    // team-a's rows), which goes alone and waits as a single claim does.
+    let (database, s) = fresh().await;
+    let config = text_config();
+    for consumer in ["team-a", "team-b"] {
+        let first = claim_of(consumer, &format!("{consumer}-0"), config.clone());
+        assert!(matches!(
+            s.claim(first).await.unwrap(),
+            ClaimOutcome::Claimed(_)
+        ));
+    }
+    let lock = |consumer: &'static str| {
+        let url = database.url().to_owned();
+        async move {
+            let mut conn = PgConnection::connect(&url).await.unwrap();
+            sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
+            sqlx::query("SELECT 1 FROM spend_days WHERE consumer = $1 FOR UPDATE")
+                .bind(consumer)
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            conn
+        }
+    };
+    let mut locker_a = lock("team-a").await;
+    let mut locker_b = lock("team-b").await;
+    let s = std::sync::Arc::new(s);
+    let claim = |consumer: &str, key: &str| {
+        let s = std::sync::Arc::clone(&s);
+        let request = claim_of(consumer, key, config.clone());
+        tokio::spawn(async move { s.claim(request).await.unwrap() })
+    };
+    let waiting = claim("team-a", "team-a-1");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let a2 = claim("team-a", "team-a-2");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let b1 = claim("team-b", "team-b-1");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished() && !a2.is_finished() && !b1.is_finished());
+    sqlx::query("ROLLBACK")
+        .execute(&mut locker_a)
+        .await
+        .unwrap();
+    assert!(matches!(waiting.await.unwrap(), ClaimOutcome::Claimed(_)));
+    // team-a's second claim commits with its batch while team-b's row is still locked.
+    let a2 = tokio::time::timeout(Duration::from_secs(5), a2)
+        .await
+        .expect("the batch waited for team-b's row")
+        .unwrap();
+    assert!(matches!(a2, ClaimOutcome::Claimed(_)));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!b1.is_finished());
+    sqlx::query("ROLLBACK")
+        .execute(&mut locker_b)
+        .await
+        .unwrap();
+    assert!(matches!(b1.await.unwrap(), ClaimOutcome::Claimed(_)));
+    assert_eq!(calls(&database, "tollgate_claim_batch", 1).await, 1);
+    let keys: i64 = sqlx::query_scalar("SELECT count(*) FROM executions")
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    assert_eq!(keys, 5);
+}

@@ -1,0 +1,342 @@
+//! Calls batched into one statement and one commit (spec/performance.md, H-32).
+//!
+//! The claims (or the settlements) of calls outside a root that arrive while an earlier one of
+//! their queue is in flight wait in the queue, and the queue's runner, once free, sends all of
+//! them, up to [`MAX_CALLS_PER_BATCH`], as one statement of the batch function (migration
+//! `20261202000000`), whose one commit they share. No call waits for a timer: a call that finds
+//! its queue idle goes at once, alone, as the single function (the statement it would be without
+//! batches), and batches form only while the queue's statements are in flight. The stores keep
+//! one queue per shard of the consumers and kind (`Batches` in `lib.rs`).
+//!
+//! Each call of a batch is decided as the single function decides it (a subtransaction each).
+//! A call the batch could not decide without waiting for a lock, or that failed, is answered
+//! [`Answer::Alone`]: nothing of it was written, and its caller sends it by the single function.
+//! A batch statement the database refused as a whole answers every call [`Answer::Alone`] the
+//! same way (its transaction wrote nothing); one that failed otherwise (the connection lost)
+//! answers every call [`Answer::Failed`] with the error the single statement would have given,
+//! whose commit is as unknown as that statement's would be.
+
+use sqlx::postgres::PgRow;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use tokio::sync::oneshot;
+use tollgate_store::{StoreError, StoreResult};
+
+/// The most calls one batch statement carries.
+pub(crate) const MAX_CALLS_PER_BATCH: usize = 8;
+
+/// How long a batch waits for a lock from its second call on before it leaves that call out.
+pub(crate) const BATCH_LOCK_TIMEOUT_MS: u32 = 1;
+
+/// How a call was answered by its runner.
+pub(crate) enum Answer {
+    /// The call went alone, as the single statement: its result, as that statement gave it.
+    Single(Result<Option<PgRow>, sqlx::Error>),
+    /// The batch decided the call; the single function's row.
+    Row(PgRow),
+    /// The batch decided the call; the single function answered no row.
+    NoRow,
+    /// The batch left the call out (it failed, or would have waited for a lock): nothing of it
+    /// was written; the caller sends it alone.
+    Alone,
+    /// The batch statement failed as a whole.
+    Failed(StoreError),
+}
+
+impl Answer {
+    /// The answer as the single statement's result would be: `None` for [`Answer::Alone`] (the
+    /// call is still to be sent).
+    ///
+    /// # Errors
+    /// The error of [`Answer::Failed`].
+    pub(crate) fn single(self) -> StoreResult<Option<Result<Option<PgRow>, sqlx::Error>>> {
+        match self {
+            Self::Single(result) => Ok(Some(result)),
+            Self::Row(row) => Ok(Some(Ok(Some(row)))),
+            Self::NoRow => Ok(Some(Ok(None))),
+            Self::Alone => Ok(None),
+            Self::Failed(e) => Err(e),
+        }
+    }
+}
+
+/// `calls` answers [`Answer::Failed`] with `error`.
+pub(crate) fn failed(error: &StoreError, calls: usize) -> Vec<Answer> {
+    (0..calls).map(|_| Answer::Failed(error.clone())).collect()
+}
+
+/// A queue of calls and the runners that send them. Its `Debug` shows counts only: the calls
+/// hold content (a prompt's output, a binding).
+pub(crate) struct Batcher<C> {
+    queue: Mutex<Queue<C>>,
+    /// How many statements (a batch or a call alone) may be in flight at once.
+    runners: usize,
+}
+
+struct Queue<C> {
+    waiting: VecDeque<(C, oneshot::Sender<(Answer, C)>)>,
+    running: usize,
+}
+
+/// Gives a runner's place back however its task ends (a panic included), and fails the calls it
+/// had taken but not answered (their senders drop).
+struct Running<'a, C>(&'a Batcher<C>);
+
+impl<C> Drop for Running<'_, C> {
+    fn drop(&mut self) {
+        if let Ok(mut queue) = self.0.queue.lock() {
+            queue.running = queue.running.saturating_sub(1);
+        }
+    }
+}
+
+impl<C> std::fmt::Debug for Batcher<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (waiting, running) = self
+            .queue
+            .lock()
+            .map(|q| (q.waiting.len(), q.running))
+            .unwrap_or_default();
+        f.debug_struct("Batcher")
+            .field("runners", &self.runners)
+            .field("running", &running)
+            .field("waiting", &waiting)
+            .finish()
+    }
+}
+
+fn lost() -> StoreError {
+    StoreError::Unavailable("database batch lost".into())
+}
+
+impl<C: Send + 'static> Batcher<C> {
+    /// A batcher with at most `runners` statements in flight (at least one).
+    pub(crate) fn new(runners: usize) -> Self {
+        Self {
+            queue: Mutex::new(Queue {
+                waiting: VecDeque::new(),
+                running: 0,
+            }),
+            runners: runners.max(1),
+        }
+    }
+
+    /// Sends `call` in the next statement a runner sends, and answers how it went, with the
+    /// call given back. `send` sends one statement for the calls it is given and answers each, in
+    /// their order, with the calls.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the runner that took the call ended without answering it.
+    pub(crate) async fn submit<S, F>(self: &Arc<Self>, call: C, send: S) -> StoreResult<(Answer, C)>
+    where
+        S: Fn(Vec<C>) -> F + Send + Sync + 'static,
+        F: Future<Output = (Vec<Answer>, Vec<C>)> + Send,
+    {
+        let (tx, rx) = oneshot::channel();
+        let start = {
+            let mut queue = self.queue.lock().map_err(|_| lost())?;
+            queue.waiting.push_back((call, tx));
+            let start = queue.running < self.runners;
+            if start {
+                queue.running += 1;
+            }
+            start
+        };
+        if start {
+            let batcher = Arc::clone(self);
+            tokio::spawn(async move { batcher.run(send).await });
+        }
+        rx.await.map_err(|_| lost())
+    }
+
+    /// A runner: sends what is queued until the queue is empty.
+    async fn run<S, F>(&self, send: S)
+    where
+        S: Fn(Vec<C>) -> F,
+        F: Future<Output = (Vec<Answer>, Vec<C>)>,
+    {
+        let running = Running(self);
+        loop {
+            let taken: Vec<(C, oneshot::Sender<(Answer, C)>)> = {
+                let Ok(mut queue) = self.queue.lock() else {
+                    return;
+                };
+                if queue.waiting.is_empty() {
+                    // Given back under the lock, so a call queued after this check starts a
+                    // runner of its own.
+                    queue.running = queue.running.saturating_sub(1);
+                    std::mem::forget(running);
+                    return;
+                }
+                let n = queue.waiting.len().min(MAX_CALLS_PER_BATCH);
+                queue.waiting.drain(..n).collect()
+            };
+            let (calls, senders): (Vec<C>, Vec<oneshot::Sender<(Answer, C)>>) =
+                taken.into_iter().unzip();
+            let (answers, calls) = send(calls).await;
+            for ((answer, call), to) in answers.into_iter().zip(calls).zip(senders) {
+                // The caller may have gone (its future dropped): its call was sent all the same.
+                let _ = to.send((answer, call));
+            }
+        }
+    }
+}
+
+/// The statement of a batch of `calls` calls (2 ..= [`MAX_CALLS_PER_BATCH`]): the batch
+/// function `function` over one `call_type` row per call, whose fields are `types` (the single
+/// function's parameters, bound in order, call after call), answering `call_index`,
+/// `call_state` and the single function's row as `columns`.
+pub(crate) fn statement(
+    function: &str,
+    call_type: &str,
+    types: &[&str],
+    columns: &str,
+    calls: usize,
+) -> String {
+    let mut sql = String::from("SELECT b.call_index, b.call_state");
+    for column in columns.split(',').map(str::trim) {
+        sql.push_str(&format!(", (b.call_row).{column}"));
+    }
+    sql.push_str(&format!(" FROM {function}(ARRAY["));
+    let mut n = 0;
+    for call in 0..calls {
+        if call > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str("ROW(");
+        for (i, ty) in types.iter().enumerate() {
+            n += 1;
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&format!("${n}::{ty}"));
+        }
+        sql.push_str(&format!(")::{call_type}"));
+    }
+    sql.push_str(&format!(
+        "], {}) b ORDER BY b.call_index",
+        BATCH_LOCK_TIMEOUT_MS
+    ));
+    sql
+}
+
+/// The statements of batches of 2 ..= [`MAX_CALLS_PER_BATCH`] calls, indexed by size.
+pub(crate) fn statements(
+    function: &str,
+    call_type: &str,
+    types: &[&str],
+    columns: &str,
+) -> Vec<String> {
+    (0..=MAX_CALLS_PER_BATCH)
+        .map(|calls| match calls {
+            0 | 1 => String::new(),
+            _ => statement(function, call_type, types, columns, calls),
+        })
+        .collect()
+}
+
+/// The answers of a batch statement's rows, one per call in order; `calls` answers
+/// [`Answer::Failed`] when the statement failed or did not answer every call.
+pub(crate) fn answers(rows: Result<Vec<PgRow>, sqlx::Error>, calls: usize) -> Vec<Answer> {
+    use sqlx::Row;
+    let rows = match rows {
+        Ok(rows) => rows,
+        // The database refused the statement: its transaction wrote nothing, so each call goes
+        // alone (a database without the batch functions, a cancelled statement).
+        Err(sqlx::Error::Database(_)) => return (0..calls).map(|_| Answer::Alone).collect(),
+        Err(e) => return failed(&crate::error::db(e), calls),
+    };
+    if rows.len() != calls {
+        let e = StoreError::Corrupt("batch answered another number of calls".into());
+        return failed(&e, calls);
+    }
+    let mut answers = Vec::with_capacity(calls);
+    for row in rows {
+        let state: Result<String, _> = row.try_get("call_state");
+        answers.push(match state.as_deref() {
+            Ok("row") => Answer::Row(row),
+            Ok("none") => Answer::NoRow,
+            Ok("alone") => Answer::Alone,
+            _ => {
+                let e = StoreError::Corrupt("batch answer without its state".into());
+                return failed(&e, calls);
+            }
+        });
+    }
+    answers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    #[test]
+    fn h_32_a_batch_statement_casts_every_call_s_parameters_in_order() {
+        let sql = statement("f_batch", "f_call", &["uuid", "text[]"], "id, state", 2);
+        assert_eq!(
+            sql,
+            "SELECT b.call_index, b.call_state, (b.call_row).id, (b.call_row).state \
+             FROM f_batch(ARRAY[ROW($1::uuid, $2::text[])::f_call, \
+             ROW($3::uuid, $4::text[])::f_call], 1) b ORDER BY b.call_index"
+        );
+    }
+
+    #[tokio::test]
+    async fn h_32_calls_queued_while_the_runner_is_busy_go_in_one_batch() {
+        let batcher = Arc::new(Batcher::<usize>::new(1));
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let mut calls = Vec::new();
+        for i in 0..10 {
+            let batcher = Arc::clone(&batcher);
+            let sizes = Arc::clone(&sizes);
+            let in_flight = Arc::clone(&in_flight);
+            calls.push(tokio::spawn(async move {
+                batcher
+                    .submit(i, move |batch: Vec<usize>| {
+                        let sizes = Arc::clone(&sizes);
+                        let in_flight = Arc::clone(&in_flight);
+                        async move {
+                            assert_eq!(in_flight.fetch_add(1, Ordering::SeqCst), 0);
+                            sizes.lock().unwrap().push(batch.len());
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            in_flight.fetch_sub(1, Ordering::SeqCst);
+                            (batch.iter().map(|_| Answer::NoRow).collect(), batch)
+                        }
+                    })
+                    .await
+            }));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        for call in calls {
+            assert!(matches!(call.await.unwrap(), Ok((Answer::NoRow, _))));
+        }
+        let sizes = sizes.lock().unwrap().clone();
+        // The first call went alone; the others queued behind it and went in batches of at most
+        // MAX_CALLS_PER_BATCH.
+        assert_eq!(sizes[0], 1);
+        assert_eq!(sizes.iter().sum::<usize>(), 10);
+        assert!(sizes.len() < 10, "{sizes:?}");
+        assert!(sizes.iter().all(|n| *n <= MAX_CALLS_PER_BATCH));
+        assert_eq!(batcher.queue.lock().unwrap().running, 0);
+    }
+
+    #[tokio::test]
+    async fn h_32_a_runner_that_ends_without_answering_fails_its_calls_and_gives_its_place_back() {
+        let batcher = Arc::new(Batcher::<usize>::new(1));
+        let answered = batcher
+            .submit(1, |batch: Vec<usize>| async move { (Vec::new(), batch) })
+            .await;
+        assert!(matches!(answered, Err(StoreError::Unavailable(_))));
+        // Its place is free again: the next call is sent.
+        let next = batcher
+            .submit(2, |batch: Vec<usize>| async move {
+                (batch.iter().map(|_| Answer::NoRow).collect(), batch)
+            })
+            .await;
+        assert!(matches!(next, Ok((Answer::NoRow, 2))));
+    }
+}
