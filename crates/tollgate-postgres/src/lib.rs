@@ -167,10 +167,9 @@ pub struct PgStores {
 }
 
 /// The batch queues of a lane of `connections` (H-32), claims and settlements apart: one
-/// queue per shard of the consumers, each with one statement in flight, so two batches of one
-/// kind in flight never hold the spend rows of one consumer; the claims and the settlements each
-/// keep at most half of the lane's connections busy, so a call's other statements (a view, a
-/// read) still find one.
+/// queue per shard of the consumers, as many shards as the lane has connections, each with one
+/// statement in flight, so two batches of one kind in flight never hold the spend rows of one
+/// consumer. The lane's connections bound how many of them run at once.
 #[derive(Debug)]
 pub(crate) struct Batches {
     claims: Vec<Arc<batch::Batcher<claim::ClaimCall>>>,
@@ -179,7 +178,7 @@ pub(crate) struct Batches {
 
 impl Batches {
     fn new(connections: u32) -> Self {
-        let shards = usize::try_from(connections / 2).unwrap_or(1).max(1);
+        let shards = usize::try_from(connections).unwrap_or(1).max(1);
         Self {
             claims: (0..shards)
                 .map(|_| Arc::new(batch::Batcher::new(1)))
@@ -299,6 +298,14 @@ impl PgStores {
     /// A connection for one of a call's own single statements (H-27).
     pub(crate) async fn call_connection(&self) -> Result<CallConnection, StoreError> {
         CallConnection::acquire(self.lane.as_ref(), &self.pool).await
+    }
+
+    /// The batch queue (H-32) that the claims and settlements of `consumer` in `scope` take, or
+    /// `None` for stores without batches (no lane). For tests that need two consumers in one
+    /// queue.
+    #[cfg(feature = "test-support")]
+    pub fn batch_shard(&self, scope: &str, consumer: &str) -> Option<usize> {
+        self.batches.as_ref().map(|b| b.shard(scope, consumer))
     }
 
     /// These stores with leases computed from the caller's `now` instead of the database's

@@ -841,14 +841,21 @@ async fn h_32_calls_arriving_together_are_batched_and_decided_as_alone() {
 
 #[tokio::test]
 async fn h_32_a_batch_leaves_out_a_call_that_would_wait_for_a_lock() {
-    // One runner (a lane of two connections): while a claim of team-a waits for team-a's day
-    // row, a second claim of team-a and one of team-b queue behind it and go as one batch once
+    // One queue: while a claim of team-a waits for team-a's day row, a second claim of team-a
+    // and one of team-b (a consumer of the same queue) queue behind it and go as one batch once
     // team-a's row is free. team-b's day row is still locked: the batch decides team-a's claim
     // and commits it, and leaves team-b's out (it would have waited while the batch held
     // team-a's rows), which goes alone and waits as a single claim does.
     let (database, s) = fresh().await;
     let config = text_config();
-    for consumer in ["team-a", "team-b"] {
+    // A second consumer whose calls take team-a's queue.
+    let shard = s.batch_shard("a", "team-a").unwrap();
+    let team_b = (0..1000)
+        .map(|i| format!("team-b{i}"))
+        .find(|c| s.batch_shard("a", c) == Some(shard))
+        .unwrap();
+    let team_b: &'static str = Box::leak(team_b.into_boxed_str());
+    for consumer in ["team-a", team_b] {
         let first = claim_of(consumer, &format!("{consumer}-0"), config.clone());
         assert!(matches!(
             s.claim(first).await.unwrap(),
@@ -869,7 +876,7 @@ async fn h_32_a_batch_leaves_out_a_call_that_would_wait_for_a_lock() {
         }
     };
     let mut locker_a = lock("team-a").await;
-    let mut locker_b = lock("team-b").await;
+    let mut locker_b = lock(team_b).await;
     let s = std::sync::Arc::new(s);
     let claim = |consumer: &str, key: &str| {
         let s = std::sync::Arc::clone(&s);
@@ -880,7 +887,7 @@ async fn h_32_a_batch_leaves_out_a_call_that_would_wait_for_a_lock() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let a2 = claim("team-a", "team-a-2");
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let b1 = claim("team-b", "team-b-1");
+    let b1 = claim(team_b, "team-b-1");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiting.is_finished() && !a2.is_finished() && !b1.is_finished());
     sqlx::query("ROLLBACK")
