@@ -16,7 +16,10 @@
 //! answers every call [`Answer::Failed`] with the error the single statement would have given,
 //! whose commit is as unknown as that statement's would be.
 
-use sqlx::postgres::PgRow;
+use crate::PgStores;
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::Postgres;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -180,6 +183,67 @@ impl<C: Send + 'static> Batcher<C> {
                 let _ = to.send((answer, call));
             }
         }
+    }
+}
+
+/// A call's parameters as its single function takes them, in order.
+pub(crate) trait Call: Send + 'static {
+    /// `query` with this call's parameters bound after the ones it has.
+    fn bind<'q>(
+        &'q self,
+        query: Query<'q, Postgres, PgArguments>,
+    ) -> Query<'q, Postgres, PgArguments>;
+}
+
+impl PgStores {
+    /// One call alone, as the single statement `single`.
+    pub(crate) async fn send_alone<C: Call>(&self, single: &str, call: &C) -> Answer {
+        let mut conn = match self.call_connection().await {
+            Ok(conn) => conn,
+            Err(e) => return Answer::Failed(e),
+        };
+        let on = match conn.conn() {
+            Ok(on) => on,
+            Err(e) => return Answer::Failed(e),
+        };
+        let row = call.bind(sqlx::query(single)).fetch_optional(on).await;
+        Answer::Single(conn.check(row))
+    }
+
+    /// `calls`, alone as `single` when there is one, else as one statement of `batches`
+    /// (indexed by size, [`statements`]); answered in order, with the calls given back.
+    pub(crate) async fn send_batch<C: Call>(
+        &self,
+        single: &str,
+        batches: &[String],
+        calls: Vec<C>,
+    ) -> (Vec<Answer>, Vec<C>) {
+        let statement = match batches.get(calls.len()) {
+            Some(statement) if calls.len() > 1 => statement,
+            _ => {
+                let mut answers = Vec::with_capacity(calls.len());
+                for call in &calls {
+                    answers.push(self.send_alone(single, call).await);
+                }
+                return (answers, calls);
+            }
+        };
+        let mut conn = match self.call_connection().await {
+            Ok(conn) => conn,
+            Err(e) => return (failed(&e, calls.len()), calls),
+        };
+        let on = match conn.conn() {
+            Ok(on) => on,
+            Err(e) => return (failed(&e, calls.len()), calls),
+        };
+        let mut query = sqlx::query(statement);
+        for call in &calls {
+            query = call.bind(query);
+        }
+        let rows = query.fetch_all(on).await;
+        let rows = conn.check(rows);
+        drop(conn);
+        (answers(rows, calls.len()), calls)
     }
 }
 

@@ -4,7 +4,7 @@
 //! the function and the commit only. Calls under a root take the multi-statement transaction
 //! (`journal.rs`), whose root lock and root cap checks come between the insert and the spend rows.
 
-use crate::batch::{self, Answer};
+use crate::batch;
 use crate::error::{db, sqlstate, DbResultExt};
 use crate::executions;
 use crate::rows::{execution_columns_but_binding, ExecutionRow, SpendRow};
@@ -165,7 +165,7 @@ fn claim_batches() -> &'static [String] {
     })
 }
 
-impl ClaimCall {
+impl batch::Call for ClaimCall {
     fn bind<'q>(
         &'q self,
         query: Query<'q, Postgres, PgArguments>,
@@ -202,50 +202,6 @@ impl ClaimCall {
 }
 
 impl PgStores {
-    /// One claim alone, as the single function.
-    async fn claim_alone(&self, call: &ClaimCall) -> Answer {
-        let mut conn = match self.call_connection().await {
-            Ok(conn) => conn,
-            Err(e) => return Answer::Failed(e),
-        };
-        let on = match conn.conn() {
-            Ok(on) => on,
-            Err(e) => return Answer::Failed(e),
-        };
-        let row = call.bind(sqlx::query(CLAIM)).fetch_optional(on).await;
-        Answer::Single(conn.check(row))
-    }
-
-    /// The claims of `calls`: alone for one, else one batch statement (H-32).
-    async fn send_claims(&self, calls: Vec<ClaimCall>) -> (Vec<Answer>, Vec<ClaimCall>) {
-        let statement = match claim_batches().get(calls.len()) {
-            Some(statement) if calls.len() > 1 => statement,
-            _ => {
-                let mut answers = Vec::with_capacity(calls.len());
-                for call in &calls {
-                    answers.push(self.claim_alone(call).await);
-                }
-                return (answers, calls);
-            }
-        };
-        let mut conn = match self.call_connection().await {
-            Ok(conn) => conn,
-            Err(e) => return (batch::failed(&e, calls.len()), calls),
-        };
-        let on = match conn.conn() {
-            Ok(on) => on,
-            Err(e) => return (batch::failed(&e, calls.len()), calls),
-        };
-        let mut query = sqlx::query(statement);
-        for call in &calls {
-            query = call.bind(query);
-        }
-        let rows = query.fetch_all(on).await;
-        let rows = conn.check(rows);
-        drop(conn);
-        (batch::answers(rows, calls.len()), calls)
-    }
-
     /// The claim of `record` (new, outside a root) by `tollgate_claim`: `Claimed`, `Existing`
     /// when the key already has a row, or `Blocked` when a block cap refuses the hold (nothing
     /// written). With batches (H-32), claims that arrive together share one statement.
@@ -289,17 +245,17 @@ impl PgStores {
                 queue
                     .submit(call, move |calls| {
                         let stores = stores.clone();
-                        async move { stores.send_claims(calls).await }
+                        async move { stores.send_batch(CLAIM, claim_batches(), calls).await }
                     })
                     .await?
             }
-            None => (self.claim_alone(&call).await, call),
+            None => (self.send_alone(CLAIM, &call).await, call),
         };
         let row = match answer.single()? {
             Some(row) => row,
             // Left out of its batch: nothing of it was written; it goes alone.
             None => self
-                .claim_alone(&call)
+                .send_alone(CLAIM, &call)
                 .await
                 .single()?
                 .ok_or_else(|| StoreError::Corrupt("a claim alone left out".into()))?,

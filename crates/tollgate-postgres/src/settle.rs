@@ -4,7 +4,7 @@
 //! reconcile usage, which compares it with the durable settlement.
 
 use crate::audit;
-use crate::batch::{self, Answer};
+use crate::batch;
 use crate::error::sqlstate;
 use crate::error::{db, is_unique_violation, DbResultExt};
 use crate::locks;
@@ -310,7 +310,7 @@ fn settle_batches() -> &'static [String] {
     })
 }
 
-impl SettleCall {
+impl batch::Call for SettleCall {
     fn bind<'q>(
         &'q self,
         query: Query<'q, Postgres, PgArguments>,
@@ -358,52 +358,6 @@ impl SettleCall {
             .bind(&self.tail)
             .bind(Json(&self.blocked_detail))
             .bind(&self.blocked_tail)
-    }
-}
-
-impl PgStores {
-    /// One settlement alone, as the single function.
-    async fn settle_alone(&self, call: &SettleCall) -> Answer {
-        let mut conn = match self.call_connection().await {
-            Ok(conn) => conn,
-            Err(e) => return Answer::Failed(e),
-        };
-        let on = match conn.conn() {
-            Ok(on) => on,
-            Err(e) => return Answer::Failed(e),
-        };
-        let row = call.bind(sqlx::query(SETTLE)).fetch_optional(on).await;
-        Answer::Single(conn.check(row))
-    }
-
-    /// The settlements of `calls`: alone for one, else one batch statement (H-32).
-    async fn send_settles(&self, calls: Vec<SettleCall>) -> (Vec<Answer>, Vec<SettleCall>) {
-        let statement = match settle_batches().get(calls.len()) {
-            Some(statement) if calls.len() > 1 => statement,
-            _ => {
-                let mut answers = Vec::with_capacity(calls.len());
-                for call in &calls {
-                    answers.push(self.settle_alone(call).await);
-                }
-                return (answers, calls);
-            }
-        };
-        let mut conn = match self.call_connection().await {
-            Ok(conn) => conn,
-            Err(e) => return (batch::failed(&e, calls.len()), calls),
-        };
-        let on = match conn.conn() {
-            Ok(on) => on,
-            Err(e) => return (batch::failed(&e, calls.len()), calls),
-        };
-        let mut query = sqlx::query(statement);
-        for call in &calls {
-            query = call.bind(query);
-        }
-        let rows = query.fetch_all(on).await;
-        let rows = conn.check(rows);
-        drop(conn);
-        (batch::answers(rows, calls.len()), calls)
     }
 }
 
@@ -512,12 +466,12 @@ impl PgStores {
                 queue
                     .submit(call, move |calls| {
                         let stores = stores.clone();
-                        async move { stores.send_settles(calls).await }
+                        async move { stores.send_batch(SETTLE, settle_batches(), calls).await }
                     })
                     .await?
             }
             None => {
-                let answer = self.settle_alone(&call).await;
+                let answer = self.send_alone(SETTLE, &call).await;
                 (answer, call)
             }
         };
@@ -526,7 +480,7 @@ impl PgStores {
             Some(row) => row,
             // Left out of its batch: nothing of it was written; it goes alone.
             None => self
-                .settle_alone(&call)
+                .send_alone(SETTLE, &call)
                 .await
                 .single()?
                 .ok_or_else(|| StoreError::Corrupt("a settlement alone left out".into()))?,
