@@ -82,14 +82,25 @@ struct Queue<C> {
     running: usize,
 }
 
-/// Gives a runner's place back however its task ends (a panic included), and fails the calls it
-/// had taken but not answered (their senders drop).
-struct Running<'a, C>(&'a Batcher<C>);
+/// A runner's place in its queue. When the runner ends without giving it back (a panic), the
+/// place is freed and the calls still waiting fail ("database batch lost") instead of waiting
+/// for a runner that a later call would start; the calls it had taken fail the same way (their
+/// senders drop with the task).
+struct Running<'a, C> {
+    batcher: &'a Batcher<C>,
+    armed: bool,
+}
 
 impl<C> Drop for Running<'_, C> {
     fn drop(&mut self) {
-        if let Ok(mut queue) = self.0.queue.lock() {
+        if !self.armed {
+            return;
+        }
+        if let Ok(mut queue) = self.batcher.queue.lock() {
             queue.running = queue.running.saturating_sub(1);
+            if queue.running == 0 {
+                queue.waiting.clear();
+            }
         }
     }
 }
@@ -159,7 +170,10 @@ impl<C: Send + 'static> Batcher<C> {
         S: Fn(Vec<C>) -> F,
         F: Future<Output = (Vec<Answer>, Vec<C>)>,
     {
-        let running = Running(self);
+        let mut running = Running {
+            batcher: self,
+            armed: true,
+        };
         loop {
             let taken: Vec<(C, oneshot::Sender<(Answer, C)>)> = {
                 let Ok(mut queue) = self.queue.lock() else {
@@ -169,7 +183,7 @@ impl<C: Send + 'static> Batcher<C> {
                     // Given back under the lock, so a call queued after this check starts a
                     // runner of its own.
                     queue.running = queue.running.saturating_sub(1);
-                    std::mem::forget(running);
+                    running.armed = false;
                     return;
                 }
                 let n = queue.waiting.len().min(MAX_CALLS_PER_BATCH);
@@ -308,7 +322,14 @@ pub(crate) fn answers(rows: Result<Vec<PgRow>, sqlx::Error>, calls: usize) -> Ve
         Ok(rows) => rows,
         // The database refused the statement: its transaction wrote nothing, so each call goes
         // alone (a database without the batch functions, a cancelled statement).
-        Err(sqlx::Error::Database(_)) => return (0..calls).map(|_| Answer::Alone).collect(),
+        Err(sqlx::Error::Database(e)) => {
+            tracing::warn!(
+                sqlstate = e.code().as_deref().unwrap_or(""),
+                calls,
+                "a batch statement was refused; its calls go alone"
+            );
+            return (0..calls).map(|_| Answer::Alone).collect();
+        }
         Err(e) => return failed(&crate::error::db(e), calls),
     };
     if rows.len() != calls {
@@ -385,6 +406,33 @@ mod tests {
         assert_eq!(sizes.iter().sum::<usize>(), 10);
         assert!(sizes.len() < 10, "{sizes:?}");
         assert!(sizes.iter().all(|n| *n <= MAX_CALLS_PER_BATCH));
+        assert_eq!(batcher.queue.lock().unwrap().running, 0);
+    }
+
+    #[tokio::test]
+    async fn h_32_a_runner_that_panics_fails_its_calls_and_the_waiting_ones_instead_of_hanging() {
+        let batcher = Arc::new(Batcher::<usize>::new(1));
+        let send = |batch: Vec<usize>| async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(batch.is_empty(), "a runner that panics");
+            (Vec::new(), batch)
+        };
+        let first = {
+            let batcher = Arc::clone(&batcher);
+            tokio::spawn(async move { batcher.submit(1, send).await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let queued = {
+            let batcher = Arc::clone(&batcher);
+            tokio::spawn(async move { batcher.submit(2, send).await })
+        };
+        for call in [first, queued] {
+            let answered = tokio::time::timeout(Duration::from_secs(5), call)
+                .await
+                .expect("a call waited for a runner that had died")
+                .unwrap();
+            assert!(matches!(answered, Err(StoreError::Unavailable(_))));
+        }
         assert_eq!(batcher.queue.lock().unwrap().running, 0);
     }
 
