@@ -8,6 +8,7 @@
 #   spread: first calls of eight consumers, one session each (default)
 #   hot:    first calls of one consumer and one session
 #   replay: replays of 64 keys of one consumer (the warm-up makes their first calls)
+# PROBE_BIN=path runs that binary instead of building this checkout.
 # Needs: wrk, psql, bc; Postgres at $PROBE_ADMIN_URL (default postgres://postgres@127.0.0.1:5432/postgres),
 # whose backends run as the `postgres` user on this machine. Uses ports 8088 and 9100 and the
 # database `tollgate_probe` (dropped and created again).
@@ -31,8 +32,14 @@ for tool in wrk psql bc; do
   command -v "$tool" >/dev/null || { echo "probe: $tool is missing" >&2; exit 2; }
 done
 
-cargo build --release -q -p tollgate --manifest-path "$ROOT/Cargo.toml"
-BIN=$ROOT/target/release/tollgate
+# PROBE_BIN: a binary built beforehand (for A/B runs of two builds, alternating); otherwise this
+# checkout's release build.
+if [ -n "${PROBE_BIN:-}" ]; then
+  BIN=$PROBE_BIN
+else
+  cargo build --release -q -p tollgate --manifest-path "$ROOT/Cargo.toml"
+  BIN=$ROOT/target/release/tollgate
+fi
 psql "$ADMIN" -qc "DROP DATABASE IF EXISTS tollgate_probe" -c "CREATE DATABASE tollgate_probe"
 DATABASE_URL=$DB_URL "$BIN" migrate >/dev/null
 

@@ -23,11 +23,11 @@ use sqlx::Postgres;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Semaphore};
 use tollgate_store::{StoreError, StoreResult};
 
 /// The most calls one batch statement carries.
-pub(crate) const MAX_CALLS_PER_BATCH: usize = 8;
+pub(crate) const MAX_CALLS_PER_BATCH: usize = 16;
 
 /// How long a batch waits for a lock from its second call on before it leaves that call out.
 pub(crate) const BATCH_LOCK_TIMEOUT_MS: u32 = 1;
@@ -75,6 +75,11 @@ pub(crate) struct Batcher<C> {
     queue: Mutex<Queue<C>>,
     /// How many statements (a batch or a call alone) may be in flight at once.
     runners: usize,
+    /// The shard's gate (H-34), shared with the shard's other batcher: one statement in flight
+    /// among them, so a claim batch and a settlement batch of one shard never wait for each
+    /// other's locks. A runner takes its place at the gate before it takes its calls, so the
+    /// calls that arrive while it waits join its batch.
+    gate: Option<Arc<Semaphore>>,
 }
 
 struct Queue<C> {
@@ -133,7 +138,21 @@ impl<C: Send + 'static> Batcher<C> {
                 running: 0,
             }),
             runners: runners.max(1),
+            gate: None,
         }
+    }
+
+    /// A batcher with one runner, whose statements take `gate` (one permit): one statement in
+    /// flight among this batcher and every other one given the same gate.
+    pub(crate) fn gated(gate: Arc<Semaphore>) -> Self {
+        let mut batcher = Self::new(1);
+        batcher.gate = Some(gate);
+        batcher
+    }
+
+    /// [`Batcher::gated`] on a shared `gate`, shared in turn.
+    pub(crate) fn gated_arc(gate: &Arc<Semaphore>) -> Arc<Self> {
+        Arc::new(Self::gated(Arc::clone(gate)))
     }
 
     /// Sends `call` in the next statement a runner sends, and answers how it went, with the
@@ -175,6 +194,11 @@ impl<C: Send + 'static> Batcher<C> {
             armed: true,
         };
         loop {
+            // The gate is never closed; held until this statement's answer is in.
+            let permit = match &self.gate {
+                Some(gate) => gate.acquire().await.ok(),
+                None => None,
+            };
             let taken: Vec<(C, oneshot::Sender<(Answer, C)>)> = {
                 let Ok(mut queue) = self.queue.lock() else {
                     return;
@@ -192,6 +216,7 @@ impl<C: Send + 'static> Batcher<C> {
             let (calls, senders): (Vec<C>, Vec<oneshot::Sender<(Answer, C)>>) =
                 taken.into_iter().unzip();
             let (answers, calls) = send(calls).await;
+            drop(permit);
             for ((answer, call), to) in answers.into_iter().zip(calls).zip(senders) {
                 // The caller may have gone (its future dropped): its call was sent all the same.
                 let _ = to.send((answer, call));
@@ -407,6 +432,52 @@ mod tests {
         assert!(sizes.len() < 10, "{sizes:?}");
         assert!(sizes.iter().all(|n| *n <= MAX_CALLS_PER_BATCH));
         assert_eq!(batcher.queue.lock().unwrap().running, 0);
+    }
+
+    #[tokio::test]
+    async fn h_34_the_two_queues_of_one_gate_never_have_two_statements_in_flight() {
+        // A shard's claim and settlement queues share one gate: whatever arrives on either,
+        // one statement is in flight at a time, and the calls that arrive meanwhile on both
+        // queues are carried by the next statements of each.
+        let gate = Arc::new(Semaphore::new(1));
+        let claims = Batcher::<usize>::gated_arc(&gate);
+        let settles = Batcher::<usize>::gated_arc(&gate);
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let statements = Arc::new(AtomicUsize::new(0));
+        let send = {
+            let in_flight = Arc::clone(&in_flight);
+            let statements = Arc::clone(&statements);
+            move |batch: Vec<usize>| {
+                let in_flight = Arc::clone(&in_flight);
+                let statements = Arc::clone(&statements);
+                async move {
+                    assert_eq!(in_flight.fetch_add(1, Ordering::SeqCst), 0);
+                    statements.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    (batch.iter().map(|_| Answer::NoRow).collect(), batch)
+                }
+            }
+        };
+        let mut calls = Vec::new();
+        for i in 0..40 {
+            let queue = Arc::clone(if i % 2 == 0 { &claims } else { &settles });
+            let send = send.clone();
+            calls.push(tokio::spawn(async move { queue.submit(i, send).await }));
+            if i % 8 == 0 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        for (i, call) in calls.into_iter().enumerate() {
+            let answered = call.await.unwrap();
+            assert!(matches!(answered, Ok((Answer::NoRow, n)) if n == i));
+        }
+        // Batched: fewer statements than calls.
+        assert!(statements.load(Ordering::SeqCst) < 40);
+        assert_eq!(gate.available_permits(), 1);
+        for queue in [&claims, &settles] {
+            assert_eq!(queue.queue.lock().unwrap().running, 0);
+        }
     }
 
     #[tokio::test]

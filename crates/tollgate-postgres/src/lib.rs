@@ -66,6 +66,8 @@ pub use test_support::{
     fresh_test_database, test_admin_url, ExecutionWritesBlocked, Tamper, TestDatabase,
     TEST_POOL_CONNECTIONS,
 };
+use tokio::sync::Semaphore;
+use tollgate_store::rows::AuditChain;
 use tollgate_store::StoreError;
 
 /// The embedded migrations (`migrations/` at the workspace root).
@@ -166,34 +168,40 @@ pub struct PgStores {
     caller_lease_clock: bool,
 }
 
-/// The batch queues of a lane of `connections` (H-32), claims and settlements apart: one
-/// queue per shard of the consumers, as many shards as the lane has connections, each with one
-/// statement in flight, so two batches of one kind in flight never hold the spend rows of one
-/// consumer. The lane's connections bound how many of them run at once.
+/// The batch queues of a lane (H-32), claims and settlements apart, in [`BATCH_SHARDS`] shards
+/// of the consumers (H-34). A shard's two queues share one gate: one statement of the shard in
+/// flight, so its claim and settlement batches never hold locks the other waits for. A
+/// consumer's executions append to the audit chains of one group (H-33) and a group is in one
+/// shard, so the statements of two shards never take one chain's head or one consumer's spend
+/// rows.
 #[derive(Debug)]
 pub(crate) struct Batches {
     claims: Vec<Arc<batch::Batcher<claim::ClaimCall>>>,
     settles: Vec<Arc<batch::Batcher<settle::SettleCall>>>,
 }
 
+/// The shards of a lane's batches (H-34), at most one per lane connection: few, so that each
+/// shard's batches are large. Measured on two cores (spec/performance.md, H-34): one or two
+/// shards carry the most first calls per second; two keep a second statement in flight while
+/// the first one's commit is flushed.
+pub(crate) const BATCH_SHARDS: usize = 2;
+
 impl Batches {
     fn new(connections: u32) -> Self {
-        let shards = usize::try_from(connections).unwrap_or(1).max(1);
+        let shards = usize::try_from(connections)
+            .unwrap_or(1)
+            .clamp(1, BATCH_SHARDS);
+        let gates: Vec<Arc<Semaphore>> = (0..shards).map(|_| Arc::new(Semaphore::new(1))).collect();
         Self {
-            claims: (0..shards)
-                .map(|_| Arc::new(batch::Batcher::new(1)))
-                .collect(),
-            settles: (0..shards)
-                .map(|_| Arc::new(batch::Batcher::new(1)))
-                .collect(),
+            claims: gates.iter().map(batch::Batcher::gated_arc).collect(),
+            settles: gates.iter().map(batch::Batcher::gated_arc).collect(),
         }
     }
 
+    /// The shard of `consumer` in `scope`: the one its audit chain group (H-33) is in, so that
+    /// batches of different shards never append to one chain.
     fn shard(&self, scope: &str, consumer: &str) -> usize {
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        (scope, consumer).hash(&mut hasher);
-        usize::try_from(hasher.finish() % self.claims.len().max(1) as u64).unwrap_or(0)
+        usize::from(AuditChain::group_of(scope, consumer)) % self.claims.len().max(1)
     }
 
     /// The claim queue of `consumer`'s shard.

@@ -17,10 +17,15 @@ pub fn lease_end(now: DateTime<Utc>, lease_ms: u64) -> DateTime<Utc> {
         .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
-/// The `prepared` row a claim inserts.
+/// The `prepared` row a claim inserts. Its id puts its audit rows in the chain group of its
+/// consumer (H-33).
 pub fn new_execution(request: &ClaimRequest) -> ExecutionRecord {
+    let group = AuditChain::group_of(
+        request.scope.as_str(),
+        request.binding.config.consumer.as_str(),
+    );
     ExecutionRecord {
-        id: ExecutionId::new(),
+        id: AuditChain::new_execution_in_group(group),
         scope: request.scope.clone(),
         operation_key: request.operation_key.clone(),
         kind: request.binding.config.kind,

@@ -52,6 +52,7 @@ macro_rules! store_conformance {
             sc_42_inbox_pages_by_seq_and_acknowledges_once,
             audit_chain_verifies_and_never_holds_content,
             sc_98_audit_chains_page_and_end_at_their_heads,
+            h_33_a_consumer_s_rows_append_to_its_group_s_chains,
             settlements_by_day,
             sc_10_scopes_are_isolated,
             no_overspend_under_concurrent_claims,
@@ -1016,6 +1017,37 @@ pub async fn sc_98_audit_chains_page_and_end_at_their_heads<S: Stores>(s: Arc<S>
     }
     let sum: i64 = heads.iter().map(|h| h.seq).sum();
     assert_eq!(sum, 96);
+}
+
+pub async fn h_33_a_consumer_s_rows_append_to_its_group_s_chains<S: Stores>(s: Arc<S>) {
+    // Executions of one consumer take the chains of its group only (so that batches of
+    // consumers in other groups never meet on a head), and every chain still verifies.
+    let mut groups = std::collections::BTreeMap::new();
+    for c in 0..6 {
+        let consumer = format!("team-{c}");
+        let mut config = text_config();
+        config.consumer = ConsumerId::parse(consumer.clone()).unwrap();
+        for n in 0..8 {
+            let key = format!("{consumer}-{n}");
+            let r = dispatched(&*s, claim_req("a", &key, config.clone(), "0.01")).await;
+            groups.insert(r.id, AuditChain::group_of("a", &consumer));
+        }
+    }
+    let rows = s
+        .audit_rows(&scope("a"), AuditPosition::START, 1000)
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 2 * groups.len());
+    for row in &rows {
+        let id = row.event.execution_id.unwrap();
+        assert_eq!(row.chain.group(), groups[&id], "{id:?}");
+        assert_eq!(row.chain, AuditChain::of_execution(id));
+    }
+    let mut verifier = ChainVerifier::default();
+    rows.iter().for_each(|row| verifier.push(row).unwrap());
+    verifier
+        .finish(&s.audit_heads(&scope("a")).await.unwrap())
+        .unwrap();
 }
 
 pub async fn settlements_by_day<S: Stores>(s: Arc<S>) {

@@ -32,6 +32,14 @@ pub struct AuditChain(pub u16);
 /// Chains per scope.
 pub const AUDIT_CHAINS: u16 = 64;
 
+/// The groups a scope's chains fall in: chain `c` is in group `(c / 8) % 8`, so each group holds
+/// [`AUDIT_CHAINS`]` / 8` chains. The executions of one consumer take the chains of one group
+/// (H-33), so the appends of consumers in different groups never meet on a chain's head.
+pub const AUDIT_CHAIN_GROUPS: u16 = 8;
+
+/// A chain's bits below its group: `AUDIT_CHAINS / AUDIT_CHAIN_GROUPS` chains per group.
+const CHAIN_IN_GROUP_BITS: u16 = 3;
+
 impl AuditChain {
     /// The chain of every row of execution `id`.
     pub fn of_execution(id: ExecutionId) -> AuditChain {
@@ -39,6 +47,37 @@ impl AuditChain {
         // The uuid's last two bytes are random in every version we generate.
         let low = u16::from_be_bytes([bytes[14], bytes[15]]);
         AuditChain(low % AUDIT_CHAINS)
+    }
+
+    /// The group of the chains of `consumer`'s executions in `scope` (H-33): a stable hash
+    /// (FNV-1a over the two names), the same in every process and build.
+    pub fn group_of(scope: &str, consumer: &str) -> u16 {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in scope.bytes().chain([0xff]).chain(consumer.bytes()) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        // Fold the high bits in: FNV's low bits mix poorly.
+        let folded = hash ^ (hash >> 32) ^ (hash >> 16);
+        u16::try_from(folded % u64::from(AUDIT_CHAIN_GROUPS)).unwrap_or(0)
+    }
+
+    /// The group this chain is in.
+    pub fn group(self) -> u16 {
+        (self.0 >> CHAIN_IN_GROUP_BITS) % AUDIT_CHAIN_GROUPS
+    }
+
+    /// A fresh random execution id whose chain ([`AuditChain::of_execution`]) is in `group`
+    /// (taken modulo [`AUDIT_CHAIN_GROUPS`]): a version 4 uuid with three of its random bits set
+    /// to the group.
+    pub fn new_execution_in_group(group: u16) -> ExecutionId {
+        let mut bytes = *uuid::Uuid::new_v4().as_bytes();
+        let low = u16::from_be_bytes([bytes[14], bytes[15]]);
+        let group = group % AUDIT_CHAIN_GROUPS;
+        let group_bits = (AUDIT_CHAIN_GROUPS - 1) << CHAIN_IN_GROUP_BITS;
+        let low = (low & !group_bits) | (group << CHAIN_IN_GROUP_BITS);
+        [bytes[14], bytes[15]] = low.to_be_bytes();
+        ExecutionId(uuid::Uuid::from_bytes(bytes))
     }
 
     /// Every chain of a scope, in order.
@@ -115,4 +154,65 @@ pub struct AuditHead {
     pub seq: i64,
     /// Hash of the last row appended.
     pub hash: Digest256,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn h_33_an_execution_minted_in_a_group_has_its_chain_in_that_group() {
+        for group in 0..AUDIT_CHAIN_GROUPS * 2 {
+            let mut chains = BTreeSet::new();
+            for _ in 0..400 {
+                let id = AuditChain::new_execution_in_group(group);
+                let chain = AuditChain::of_execution(id);
+                assert_eq!(chain.group(), group % AUDIT_CHAIN_GROUPS, "{id:?}");
+                // Still a random version 4 uuid of the RFC 4122 variant.
+                assert_eq!(id.0.get_version_num(), 4);
+                assert_eq!(id.0.get_variant(), uuid::Variant::RFC4122);
+                chains.insert(chain);
+            }
+            // The group's chains are all used, and only they.
+            assert_eq!(chains.len(), usize::from(AUDIT_CHAINS / AUDIT_CHAIN_GROUPS));
+        }
+    }
+
+    #[test]
+    fn h_33_every_chain_is_in_exactly_one_group() {
+        let mut per_group = [0_u16; AUDIT_CHAIN_GROUPS as usize];
+        for chain in AuditChain::all() {
+            per_group[usize::from(chain.group())] += 1;
+        }
+        assert!(per_group
+            .iter()
+            .all(|n| *n == AUDIT_CHAINS / AUDIT_CHAIN_GROUPS));
+    }
+
+    #[test]
+    fn h_33_a_consumer_s_group_depends_only_on_its_scope_and_name() {
+        let groups: Vec<u16> = (0..256)
+            .map(|i| AuditChain::group_of("scope-a", &format!("team-{i}")))
+            .collect();
+        let again: Vec<u16> = (0..256)
+            .map(|i| AuditChain::group_of("scope-a", &format!("team-{i}")))
+            .collect();
+        assert_eq!(groups, again);
+        assert!(groups.iter().all(|g| *g < AUDIT_CHAIN_GROUPS));
+        // Consumers spread over every group.
+        let used: BTreeSet<u16> = groups.iter().copied().collect();
+        assert_eq!(used.len(), usize::from(AUDIT_CHAIN_GROUPS));
+        // The scope takes part: the same consumer names fall elsewhere in another scope.
+        let other: Vec<u16> = (0..256)
+            .map(|i| AuditChain::group_of("scope-b", &format!("team-{i}")))
+            .collect();
+        assert_ne!(groups, other);
+        // The separator keeps ("ab", "c") apart from ("a", "bc").
+        let pairs = (0..64).filter(|i| {
+            AuditChain::group_of(&format!("s{i}x"), "y")
+                != AuditChain::group_of(&format!("s{i}"), "xy")
+        });
+        assert!(pairs.count() > 0);
+    }
 }
