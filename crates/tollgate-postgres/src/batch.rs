@@ -69,21 +69,20 @@ pub(crate) fn failed(error: &StoreError, calls: usize) -> Vec<Answer> {
     (0..calls).map(|_| Answer::Failed(error.clone())).collect()
 }
 
-/// A queue of calls and the runners that send them. Its `Debug` shows counts only: the calls
-/// hold content (a prompt's output, a binding).
+/// A queue of calls and the one runner that sends them. Its `Debug` shows counts only: the
+/// calls hold content (a prompt's output, a binding).
 pub(crate) struct Batcher<C> {
     queue: Mutex<Queue<C>>,
-    /// How many statements (a batch or a call alone) may be in flight at once.
-    runners: usize,
-    /// The shard's gate (H-34), shared with the shard's other batcher: one statement in flight
-    /// among them, so a claim batch and a settlement batch of one shard never wait for each
-    /// other's locks. A runner takes its place at the gate before it takes its calls, so the
-    /// calls that arrive while it waits join its batch.
-    gate: Option<Arc<Semaphore>>,
+    /// The shard's gate (H-34), shared with the shard's other batcher: one statement (a batch or
+    /// a call alone) in flight among them, so a claim batch and a settlement batch of one shard
+    /// never wait for each other's locks. The runner takes its place at the gate before it
+    /// takes its calls, so the calls that arrive while it waits join its batch.
+    gate: Arc<Semaphore>,
 }
 
 struct Queue<C> {
     waiting: VecDeque<(C, oneshot::Sender<(Answer, C)>)>,
+    /// 1 while the runner runs, else 0.
     running: usize,
 }
 
@@ -118,7 +117,6 @@ impl<C> std::fmt::Debug for Batcher<C> {
             .map(|q| (q.waiting.len(), q.running))
             .unwrap_or_default();
         f.debug_struct("Batcher")
-            .field("runners", &self.runners)
             .field("running", &running)
             .field("waiting", &waiting)
             .finish()
@@ -130,29 +128,16 @@ fn lost() -> StoreError {
 }
 
 impl<C: Send + 'static> Batcher<C> {
-    /// A batcher with at most `runners` statements in flight (at least one).
-    pub(crate) fn new(runners: usize) -> Self {
-        Self {
+    /// A batcher whose statements take `gate` (one permit): one statement in flight among this
+    /// batcher and every other one given the same gate.
+    pub(crate) fn new(gate: &Arc<Semaphore>) -> Arc<Self> {
+        Arc::new(Self {
             queue: Mutex::new(Queue {
                 waiting: VecDeque::new(),
                 running: 0,
             }),
-            runners: runners.max(1),
-            gate: None,
-        }
-    }
-
-    /// A batcher with one runner, whose statements take `gate` (one permit): one statement in
-    /// flight among this batcher and every other one given the same gate.
-    pub(crate) fn gated(gate: Arc<Semaphore>) -> Self {
-        let mut batcher = Self::new(1);
-        batcher.gate = Some(gate);
-        batcher
-    }
-
-    /// [`Batcher::gated`] on a shared `gate`, shared in turn.
-    pub(crate) fn gated_arc(gate: &Arc<Semaphore>) -> Arc<Self> {
-        Arc::new(Self::gated(Arc::clone(gate)))
+            gate: Arc::clone(gate),
+        })
     }
 
     /// Sends `call` in the next statement a runner sends, and answers how it went, with the
@@ -170,7 +155,7 @@ impl<C: Send + 'static> Batcher<C> {
         let start = {
             let mut queue = self.queue.lock().map_err(|_| lost())?;
             queue.waiting.push_back((call, tx));
-            let start = queue.running < self.runners;
+            let start = queue.running == 0;
             if start {
                 queue.running += 1;
             }
@@ -194,10 +179,10 @@ impl<C: Send + 'static> Batcher<C> {
             armed: true,
         };
         loop {
-            // The gate is never closed; held until this statement's answer is in.
-            let permit = match &self.gate {
-                Some(gate) => gate.acquire().await.ok(),
-                None => None,
+            // Held until this statement's answer is in. The gate is never closed; were it, the
+            // runner would end and its place (`Running`) fail the waiting calls.
+            let Ok(permit) = self.gate.acquire().await else {
+                return;
             };
             let taken: Vec<(C, oneshot::Sender<(Answer, C)>)> = {
                 let Ok(mut queue) = self.queue.lock() else {
@@ -396,7 +381,7 @@ mod tests {
 
     #[tokio::test]
     async fn h_32_calls_queued_while_the_runner_is_busy_go_in_one_batch() {
-        let batcher = Arc::new(Batcher::<usize>::new(1));
+        let batcher = Batcher::<usize>::new(&Arc::new(Semaphore::new(1)));
         let sizes = Arc::new(Mutex::new(Vec::new()));
         let in_flight = Arc::new(AtomicUsize::new(0));
         let mut calls = Vec::new();
@@ -440,8 +425,8 @@ mod tests {
         // one statement is in flight at a time, and the calls that arrive meanwhile on both
         // queues are carried by the next statements of each.
         let gate = Arc::new(Semaphore::new(1));
-        let claims = Batcher::<usize>::gated_arc(&gate);
-        let settles = Batcher::<usize>::gated_arc(&gate);
+        let claims = Batcher::<usize>::new(&gate);
+        let settles = Batcher::<usize>::new(&gate);
         let in_flight = Arc::new(AtomicUsize::new(0));
         let statements = Arc::new(AtomicUsize::new(0));
         let send = {
@@ -482,7 +467,7 @@ mod tests {
 
     #[tokio::test]
     async fn h_32_a_runner_that_panics_fails_its_calls_and_the_waiting_ones_instead_of_hanging() {
-        let batcher = Arc::new(Batcher::<usize>::new(1));
+        let batcher = Batcher::<usize>::new(&Arc::new(Semaphore::new(1)));
         let send = |batch: Vec<usize>| async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
             assert!(batch.is_empty(), "a runner that panics");
@@ -509,7 +494,7 @@ mod tests {
 
     #[tokio::test]
     async fn h_32_a_runner_that_ends_without_answering_fails_its_calls_and_gives_its_place_back() {
-        let batcher = Arc::new(Batcher::<usize>::new(1));
+        let batcher = Batcher::<usize>::new(&Arc::new(Semaphore::new(1)));
         let answered = batcher
             .submit(1, |batch: Vec<usize>| async move { (Vec::new(), batch) })
             .await;

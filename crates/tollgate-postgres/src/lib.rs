@@ -193,8 +193,8 @@ impl Batches {
             .clamp(1, BATCH_SHARDS);
         let gates: Vec<Arc<Semaphore>> = (0..shards).map(|_| Arc::new(Semaphore::new(1))).collect();
         Self {
-            claims: gates.iter().map(batch::Batcher::gated_arc).collect(),
-            settles: gates.iter().map(batch::Batcher::gated_arc).collect(),
+            claims: gates.iter().map(batch::Batcher::new).collect(),
+            settles: gates.iter().map(batch::Batcher::new).collect(),
         }
     }
 

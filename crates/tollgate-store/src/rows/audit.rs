@@ -32,13 +32,21 @@ pub struct AuditChain(pub u16);
 /// Chains per scope.
 pub const AUDIT_CHAINS: u16 = 64;
 
-/// The groups a scope's chains fall in: chain `c` is in group `(c / 8) % 8`, so each group holds
-/// [`AUDIT_CHAINS`]` / 8` chains. The executions of one consumer take the chains of one group
+/// The groups a scope's chains fall in: chain `c` is in group `c / (AUDIT_CHAINS / 8)`, so each
+/// group holds [`AUDIT_CHAINS`]` / 8` chains (8 of 64). The executions of one consumer take the chains of one group
 /// (H-33), so the appends of consumers in different groups never meet on a chain's head.
 pub const AUDIT_CHAIN_GROUPS: u16 = 8;
 
 /// A chain's bits below its group: `AUDIT_CHAINS / AUDIT_CHAIN_GROUPS` chains per group.
-const CHAIN_IN_GROUP_BITS: u16 = 3;
+const CHAIN_IN_GROUP_BITS: u32 = (AUDIT_CHAINS / AUDIT_CHAIN_GROUPS).trailing_zeros();
+
+// The group's bits sit just above the chain's bits within it, inside the chain number: both
+// counts are powers of two.
+const _: () = assert!(
+    AUDIT_CHAINS.is_power_of_two()
+        && AUDIT_CHAIN_GROUPS.is_power_of_two()
+        && AUDIT_CHAIN_GROUPS <= AUDIT_CHAINS
+);
 
 impl AuditChain {
     /// The chain of every row of execution `id`.
