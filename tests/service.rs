@@ -645,7 +645,12 @@ async fn sc_140_sc_161_sc_180_keys_made_listed_and_revoked_from_the_cli_and_over
 async fn store_expired_key(url: &str, scope: &str) -> String {
     use tollgate_store::{ApiKeyRecord, ApiKeyStore, KeyDigest, KeyRole};
     let stores = tollgate_postgres::PgStores::connect(url, 1).await.unwrap();
-    let key = format!("tg_expired_{}", uuid::Uuid::new_v4().simple());
+    // Of the generated form, so that it is refused for its expiry and not for its form.
+    let key = format!(
+        "tg_{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
     let now = chrono::Utc::now();
     let mut expired = ApiKeyRecord::new(
         KeyDigest::of_key(&key),

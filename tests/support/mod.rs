@@ -82,12 +82,23 @@ impl Drop for ServeChild {
 
 /// Starts `tollgate serve` and returns it with its base URL once it answers `/readyz`.
 pub async fn serve_on(config: &Path, db_url: &str) -> (ServeChild, String) {
+    serve_from(config, Some(db_url)).await
+}
+
+/// Starts `tollgate serve` on the embedded default (no database) and returns it with its base
+/// URL once it answers `/readyz`.
+pub async fn serve_embedded(config: &Path) -> (ServeChild, String) {
+    serve_from(config, None).await
+}
+
+async fn serve_from(config: &Path, db_url: Option<&str>) -> (ServeChild, String) {
     use std::io::{BufRead, BufReader};
-    let mut child = tollgate()
-        .arg("serve")
-        .arg("--config")
-        .arg(config)
-        .env("DATABASE_URL", db_url)
+    let mut command = tollgate();
+    command.arg("serve").arg("--config").arg(config);
+    if let Some(url) = db_url {
+        command.env("DATABASE_URL", url);
+    }
+    let mut child = command
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())

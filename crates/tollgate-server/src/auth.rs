@@ -211,6 +211,21 @@ pub struct KeyStore {
     store: Arc<dyn ApiKeyStore>,
     ttl: Duration,
     cache: Mutex<Cache>,
+    lookups: tokio::sync::Semaphore,
+}
+
+/// Store reads of keys in flight at once: a key not in memory is read from the store before
+/// any permit of the concurrency limit is taken, so this bounds what unauthenticated requests
+/// can ask of the database (more are answered 503 at once).
+pub const KEY_LOOKUPS_IN_FLIGHT_MAX: usize = 64;
+
+/// Whether `key` has the form of a generated key ([`generate_key`]): the prefix and 64
+/// lower-case hex digits. Stored keys are only ever generated, so a token of any other form
+/// is refused without a store read.
+pub fn has_generated_form(key: &str) -> bool {
+    key.strip_prefix(KEY_PREFIX).is_some_and(|rest| {
+        rest.len() == 64 && rest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    })
 }
 
 impl fmt::Debug for KeyStore {
@@ -241,6 +256,7 @@ impl KeyStore {
             store,
             ttl: Duration::from_millis(KEY_CACHE_MS_DEFAULT),
             cache: Mutex::new(Cache::default()),
+            lookups: tokio::sync::Semaphore::new(KEY_LOOKUPS_IN_FLIGHT_MAX),
         }
     }
 
@@ -341,6 +357,9 @@ impl KeyStore {
         if let Some(principal) = self.grants.get(&digest) {
             return Ok(principal.clone());
         }
+        if !has_generated_form(key) {
+            return Err(ApiError::Unauthenticated);
+        }
         let now = chrono::Utc::now();
         let started = Instant::now();
         let lookup = self.lock().lookup(&digest, started, self.ttl, now);
@@ -353,6 +372,10 @@ impl KeyStore {
             }
             Lookup::Refused => return Err(ApiError::Unauthenticated),
             Lookup::Read { generation } => generation,
+        };
+        let Ok(_lookup) = self.lookups.try_acquire() else {
+            tracing::warn!("over the key lookups in flight");
+            return Err(ApiError::Overloaded);
         };
         let stored = self.store.key_by_digest(&digest).await.map_err(|e| {
             tracing::warn!(error = %e, "api key lookup failed");
@@ -508,16 +531,48 @@ mod tests {
         faulty.arm(FaultPoint::KeyLookup);
         let principal = keys.authenticate(Some("Bearer tg_static")).await.unwrap();
         assert_eq!(principal.role, KeyRole::Operator);
+        let other = format!("Bearer {}", generate_key().expose());
         assert!(matches!(
-            keys.authenticate(Some("Bearer tg_other")).await,
+            keys.authenticate(Some(&other)).await,
             Err(ApiError::Unavailable {
                 operation_key: None
             })
         ));
         faulty.disarm(FaultPoint::KeyLookup);
         assert!(matches!(
-            keys.authenticate(Some("Bearer tg_other")).await,
+            keys.authenticate(Some(&other)).await,
             Err(ApiError::Unauthenticated)
         ));
+    }
+
+    #[tokio::test]
+    async fn sc_183_a_token_that_cannot_be_a_key_is_refused_without_a_store_read() {
+        let faulty = Arc::new(FaultyStores::with_service(Arc::new(MemoryStores::new())));
+        let keys = KeyStore::new(&[], faulty.clone()).with_cache_ms(0);
+        let reads = || {
+            faulty
+                .calls()
+                .get(&tollgate_store::fault::StoreOp::KeyByDigest)
+                .copied()
+                .unwrap_or(0)
+        };
+        let generated = generate_key();
+        assert!(has_generated_form(generated.expose()));
+        for token in [
+            "tg_short",
+            "sk-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            &format!("{}X", generated.expose()),
+            &generated.expose().to_uppercase(),
+        ] {
+            assert!(!has_generated_form(token), "{token}");
+            let refused = keys.authenticate(Some(&format!("Bearer {token}"))).await;
+            assert!(matches!(refused, Err(ApiError::Unauthenticated)));
+        }
+        assert_eq!(reads(), 0, "no store read for a token of the wrong form");
+        let unknown = keys
+            .authenticate(Some(&format!("Bearer {}", generated.expose())))
+            .await;
+        assert!(matches!(unknown, Err(ApiError::Unauthenticated)));
+        assert_eq!(reads(), 1, "a token of the generated form is read");
     }
 }

@@ -177,6 +177,62 @@ fn session_timeouts(section: &DatabaseSection) -> Result<SessionTimeouts, Config
     Ok(bounds)
 }
 
+/// `value`, or `default` when absent, checked to lie in `min..=max`.
+fn bounded(
+    name: &str,
+    value: Option<u64>,
+    default: u64,
+    min: u64,
+    max: u64,
+) -> Result<u64, ConfigError> {
+    let value = value.unwrap_or(default);
+    range(name, value, min, max)?;
+    Ok(value)
+}
+
+/// The connection bounds of `[server]`, each within its range.
+fn connection_limits(
+    server: &crate::sections::ServerSection,
+) -> Result<crate::connections::ConnectionLimits, ConfigError> {
+    use crate::connections as c;
+    let timeout = |name: &str, value: Option<u64>, default: u64| {
+        bounded(
+            name,
+            value,
+            default,
+            c::CONNECTION_TIMEOUT_MS_MIN,
+            c::CONNECTION_TIMEOUT_MS_MAX,
+        )
+    };
+    let connections_max = bounded(
+        "server.connections_max",
+        server.connections_max,
+        c::CONNECTIONS_MAX_DEFAULT,
+        1,
+        c::CONNECTIONS_MAX_MAX,
+    )?;
+    Ok(c::ConnectionLimits {
+        header_read_timeout_ms: timeout(
+            "server.header_read_timeout_ms",
+            server.header_read_timeout_ms,
+            c::HEADER_READ_TIMEOUT_MS_DEFAULT,
+        )?,
+        idle_timeout_ms: timeout(
+            "server.idle_timeout_ms",
+            server.idle_timeout_ms,
+            c::IDLE_TIMEOUT_MS_DEFAULT,
+        )?,
+        connections_max: usize::try_from(connections_max).unwrap_or(usize::MAX),
+        http_drain_ms: bounded(
+            "server.http_drain_ms",
+            server.http_drain_ms,
+            c::HTTP_DRAIN_MS_DEFAULT,
+            0,
+            c::CONNECTION_TIMEOUT_MS_MAX,
+        )?,
+    })
+}
+
 /// The validated configuration. Profiles are immutable once loaded.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -315,6 +371,15 @@ impl FileConfig {
         let limits = crate::limits::Limits {
             concurrency_limit: usize::try_from(concurrency_limit).unwrap_or(usize::MAX),
             request_timeout_ms,
+            body_read_timeout_ms: bounded(
+                "server.body_read_timeout_ms",
+                self.server.body_read_timeout_ms,
+                crate::limits::BODY_READ_TIMEOUT_MS_DEFAULT,
+                crate::limits::BODY_READ_TIMEOUT_MS_MIN,
+                crate::limits::BODY_READ_TIMEOUT_MS_MAX,
+            )?,
+            metrics_public: self.server.metrics_public.unwrap_or(true),
+            connections: connection_limits(&self.server)?,
         };
         let interval_ms = self.scheduler.interval_ms.unwrap_or(INTERVAL_MS_DEFAULT);
         range(

@@ -80,6 +80,9 @@ pub enum ApiError {
     /// was told to stop waiting (a sent call finishes in the background).
     #[error("the request took longer than {0} ms")]
     RequestTimeout(u64),
+    /// The request's body did not arrive within `[server] body_read_timeout_ms` (408).
+    #[error("the request body did not arrive within {0} ms")]
+    BodyTimeout(u64),
     /// More requests in flight than `[server] concurrency_limit` (503): retry later.
     #[error("the server is at its concurrency limit; retry later")]
     Overloaded,
@@ -110,6 +113,7 @@ impl ApiError {
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Interrupted { .. } | Self::RequestTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::NoRoute(status) => *status,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -124,6 +128,7 @@ impl ApiError {
             Self::Conflict { .. } => "conflict",
             Self::Malformed(_) | Self::Invalid(_) => "invalid_request",
             Self::TooLarge(_) => "payload_too_large",
+            Self::BodyTimeout(_) => "body_timeout",
             Self::CapBlocked(_) => "cap_blocked",
             Self::RootClosed(_) => "root_closed",
             Self::RootExpired(_) => "root_expired",

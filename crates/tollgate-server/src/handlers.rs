@@ -42,6 +42,10 @@ impl FromRequestParts<App> for Principal {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, app: &App) -> Result<Self, ApiError> {
+        // The authentication layer (`crate::limits`) has read the key before the body.
+        if let Some(principal) = parts.extensions.get::<Principal>() {
+            return Ok(principal.clone());
+        }
         let header = parts.headers.get(header::AUTHORIZATION);
         app.keys
             .authenticate(header.and_then(|h| h.to_str().ok()))

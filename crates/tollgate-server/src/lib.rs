@@ -10,6 +10,7 @@ pub mod app;
 pub mod auth;
 pub mod backend;
 pub mod config;
+pub mod connections;
 pub mod console;
 pub mod embedded;
 pub mod error;
@@ -31,15 +32,14 @@ pub use app::{App, StartError};
 pub use backend::Backend;
 pub use error::ApiError;
 
-use axum::serve::ListenerExt;
 use std::future::Future;
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
-/// Serves `app` on `listener` until `shutdown` completes, then lets requests in flight finish,
+/// Serves `app` on `listener` within its connection bounds ([`connections`]) until `shutdown`
+/// completes, then lets the answers in progress finish for at most `[server] http_drain_ms`,
 /// then waits for the drives whose callers left (calls still settling in their own tasks) up to
-/// the app's `shutdown_drain_ms` (spec/service.md — Shutdown). Accepted sockets get `TCP_NODELAY` (spec/service.md — Observability: without it every
-/// keep-alive answer waits for the peer's delayed ACK between its header and body writes).
+/// the app's `shutdown_drain_ms` (spec/service.md — Shutdown).
 ///
 /// # Errors
 /// The server failed.
@@ -48,15 +48,10 @@ pub async fn run(
     app: App,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = listener.tap_io(|tcp| {
-        // A socket that refuses the option still works, only slower.
-        let _ = tcp.set_nodelay(true);
-    });
     let drives = app.drives.clone();
     let drain_ms = app.shutdown_drain_ms;
-    let served = axum::serve(listener, routes::router(app))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let connections = app.limits.connections;
+    let served = connections::serve(listener, routes::router(app), connections, shutdown).await;
     drain(&drives, drain_ms).await;
     served
 }

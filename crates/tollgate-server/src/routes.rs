@@ -66,6 +66,7 @@ table! {
 /// The router of the service, inside the limits and request-id layers ([`crate::limits`]).
 pub fn router(app: App) -> Router {
     let limits = app.limits;
+    let keys = app.keys.clone();
     // Every route comes from the table: no `.route`, `.nest` or `.merge` beside it (the
     // OpenAPI test checks this file for them).
     let router = routes(Router::new())
@@ -73,5 +74,5 @@ pub fn router(app: App) -> Router {
         .method_not_allowed_fallback(h::no_method)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .with_state(app);
-    crate::limits::apply(router, limits)
+    crate::limits::apply(router, limits, keys)
 }

@@ -27,6 +27,18 @@ pub struct ServerSection {
     /// Longest a stored API key is served from memory after it was read; 0 = read on every
     /// request.
     pub key_cache_ms: Option<u64>,
+    /// Longest a request's whole body may take to arrive.
+    pub body_read_timeout_ms: Option<u64>,
+    /// Longest wait for a request's complete header.
+    pub header_read_timeout_ms: Option<u64>,
+    /// A connection with no byte read or written for this long is closed.
+    pub idle_timeout_ms: Option<u64>,
+    /// Connections served at once.
+    pub connections_max: Option<u64>,
+    /// On shutdown, the longest wait for open connections to finish their answers.
+    pub http_drain_ms: Option<u64>,
+    /// Whether `GET /metrics` answers without a key.
+    pub metrics_public: Option<bool>,
 }
 
 /// `[database]`.

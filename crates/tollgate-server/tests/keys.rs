@@ -80,14 +80,14 @@ async fn sc_140_operators_list_and_revoke_keys_and_a_revoked_key_is_refused_at_o
     let expired = ApiKeyRecord {
         expires_at: Some(chrono::Utc::now() - chrono::Duration::seconds(1)),
         ..ApiKeyRecord::new(
-            KeyDigest::of_key("tg_expired"),
+            KeyDigest::of_key("tg_0000000000000000000000000000000000000000000000000000000000000003"),
             Scope::parse("acme").unwrap(),
             KeyRole::Caller,
             chrono::Utc::now() - chrono::Duration::days(2),
         )
     };
     s.keys.store().insert_key(expired).await.unwrap();
-    let (status, _, _) = s.get("/v1/profiles", "tg_expired").await;
+    let (status, _, _) = s.get("/v1/profiles", "tg_0000000000000000000000000000000000000000000000000000000000000003").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     s.stop().await;
 }
@@ -316,7 +316,7 @@ async fn sc_177_unknown_keys_are_cached_for_the_bound_and_bounded_in_number() {
     let (store, keys) = counted_keys(KEY_CACHE_MS_MAX);
     for _ in 0..50 {
         assert!(matches!(
-            keys.authenticate(Some("Bearer tg_unknown")).await,
+            keys.authenticate(Some("Bearer tg_0000000000000000000000000000000000000000000000000000000000000001")).await,
             Err(ApiError::Unauthenticated)
         ));
     }
@@ -329,7 +329,7 @@ async fn sc_177_unknown_keys_are_cached_for_the_bound_and_bounded_in_number() {
 
     let flood = UNKNOWN_KEYS_CACHED_MAX + 500;
     for i in 0..flood {
-        let header = bearer(&format!("tg_flood_{i}"));
+        let header = bearer(&format!("tg_{:064x}", i + 1_000));
         assert!(matches!(
             keys.authenticate(Some(&header)).await,
             Err(ApiError::Unauthenticated)
@@ -360,20 +360,20 @@ async fn sc_178_a_cached_key_is_refused_once_it_expires() {
     let record = ApiKeyRecord {
         expires_at: Some(expires_at),
         ..ApiKeyRecord::new(
-            KeyDigest::of_key("tg_expiring"),
+            KeyDigest::of_key("tg_0000000000000000000000000000000000000000000000000000000000000002"),
             acme(),
             KeyRole::Caller,
             Utc::now(),
         )
     };
     store.insert_key(record).await.unwrap();
-    keys.authenticate(Some("Bearer tg_expiring")).await.unwrap();
+    keys.authenticate(Some("Bearer tg_0000000000000000000000000000000000000000000000000000000000000002")).await.unwrap();
     assert_eq!(store.reads(), 1);
     while Utc::now() <= expires_at {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(matches!(
-        keys.authenticate(Some("Bearer tg_expiring")).await,
+        keys.authenticate(Some("Bearer tg_0000000000000000000000000000000000000000000000000000000000000002")).await,
         Err(ApiError::Unauthenticated)
     ));
     assert_eq!(store.reads(), 1, "refused from the cached record");

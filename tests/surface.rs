@@ -1,0 +1,271 @@
+//! The service surface on the wire, black-box against the built `tollgate serve` on the embedded
+//! default: what a client without a key, a client that sends slowly and a client that only opens
+//! sockets can hold of the server (spec/service.md — Threat model).
+#![cfg(test)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+use support::{serve_embedded, ServeChild, TempFile};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const CALLER_KEY: &str = "surface-test-caller-key";
+/// The longest any bounded wait of these tests may take: far above every configured bound.
+const WAIT: Duration = Duration::from_secs(15);
+
+fn config(server: &str) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n{server}\n\n[[keys]]\nscope = \"demo\"\nrole = \"caller\"\nsha256 = \"{}\"\n",
+        tollgate_store::KeyDigest::of_key(CALLER_KEY).to_hex()
+    )
+}
+
+struct Server {
+    _config: TempFile,
+    child: ServeChild,
+    base: String,
+}
+
+impl Server {
+    async fn start(server: &str) -> Self {
+        let config = TempFile::new("surface.toml", &config(server));
+        let (child, base) = serve_embedded(&config.0).await;
+        Self {
+            _config: config,
+            child,
+            base,
+        }
+    }
+
+    fn addr(&self) -> String {
+        self.base.trim_start_matches("http://").to_string()
+    }
+
+    async fn connect(&self) -> TcpStream {
+        TcpStream::connect(self.addr()).await.unwrap()
+    }
+
+    /// `GET /v1/profiles` with the caller key: its status.
+    async fn profiles_status(&self) -> u16 {
+        reqwest::Client::new()
+            .get(format!("{}/v1/profiles", self.base))
+            .bearer_auth(CALLER_KEY)
+            .timeout(WAIT)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    }
+}
+
+/// Reads what the server sends until it closes the connection (or `WAIT` passes): the bytes,
+/// and whether it closed.
+async fn read_to_close(stream: &mut TcpStream) -> (String, bool) {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&out).into(), true),
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+            Err(_) => return (String::from_utf8_lossy(&out).into(), false),
+        }
+    }
+}
+
+/// Reads one answer's status line and headers (up to the blank line).
+async fn read_head(stream: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let mut byte = [0u8; 1];
+    while !out.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(WAIT, stream.read(&mut byte))
+            .await
+            .expect("an answer within the bound")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed before an answer: {}",
+            String::from_utf8_lossy(&out)
+        );
+        out.push(byte[0]);
+    }
+    String::from_utf8_lossy(&out).into()
+}
+
+/// SC-181: with `concurrency_limit = 4`, four connections that announce a 29 MiB body without a
+/// key get 401 at once, without sending their bodies, and a caller's request is served
+/// meanwhile: nobody without a key holds a permit or a body buffer.
+#[tokio::test]
+async fn sc_181_requests_without_a_key_are_refused_before_their_bodies_and_hold_no_permit() {
+    let server = Server::start("concurrency_limit = 4").await;
+    let mut slow = Vec::new();
+    for auth in [
+        "",
+        "Authorization: Bearer tg_not-a-key\r\n",
+        "Authorization: Basic eA==\r\n",
+        "",
+    ] {
+        let mut stream = server.connect().await;
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{{\"model\"",
+            29 * 1024 * 1024
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let answer = read_head(&mut stream).await;
+        assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+        slow.push(stream);
+    }
+    // The four connections stay open on the client's side; the server serves a caller.
+    assert_eq!(server.profiles_status().await, 200);
+    // And it closes the refused connections instead of reading their bodies.
+    for mut stream in slow {
+        let (_, closed) = read_to_close(&mut stream).await;
+        assert!(closed, "a refused connection is closed");
+    }
+}
+
+/// SC-182: a caller's body that does not arrive within `body_read_timeout_ms` is answered 408
+/// `body_timeout`, and the permit it held is free again.
+#[tokio::test]
+async fn sc_182_a_body_sent_too_slowly_is_408() {
+    let server = Server::start("concurrency_limit = 1\nbody_read_timeout_ms = 300").await;
+    let mut stream = server.connect().await;
+    let head = format!(
+        "POST /v1/calls HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {CALLER_KEY}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"profile\""
+    );
+    let started = Instant::now();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let answer = read_head(&mut stream).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    let (rest, _) = read_to_close(&mut stream).await;
+    assert!(rest.contains("body_timeout"), "{rest}");
+    assert_eq!(server.profiles_status().await, 200);
+}
+
+/// SC-184: a connection that sends half a header is closed after `header_read_timeout_ms`.
+#[tokio::test]
+async fn sc_184_half_sent_headers_are_closed_after_the_header_read_timeout() {
+    let server = Server::start("header_read_timeout_ms = 300").await;
+    let mut stream = server.connect().await;
+    let started = Instant::now();
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let (_, closed) = read_to_close(&mut stream).await;
+    assert!(
+        closed,
+        "the server closes a connection whose header does not end"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(250));
+}
+
+/// SC-185: a keep-alive connection with nothing to do is closed after `idle_timeout_ms`, and
+/// so is one that never sends anything.
+#[tokio::test]
+async fn sc_185_idle_connections_are_closed() {
+    let server = Server::start("idle_timeout_ms = 300\nheader_read_timeout_ms = 60000").await;
+    let mut used = server.connect().await;
+    used.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_head(&mut used).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let mut silent = server.connect().await;
+    let started = Instant::now();
+    let (_, closed) = read_to_close(&mut used).await;
+    assert!(closed, "an idle keep-alive connection is closed");
+    let (_, closed) = read_to_close(&mut silent).await;
+    assert!(closed, "a connection that never sends is closed");
+    assert!(started.elapsed() >= Duration::from_millis(250));
+}
+
+/// SC-186: past `connections_max` open connections the server accepts no more until one closes.
+#[tokio::test]
+async fn sc_186_connections_past_the_cap_wait_until_one_closes() {
+    let server = Server::start(
+        "connections_max = 2\nidle_timeout_ms = 60000\nheader_read_timeout_ms = 60000",
+    )
+    .await;
+    // Two connections, each served once and kept alive.
+    let mut first = server.connect().await;
+    let mut second = server.connect().await;
+    for stream in [&mut first, &mut second] {
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_head(stream).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let length: usize = answer
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse().unwrap())
+            })
+            .expect("a content-length");
+        let mut body = vec![0u8; length];
+        stream.read_exact(&mut body).await.unwrap();
+    }
+    let mut third = server.connect().await;
+    third
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut byte = [0u8; 1];
+    let waited = tokio::time::timeout(Duration::from_millis(500), third.read(&mut byte)).await;
+    assert!(
+        waited.is_err(),
+        "the third connection is not served while two are open"
+    );
+    drop(first);
+    let answer = read_head(&mut third).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+/// SC-187: on SIGTERM the server stops within `http_drain_ms` (plus its drive drain) even while
+/// a client keeps a request half-sent.
+#[tokio::test]
+async fn sc_187_shutdown_does_not_wait_for_a_half_sent_request() {
+    let mut server = Server::start(
+        "http_drain_ms = 500\nshutdown_drain_ms = 0\nheader_read_timeout_ms = 60000\nidle_timeout_ms = 60000",
+    )
+    .await;
+    let mut stream = server.connect().await;
+    stream
+        .write_all(b"POST /v1/calls HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    // The request reached the server: a second connection is served, so the first was accepted.
+    assert_eq!(server.profiles_status().await, 200);
+    let pid = server.child.0.id().to_string();
+    let started = Instant::now();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = server.child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve still runs {WAIT:?} after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "stopped after {:?}",
+        started.elapsed()
+    );
+}
