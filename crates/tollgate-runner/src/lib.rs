@@ -18,6 +18,7 @@ pub mod outcome;
 pub mod recovery;
 pub mod settings;
 pub mod single;
+pub mod stated;
 pub mod step;
 pub mod structured;
 pub mod views;

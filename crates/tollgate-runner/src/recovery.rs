@@ -44,9 +44,9 @@ pub struct UsageCounts {
 /// Recovery and reconciliation over one set of stores.
 #[derive(Clone)]
 pub struct Reconciler {
-    stores: Arc<dyn Stores>,
+    pub(crate) stores: Arc<dyn Stores>,
     roots: Option<Arc<dyn AllStores>>,
-    clock: Arc<dyn Clock>,
+    pub(crate) clock: Arc<dyn Clock>,
 }
 
 /// The single exact, consistent piece of usage among `evidence`, or none when there is none or
@@ -292,54 +292,6 @@ impl Reconciler {
                 now: self.clock.now(),
             })
             .await
-    }
-
-    /// Operator settlement of a `reconciliation_required` execution with stated usage (source
-    /// `operator`), priced with the execution's original snapshot.
-    ///
-    /// # Errors
-    /// `NotFound`, `StaleFence` when it is not awaiting an operator, store failure.
-    pub async fn resolve(
-        &self,
-        scope: &Scope,
-        execution_id: ExecutionId,
-        usage: Usage,
-    ) -> StoreResult<View> {
-        let record = self
-            .stores
-            .execution_by_id(scope, execution_id)
-            .await?
-            .ok_or_else(|| StoreError::NotFound(execution_id.to_string()))?;
-        let now = self.clock.now();
-        let states = [ExecutionState::ReconciliationRequired];
-        let fenced = self
-            .stores
-            .take_fence(scope, &record.operation_key, &states, false, 60_000, now)
-            .await?
-            .ok_or(StoreError::StaleFence(execution_id))?;
-        let amount = fenced
-            .binding
-            .config
-            .prices
-            .cost(&usage)
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let evidence = self
-            .stores
-            .record_evidence(NewEvidence {
-                scope: scope.clone(),
-                execution_id,
-                operation_key: fenced.operation_key.clone(),
-                provider_ref: fenced.provider_ref.clone(),
-                usage,
-                exact: true,
-                source: EvidenceSource::Operator,
-                now,
-            })
-            .await?;
-        let settled = self
-            .settle_by_operator(&fenced, usage, amount, None, evidence.id, now)
-            .await?;
-        views::view_of(self.stores.as_ref(), &settled.record, now).await
     }
 
     /// The operator's settlement of a fenced `reconciliation_required` execution (source

@@ -342,7 +342,11 @@ impl KeyStore {
         at: chrono::DateTime<chrono::Utc>,
     ) -> Result<Option<ApiKeyRecord>, StoreError> {
         let revoked = self.store.revoke_key(scope, digest, at).await;
-        self.lock().forget(digest);
+        // Forget the cached entry only when the key may now be revoked: a revocation that found
+        // no such key of this scope leaves the cache (and other scopes' entries) as they were.
+        if !matches!(revoked, Ok(None)) {
+            self.lock().forget(digest);
+        }
         revoked
     }
 

@@ -249,6 +249,22 @@ impl From<RunError> for ApiError {
     }
 }
 
+/// The message of a request naming a profile that is not loaded: it names the field's meaning,
+/// never the value sent (which could be anything a caller typed).
+pub const UNKNOWN_PROFILE: &str = "no loaded profile has that name (GET /v1/profiles lists them)";
+
+impl From<tollgate_runner::stated::ResolveError> for ApiError {
+    fn from(e: tollgate_runner::stated::ResolveError) -> Self {
+        use tollgate_runner::stated::ResolveError as R;
+        match e {
+            R::Store(e) => e.into(),
+            refused @ (R::OutOfRange { .. } | R::OverHold { .. } | R::Unpriced(_)) => {
+                Self::Invalid(refused.to_string())
+            }
+        }
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
         match error {

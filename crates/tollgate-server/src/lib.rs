@@ -14,6 +14,7 @@ pub mod connections;
 pub mod console;
 pub mod embedded;
 pub mod error;
+pub mod gate;
 pub mod handlers;
 pub mod layers;
 pub mod limits;

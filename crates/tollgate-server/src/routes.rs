@@ -63,7 +63,8 @@ table! {
     get "/v1/console/audit" => c::audit,
 }
 
-/// The router of the service, inside the limits and request-id layers ([`crate::limits`]).
+/// The router of the service, inside the authentication, limits and request-id layers
+/// ([`crate::gate`]).
 pub fn router(app: App) -> Router {
     let limits = app.limits;
     let keys = app.keys.clone();
@@ -74,5 +75,5 @@ pub fn router(app: App) -> Router {
         .method_not_allowed_fallback(h::no_method)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .with_state(app);
-    crate::limits::apply(router, limits, keys)
+    crate::gate::apply(router, limits, keys)
 }

@@ -416,6 +416,66 @@ async fn sc_40_sc_42_operator_recover_reconcile_and_resolve() {
     s.stop().await;
 }
 
+/// SC-188: stated usage is checked before anything is written: counts above the stored range and
+/// amounts above the execution's hold are refused 422 (the quote too), and the execution still
+/// awaits an operator; `override_hold` settles above the hold and audits `operator_override`.
+#[tokio::test]
+async fn sc_188_stated_usage_beyond_the_hold_or_the_range_is_refused() {
+    let s = Server::memory().await;
+    let (status, cut, _) = s
+        .post(
+            "/v1/calls",
+            &s.caller,
+            &call("cut", "order-big", "r", "hello"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{cut}");
+    assert_eq!(cut["state"], "reconciliation_required");
+    let id = cut["execution_id"].as_str().unwrap();
+    let resolve = format!("/v1/admin/executions/{id}/resolve");
+    let quote = format!("/v1/console/backlog/{id}/quote");
+    let max = json!({"usage": {"input": u64::MAX, "output": u64::MAX}});
+    let big = json!({"usage": {"input": 1_000_000_000u64, "output": 1_000_000_000u64}});
+    for path in [&resolve, &quote] {
+        let (status, refused, _) = s.post(path, &s.operator, &max).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{path} {refused}");
+        assert!(
+            refused["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("usage.input"),
+            "{refused}"
+        );
+        let (status, refused, _) = s.post(path, &s.operator, &big).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{path} {refused}");
+        assert!(
+            refused["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("hold"),
+            "{refused}"
+        );
+    }
+    let (_, list, _) = s
+        .get(
+            "/v1/admin/executions?state=reconciliation_required",
+            &s.operator,
+        )
+        .await;
+    assert_eq!(list["executions"][0]["execution_id"], id, "still awaiting");
+    let over = json!({"usage": big["usage"], "override_hold": true});
+    let (status, quoted, _) = s.post(&quote, &s.operator, &over).await;
+    assert_eq!(status, StatusCode::OK, "{quoted}");
+    let (status, resolved, _) = s.post(&resolve, &s.operator, &over).await;
+    assert_eq!(status, StatusCode::OK, "{resolved}");
+    assert_eq!(resolved["state"], "completed");
+    assert_eq!(resolved["receipt"]["amount"], quoted["amount"]);
+    let (status, page, _) = s.get("/v1/console/executions/order-big", &s.operator).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.to_string().contains("operator_override"), "{page}");
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn sc_62_scheduler_pass_acknowledges_settled_evidence() {
     let s = Server::memory().await;

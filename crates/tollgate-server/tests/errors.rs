@@ -12,6 +12,35 @@ use serde_json::{json, Value};
 use support::{call, Server, SECRET};
 use tollgate_server::routes::{BODY_BYTES_MAX, ROUTES};
 
+/// SC-190: a request naming a profile that is not loaded is refused 422 without the name it sent,
+/// on `/v1/calls`, `/v1/roots` and the front door.
+#[tokio::test]
+async fn sc_190_an_unknown_profile_is_refused_without_echoing_its_name() {
+    let s = Server::memory().await;
+    let body = call(SECRET, "p-1", "r-1", "hello");
+    let (status, _, text) = s.post("/v1/calls", &s.caller, &body).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+    assert!(!text.contains(SECRET) && text.contains("profile"), "{text}");
+    let root = json!({"profile": SECRET, "root_key": "root-p", "session_id": "s",
+        "intent": "i", "input_revision": "r", "deadline_ms": 60000});
+    let (status, _, text) = s.post("/v1/roots", &s.caller, &root).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+    assert!(!text.contains(SECRET), "{text}");
+    let chat = json!({"model": SECRET, "messages": [{"role": "user", "content": "hi"}]});
+    let answer = s
+        .http
+        .post(format!("{}/v1/chat/completions", s.base))
+        .bearer_auth(&s.caller)
+        .header("Idempotency-Key", "p-2")
+        .json(&chat)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let text = answer.text().await.unwrap();
+    assert!(!text.contains(SECRET), "{text}");
+}
+
 #[tokio::test]
 async fn sc_135_body_errors_name_the_path_and_the_expectation_never_the_value() {
     let s = Server::memory().await;

@@ -80,14 +80,21 @@ async fn sc_140_operators_list_and_revoke_keys_and_a_revoked_key_is_refused_at_o
     let expired = ApiKeyRecord {
         expires_at: Some(chrono::Utc::now() - chrono::Duration::seconds(1)),
         ..ApiKeyRecord::new(
-            KeyDigest::of_key("tg_0000000000000000000000000000000000000000000000000000000000000003"),
+            KeyDigest::of_key(
+                "tg_0000000000000000000000000000000000000000000000000000000000000003",
+            ),
             Scope::parse("acme").unwrap(),
             KeyRole::Caller,
             chrono::Utc::now() - chrono::Duration::days(2),
         )
     };
     s.keys.store().insert_key(expired).await.unwrap();
-    let (status, _, _) = s.get("/v1/profiles", "tg_0000000000000000000000000000000000000000000000000000000000000003").await;
+    let (status, _, _) = s
+        .get(
+            "/v1/profiles",
+            "tg_0000000000000000000000000000000000000000000000000000000000000003",
+        )
+        .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     s.stop().await;
 }
@@ -309,6 +316,38 @@ async fn sc_176_with_the_cache_off_a_key_revoked_in_the_store_is_refused_at_once
     s.stop().await;
 }
 
+/// SC-189: a revocation that names another scope's key changes nothing: the key stays cached
+/// and is served without a new store read.
+#[tokio::test]
+async fn sc_189_a_revocation_of_another_scopes_key_leaves_its_cache_entry() {
+    let (store, keys) = counted_keys(KEY_CACHE_MS_MAX);
+    let key = keys.create(&acme(), KeyRole::Caller).await.unwrap();
+    keys.authenticate(Some(&bearer(key.expose())))
+        .await
+        .unwrap();
+    let reads = store.reads();
+    let other = Scope::parse("globex").unwrap();
+    let digest = KeyDigest::of_key(key.expose());
+    let revoked = keys
+        .revoke(Some(&other), &digest, Utc::now())
+        .await
+        .unwrap();
+    assert!(revoked.is_none(), "not a key of that scope");
+    keys.authenticate(Some(&bearer(key.expose())))
+        .await
+        .unwrap();
+    assert_eq!(store.reads(), reads, "still served from the cache");
+    let revoked = keys
+        .revoke(Some(&acme()), &digest, Utc::now())
+        .await
+        .unwrap();
+    assert!(revoked.is_some());
+    assert!(matches!(
+        keys.authenticate(Some(&bearer(key.expose()))).await,
+        Err(ApiError::Unauthenticated)
+    ));
+}
+
 /// SC-177: a digest the store does not know is remembered for the bound (a flood of one bad
 /// key is one read), and at most `UNKNOWN_KEYS_CACHED_MAX` of them are kept.
 #[tokio::test]
@@ -316,7 +355,10 @@ async fn sc_177_unknown_keys_are_cached_for_the_bound_and_bounded_in_number() {
     let (store, keys) = counted_keys(KEY_CACHE_MS_MAX);
     for _ in 0..50 {
         assert!(matches!(
-            keys.authenticate(Some("Bearer tg_0000000000000000000000000000000000000000000000000000000000000001")).await,
+            keys.authenticate(Some(
+                "Bearer tg_0000000000000000000000000000000000000000000000000000000000000001"
+            ))
+            .await,
             Err(ApiError::Unauthenticated)
         ));
     }
@@ -360,20 +402,29 @@ async fn sc_178_a_cached_key_is_refused_once_it_expires() {
     let record = ApiKeyRecord {
         expires_at: Some(expires_at),
         ..ApiKeyRecord::new(
-            KeyDigest::of_key("tg_0000000000000000000000000000000000000000000000000000000000000002"),
+            KeyDigest::of_key(
+                "tg_0000000000000000000000000000000000000000000000000000000000000002",
+            ),
             acme(),
             KeyRole::Caller,
             Utc::now(),
         )
     };
     store.insert_key(record).await.unwrap();
-    keys.authenticate(Some("Bearer tg_0000000000000000000000000000000000000000000000000000000000000002")).await.unwrap();
+    keys.authenticate(Some(
+        "Bearer tg_0000000000000000000000000000000000000000000000000000000000000002",
+    ))
+    .await
+    .unwrap();
     assert_eq!(store.reads(), 1);
     while Utc::now() <= expires_at {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(matches!(
-        keys.authenticate(Some("Bearer tg_0000000000000000000000000000000000000000000000000000000000000002")).await,
+        keys.authenticate(Some(
+            "Bearer tg_0000000000000000000000000000000000000000000000000000000000000002"
+        ))
+        .await,
         Err(ApiError::Unauthenticated)
     ));
     assert_eq!(store.reads(), 1, "refused from the cached record");

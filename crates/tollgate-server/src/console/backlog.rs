@@ -151,6 +151,9 @@ struct UsageBody {
 #[serde(deny_unknown_fields)]
 struct QuoteBody {
     usage: UsageBody,
+    /// Quote an amount above the hold (what a resolution with `override_hold` would charge).
+    #[serde(default)]
+    override_hold: bool,
 }
 
 /// `POST /v1/console/backlog/{execution_id}/quote` answer: what resolving with `usage` will
@@ -209,10 +212,7 @@ pub async fn quote(
         )));
     }
     let config = &record.binding.config;
-    let amount = config
-        .prices
-        .cost(&usage)
-        .map_err(|e| ApiError::Invalid(e.to_string()))?;
+    let amount = tollgate_runner::stated::stated_amount(&record, &usage, body.override_hold)?;
     Ok(Quote {
         execution_id,
         usage,

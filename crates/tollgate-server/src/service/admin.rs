@@ -72,6 +72,10 @@ pub(crate) struct EvidenceBody {
 #[serde(deny_unknown_fields)]
 pub(crate) struct ResolveBody {
     usage: UsageBody,
+    /// Settle even when the usage prices above the execution's hold (audited as
+    /// `operator_override`).
+    #[serde(default)]
+    override_hold: bool,
 }
 
 /// Query of `GET /v1/admin/executions`.
@@ -303,7 +307,12 @@ pub async fn resolve(
     let body: ResolveBody = parse(body)?;
     Ok(app
         .reconciler
-        .resolve(&who.scope, execution_id, body.usage.into())
+        .resolve_stated(
+            &who.scope,
+            execution_id,
+            body.usage.into(),
+            body.override_hold,
+        )
         .await?)
 }
 

@@ -4,7 +4,7 @@
 use super::{caller_id, checked_input, detached, id, parse, store_failure, InputBody};
 use crate::app::{App, ProfileRunner};
 use crate::auth::Principal;
-use crate::error::ApiError;
+use crate::error::{ApiError, UNKNOWN_PROFILE};
 use crate::profiles::Profile;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -71,7 +71,7 @@ pub(crate) async fn create_checked(
     let loaded = app
         .profiles
         .get(&body.profile)
-        .ok_or_else(|| ApiError::Invalid(format!("unknown profile {:?}", body.profile)))?;
+        .ok_or_else(|| ApiError::Invalid(UNKNOWN_PROFILE.into()))?;
     if matches!(loaded.runner, ProfileRunner::Step(_)) {
         return Err(ApiError::Invalid(format!(
             "profile {:?} is a step profile: open a root and run steps",

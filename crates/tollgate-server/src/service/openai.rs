@@ -12,7 +12,7 @@ use super::roots::{self, StepBody};
 use super::{parse, InputBody};
 use crate::app::{App, ProfileRunner};
 use crate::auth::Principal;
-use crate::error::ApiError;
+use crate::error::{ApiError, UNKNOWN_PROFILE};
 use axum::http::HeaderMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -381,7 +381,7 @@ pub async fn complete(
     let loaded = app
         .profiles
         .get(&model)
-        .ok_or_else(|| ApiError::Invalid(format!("model: unknown profile {model:?}")))?;
+        .ok_or_else(|| ApiError::Invalid(format!("model: {UNKNOWN_PROFILE}")))?;
     let messages = messages(request.messages)?;
     let view = if matches!(loaded.runner, ProfileRunner::Step(_)) {
         let root = ident.root_key.ok_or_else(|| {

@@ -8,7 +8,7 @@
 use super::{caller_id, checked_input, detached, id, parse, InputBody};
 use crate::app::{App, ProfileRunner};
 use crate::auth::Principal;
-use crate::error::ApiError;
+use crate::error::{ApiError, UNKNOWN_PROFILE};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -109,7 +109,7 @@ pub async fn open(app: &App, who: &Principal, body: &[u8]) -> Result<RootView, A
     let loaded = app
         .profiles
         .get(&body.profile)
-        .ok_or_else(|| ApiError::Invalid(format!("unknown profile {:?}", body.profile)))?;
+        .ok_or_else(|| ApiError::Invalid(UNKNOWN_PROFILE.into()))?;
     let ProfileRunner::Step(runner) = &loaded.runner else {
         return Err(ApiError::Invalid(format!(
             "profile {:?} is not a step profile",
