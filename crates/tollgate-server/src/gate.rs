@@ -22,6 +22,8 @@ use tower_http::trace::TraceLayer;
 struct Gate {
     keys: Arc<KeyStore>,
     limits: Limits,
+    /// The `(method, path)` pairs the router serves.
+    routes: &'static [(&'static str, &'static str)],
 }
 
 /// Authenticates every request on a path that needs a key from its `Authorization` header
@@ -31,6 +33,11 @@ struct Gate {
 async fn authenticated(State(gate): State<Gate>, mut request: Request, next: Next) -> Response {
     if is_public(request.uri().path(), &gate.limits) {
         return next.run(request).await;
+    }
+    if !method_served(&request, gate.routes) {
+        // A known path with another method is 405 for everyone, as an unknown path is 404.
+        let refused = ApiError::NoRoute(axum::http::StatusCode::METHOD_NOT_ALLOWED);
+        return unread(refusal(request.uri().path(), &refused));
     }
     let header = request
         .headers()
@@ -89,6 +96,22 @@ fn refusal(path: &str, error: &ApiError) -> Response {
     }
 }
 
+/// Whether the route `request` matched serves its method (the `ROUTES` table); a request without a
+/// matched route (a router built without the table, in tests) is taken as served.
+fn method_served(request: &Request, routes: &[(&str, &str)]) -> bool {
+    let Some(matched) = request.extensions().get::<axum::extract::MatchedPath>() else {
+        return true;
+    };
+    let pattern = matched.as_str();
+    if !routes.iter().any(|(_, p)| *p == pattern) {
+        return true;
+    }
+    let method = request.method().as_str();
+    routes
+        .iter()
+        .any(|(m, p)| *p == pattern && m.eq_ignore_ascii_case(method))
+}
+
 /// Whether `path` is the console's (its page, assets and reads).
 fn console_path(path: &str) -> bool {
     path == "/console" || path.starts_with("/console/") || path.starts_with("/v1/console/")
@@ -110,6 +133,17 @@ async fn console_headers(request: Request, next: Next) -> Response {
 
 /// `router` inside the limits, authentication and request-id layers.
 pub fn apply(router: Router, limits: Limits, keys: Arc<KeyStore>) -> Router {
+    with_routes(router, limits, keys, &[])
+}
+
+/// [`apply`] for a router that serves exactly `routes` (`crate::routes::ROUTES`): a known path
+/// asked with a method it does not serve is answered 405 before authentication.
+pub fn with_routes(
+    router: Router,
+    limits: Limits,
+    keys: Arc<KeyStore>,
+    routes: &'static [(&'static str, &'static str)],
+) -> Router {
     let permits = Arc::new(Semaphore::new(limits.concurrency_limit.max(1)));
     // Route layers run for matched routes only: a path no route serves is answered 404 by the
     // fallback at once, with no key, no permit and no body read.
@@ -119,7 +153,11 @@ pub fn apply(router: Router, limits: Limits, keys: Arc<KeyStore>) -> Router {
             bounded,
         ))
         .route_layer(middleware::from_fn_with_state(
-            Gate { keys, limits },
+            Gate {
+                keys,
+                limits,
+                routes,
+            },
             authenticated,
         ))
         .layer(middleware::from_fn(console_headers))

@@ -75,5 +75,5 @@ pub fn router(app: App) -> Router {
         .method_not_allowed_fallback(h::no_method)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .with_state(app);
-    crate::gate::apply(router, limits, keys)
+    crate::gate::with_routes(router, limits, keys, ROUTES)
 }

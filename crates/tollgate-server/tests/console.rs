@@ -784,8 +784,12 @@ async fn sc_154_a_quote_writes_nothing_and_needs_an_execution_awaiting_an_operat
         .post("/v1/calls", &s.caller, &call("cut", "o-cut", "r", "hi"))
         .await;
     assert_eq!(cut["state"], "reconciliation_required");
-    let usage = json!({"usage": {"input": 1000, "output": 500}});
+    // More than the cut call's hold: quoted only with the override a resolution would need.
+    let over = json!({"usage": {"input": 1000, "output": 500}});
+    let usage = json!({"usage": {"input": 1000, "output": 500}, "override_hold": true});
     let path = |id: &Value| format!("/v1/console/backlog/{}/quote", id.as_str().unwrap());
+    let (status, refused, _) = s.post(&path(&cut["execution_id"]), &operator, &over).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
 
     let (status, quote, _) = s.post(&path(&cut["execution_id"]), &operator, &usage).await;
     assert_eq!(status, StatusCode::OK, "{quote}");

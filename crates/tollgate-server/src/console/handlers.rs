@@ -120,6 +120,7 @@ pub async fn backlog(State(app): State<App>, who: Principal) -> Answer {
         (status = 200, description = "the amount resolving with this usage would charge, at the execution's own prices; nothing is written", body = Object),
         (status = 400, description = "invalid_request: unreadable or malformed body, unknown field (the message names the field path)", body = ErrorBody),
         (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 408, description = "body_timeout: the body did not arrive within [server] body_read_timeout_ms", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 403, description = "forbidden: not an operator key", body = ErrorBody),
         (status = 404, description = "not_found", body = ErrorBody),
