@@ -23,8 +23,8 @@ use tollgate_mock_provider::MockProvider;
 use tollgate_provider::http::{HttpClient, HttpClientConfig};
 use tollgate_provider::Protocol;
 use tollgate_runner::{RunRequest, RunnerSettings, SingleCallRunner};
-use tollgate_store::conformance::text_config;
 use tollgate_store::{MemoryStores, Stores};
+use tollgate_testkit::conformance::text_config;
 
 /// Calls per round and backend.
 const CALLS_PER_ROUND: usize = 200;
@@ -104,7 +104,9 @@ fn report(name: &str, rounds: &[Round]) -> f64 {
 async fn postgres() -> Option<Arc<dyn Stores>> {
     let admin = std::env::var("TOLLGATE_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let stores = tollgate_postgres::fresh_test_database(&admin).await.ok()?;
+    let stores = tollgate_testkit::pg::fresh_test_database(&admin)
+        .await
+        .ok()?;
     Some(Arc::new(stores))
 }
 

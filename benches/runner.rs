@@ -22,8 +22,8 @@ use tollgate_core::message::{Message, Role};
 use tollgate_core::usage::Usage;
 use tollgate_provider::scripted::{ScriptedClient, ScriptedReply};
 use tollgate_runner::{RunRequest, RunnerSettings, SingleCallRunner};
-use tollgate_store::conformance::text_config;
 use tollgate_store::MemoryStores;
+use tollgate_testkit::conformance::text_config;
 
 fn request(key: &str) -> RunRequest {
     RunRequest {

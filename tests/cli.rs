@@ -17,7 +17,7 @@ use std::process::Output;
 use support::{
     fresh_database, json_ok, normalized, run, serve_on, stderr, stdout, tollgate, TempFile,
 };
-use tollgate_provider::captured::{captured_streams, captured_streams_in, REPOSITORY_ROOT};
+use tollgate_testkit::captured::{captured_streams, captured_streams_in, REPOSITORY_ROOT};
 
 /// Captured provider streams shared by the project (optional).
 /// Every key of the `parse-stream` object (spec/cli.md).

@@ -31,13 +31,14 @@ use tollgate_core::ids::{ConsumerId, ExecutionId, Scope, SessionId};
 use tollgate_core::money::{Currency, Money};
 use tollgate_core::state::ExecutionState;
 use tollgate_mock_provider::MockProvider;
-use tollgate_postgres::{test_admin_url, PgStores, TestDatabase};
+use tollgate_postgres::PgStores;
 use tollgate_server::auth::generate_key;
 use tollgate_store::KeyDigest;
 use tollgate_store::{
     AuditLog, AuditPosition, AuditRow, Evidence, ExecutionRecord, ExecutionStore, SettlementRecord,
     SettlementStore, SpendStore, UsageInbox,
 };
+use tollgate_testkit::pg::{test_admin_url, TestDatabase};
 
 /// Kill rounds of the default run.
 const DEFAULT_ROUNDS: u32 = 20;

@@ -6,7 +6,7 @@
 //! server is a key that has already expired (the CLI makes none).
 #![cfg(test)]
 
-use tollgate_server::sdk_tour;
+use tollgate_testkit::sdk_tour;
 mod support;
 
 use proptest::prelude::*;
@@ -20,8 +20,8 @@ use support::{
     fresh_database, json_ok, normalized, run, serve_on, stderr, stdout, tollgate, TempFile,
 };
 use tollgate_mock_provider::MockProvider;
-use tollgate_postgres::TestDatabase;
 use tollgate_server::config::KEY_CACHE_MS_DEFAULT;
+use tollgate_testkit::pg::TestDatabase;
 
 /// A key configured in `[[keys]]` (scope `acme`, caller): only its SHA-256 is in the file.
 const CONFIG_KEY: &str = "tg_configured_caller_key_of_scope_acme";

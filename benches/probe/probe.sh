@@ -2,7 +2,7 @@
 # The probe: one `tollgate serve` (release build) on a fresh database, the mock provider as its
 # own process, `wrk` driving first calls for a few seconds; prints the rate and the CPU time per
 # call of the server, the mock and Postgres (all backends of the cluster), read from /proc.
-# Quicker and noisier than the harness (spec/performance.md, "What each lever bought").
+# Quicker and noisier than the harness; its runs are logged in docs/performance-log.md.
 #
 # usage: benches/probe/probe.sh [CONNECTIONS] [SECONDS] [spread|hot|replay]
 #   spread: first calls of eight consumers, one session each (default)

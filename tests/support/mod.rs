@@ -6,7 +6,7 @@
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use tollgate_postgres::{test_admin_url, TestDatabase};
+use tollgate_testkit::pg::{test_admin_url, TestDatabase};
 
 /// The built binary, with an environment that cannot leak the developer's database or log level.
 pub fn tollgate() -> Command {

@@ -84,11 +84,11 @@ pub struct StreamError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RefusalProof {
-    /// RF-2: provider reference, no content, no stop, no usage beyond zero, no stream failure,
-    /// clean end.
+    /// A refusal before the stream: provider reference, no content, no stop, no usage beyond
+    /// zero, no stream failure, clean end (RF-2).
     PreStream,
-    /// RF-1: an Anthropic `refusal` stop with no content at all (not even whitespace), a provider
-    /// reference, exactly one stop, no stream failure, clean end.
+    /// An empty refusal: an Anthropic `refusal` stop with no content at all (not even
+    /// whitespace), a provider reference, exactly one stop, no stream failure, clean end (RF-1).
     EmptyRefusal,
 }
 
@@ -646,7 +646,8 @@ impl Collector {
         }
     }
 
-    /// RF-1 / RF-2: exactly one kind of evidence, or none.
+    /// The refusal proof the stream gives, on which the call settles at zero: exactly one kind,
+    /// or none; any other stream with evidence is unknown usage (RF-1, RF-2).
     fn refusal_proof(&self) -> Option<RefusalProof> {
         let clean = self.provider_ref.is_some()
             && self.blocks.is_empty()

@@ -95,7 +95,8 @@ pub struct CallConfig {
     pub tools: Vec<ToolSpec>,
     /// Explicit tool choice (structured and step kinds only; SC-8).
     pub tool_choice: Option<ToolChoice>,
-    /// Model context window for the request-fit budget (H-6), when known.
+    /// Model context window, when known: input that cannot fit it beside the output cap is refused
+    /// before anything is sent, since the provider would reject it anyway (H-6).
     pub context_window_tokens: Option<u64>,
 }
 

@@ -149,7 +149,8 @@ impl Binding {
     }
 
     /// [`Binding::digest`] from the canonical JSON of the config snapshot, computed once by a
-    /// caller that digests many bindings of one config (H-24). `config` must be
+    /// caller that digests many bindings of one config, so that the snapshot is serialized once
+    /// instead of once per call (H-24). `config` must be
     /// `canonical_json(&self.config_json())`.
     pub fn digest_with(&self, config: &str) -> Digest256 {
         self.digest_in_with(BINDING_DOMAIN, config)

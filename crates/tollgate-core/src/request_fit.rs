@@ -1,5 +1,6 @@
-//! The request-fit budget (H-6): how much input fits a context window once the output cap, a
-//! reserve and a safety margin are set aside.
+//! The request-fit budget: how much input fits a context window once the output cap, a
+//! reserve and a safety margin are set aside. A request past it is refused before it is sent,
+//! since the provider would reject it (H-6).
 
 /// Tokens kept free for the answer when the output cap would squeeze it out.
 pub const RESERVE_TOKENS: u64 = 16_384;

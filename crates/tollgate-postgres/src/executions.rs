@@ -41,7 +41,8 @@ pub(crate) const BY_STATE: &str = concat!(
     " FROM executions WHERE scope = $1 AND state = $2 ORDER BY created_at, id LIMIT $3"
 );
 
-/// A journal row with its result, settlement and root receipt in one statement (H-10): the
+/// A journal row with its result, settlement and root receipt in one statement, so a replay is
+/// one round trip (H-10): the
 /// execution's columns by name, the others aliased `r_`, `s_` and `rr_` (each join is on a
 /// unique index of `execution_id`). The binding comes only when its digest is not `$3` (H-26):
 /// a reader that holds a binding with the row's digest already has it.
@@ -71,7 +72,7 @@ pub(crate) const VIEW_BY_KEY: &str = "SELECT e.id, e.scope, e.operation_key, e.k
      WHERE e.scope = $1 AND e.operation_key = $2";
 
 /// The row under `(scope, key)` with its result, settlement and root receipt, in one statement
-/// ([`VIEW_BY_KEY`], H-10) on `conn`. With `held` (a binding and its digest, as a claimer holds
+/// ([`VIEW_BY_KEY`]) on `conn`. With `held` (a binding and its digest, as a claimer holds
 /// them), the row's binding is read only when its digest differs (a conflict); otherwise the
 /// record carries `held` (H-26).
 ///

@@ -23,7 +23,8 @@ const INSERT: &str = concat!(
 
 /// A scope's open evidence after a cursor (index `usage_inbox_open_idx`), ordered by the
 /// partial index's own `(scope, seq)` (the same order, the scope being fixed). No other index of
-/// the inbox is led by `seq` (H-29), so no plan walks the scope's acknowledged rows (H-12).
+/// the inbox is led by `seq` (every index costs each insert, H-29), so no plan walks the scope's
+/// acknowledged rows (H-12).
 pub(crate) const OPEN: &str = concat!(
     "SELECT ",
     evidence_columns!(),

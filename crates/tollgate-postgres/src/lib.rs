@@ -19,41 +19,57 @@
 //!    call of a consumer takes them), so they come last: a transaction holding them has at most
 //!    its writes and its commit left.
 //!
-//! A batch of calls (`batch.rs`, H-32) holds the locks of several calls in one transaction, each
-//! call in this order; from its second call on it waits for a lock at most
-//! `BATCH_LOCK_TIMEOUT_MS` and leaves out a call that would wait longer, so it cannot deadlock.
+//! A batch of calls (`batch/`) holds the locks of several calls in one transaction, each call in
+//! this order; from its second call on it waits for a lock at most `BATCH_LOCK_TIMEOUT_MS` and
+//! leaves out a call that would wait longer, so it cannot deadlock.
+//!
+//! # Modules
+//! The claim (`claim/`) and the settlement (`settle/`) each hold the path a call takes, the
+//! general transaction (`transaction.rs`), the call of their SQL function and the decoding of its
+//! answer (`function.rs`), and the function's source (`claim.sql`, `settle.sql`) side by side.
+//! `batch/` sends the calls of either as batches; `journal.rs` holds the fenced transitions
+//! between claim and settlement; `seen_keys.rs` the keys seen with a row, which decide the
+//! claim's first statement.
+//!
+//! # SQL functions and migrations
+//! The schema (tables, domains, indexes, grants) is made by the versioned migrations, embedded
+//! from the workspace's `migrations/` directory. The SQL functions and composite types are not:
+//! each has one live source, a `.sql` file beside the Rust that calls it ([`DEFINITIONS`]: the
+//! cap rule in `caps.sql`, the audit log's trigger function in `audit.sql`, then the claim, the
+//! settlement and the batches). [`PgStores::migrate`] applies them after the migrations whenever
+//! their digest differs from the one the database records (`definitions.rs`). The migrations up
+//! to `20261202000000_call_batches.sql` that create functions hold the bodies they applied and
+//! stay as they are (sqlx refuses an applied migration whose checksum changed); the sources
+//! replace those bodies and are what runs.
 //!
 //! SQL is fixed text with bound parameters (never formatted values), checked at run time, so
-//! building never needs a database. Migrations are embedded from the workspace's
-//! `migrations/` directory.
+//! building never needs a database.
 #![warn(missing_docs)]
 
 mod api_keys;
 mod audit;
 mod batch;
-#[cfg(feature = "test-support")]
-mod bench_support;
 mod claim;
+mod definitions;
 mod error;
 mod executions;
 mod inbox;
 mod journal;
-mod known;
 mod lane;
 mod ledger;
 mod locks;
 mod results;
 mod roots;
 mod rows;
+mod seen_keys;
 mod settle;
 mod settlements;
 mod spend;
 #[cfg(feature = "test-support")]
-mod test_support;
+pub mod test_support;
 mod work;
 
-#[cfg(feature = "test-support")]
-pub use bench_support::{hot_statements, DbActivity, GenericPlan, HotStatement, PlanSummary};
+pub use definitions::{Definition, DEFINITIONS};
 use error::{db, sqlstate, DbResultExt, UNDEFINED_TABLE};
 use lane::{CallConnection, Lane};
 use sqlx::migrate::{MigrateError, Migrator};
@@ -61,11 +77,6 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-#[cfg(feature = "test-support")]
-pub use test_support::{
-    fresh_test_database, test_admin_url, ExecutionWritesBlocked, Tamper, TestDatabase,
-    TEST_POOL_CONNECTIONS,
-};
 use tokio::sync::Semaphore;
 use tollgate_store::rows::AuditChain;
 use tollgate_store::StoreError;
@@ -154,15 +165,18 @@ impl SessionTimeouts {
 #[derive(Debug, Clone)]
 pub struct PgStores {
     pool: PgPool,
-    /// The connections of a call's own single statements (H-27), when `max_connections` allows
+    /// The connections of a call's own single statements, one round trip each where the pool
+    /// costs two (H-27), when `max_connections` allows
     /// one; without it they take the pool.
     lane: Option<Arc<Lane>>,
-    /// The queues that batch the claims and settlements of calls arriving together (H-32), with
+    /// The queues that batch the claims and settlements of calls arriving together into one
+    /// statement and one commit (H-32), with
     /// the lane.
     batches: Option<Arc<Batches>>,
-    /// The keys these stores have seen with a row: which statement a claim sends first (H-30).
-    known: Arc<known::KnownKeys>,
-    /// Claims that read their key before claiming it (H-30), for tests and the harness.
+    /// The keys these stores have seen with a row: they decide which statement a claim sends
+    /// first.
+    seen_keys: Arc<seen_keys::SeenKeys>,
+    /// How many claims read their key before claiming it, for tests and the harness.
     reads_first: Arc<AtomicU64>,
     /// Whether leases follow the caller's `now` (tests only) instead of the database's clock.
     caller_lease_clock: bool,
@@ -181,9 +195,8 @@ pub(crate) struct Batches {
 }
 
 /// The shards of a lane's batches (H-34), at most one per lane connection: few, so that each
-/// shard's batches are large. Measured on two cores (spec/performance.md, H-34): one or two
-/// shards carry the most first calls per second; two keep a second statement in flight while
-/// the first one's commit is flushed.
+/// shard's batches are large, and more than one, so that a second statement is in flight while
+/// the first one's commit is flushed (the runs are in docs/performance-log.md).
 pub(crate) const BATCH_SHARDS: usize = 2;
 
 impl Batches {
@@ -268,27 +281,29 @@ impl PgStores {
         Ok(Self::new(pool).with_lane(options, lane_connections))
     }
 
-    /// Stores over an existing pool; every statement takes it (no lane, H-27).
+    /// Stores over an existing pool; every statement takes it (no lane, so no batches either).
     pub fn new(pool: PgPool) -> Self {
         Self {
             pool,
             lane: None,
             batches: None,
-            known: Arc::new(known::KnownKeys::new(known::KNOWN_KEYS_PER_GENERATION)),
+            seen_keys: Arc::new(seen_keys::SeenKeys::new(
+                seen_keys::SEEN_KEYS_PER_GENERATION,
+            )),
             reads_first: Arc::new(AtomicU64::new(0)),
             caller_lease_clock: false,
         }
     }
 
-    /// How many claims read their key before claiming it (H-30): claims of keys these stores
-    /// have seen with a row. A claim of any other key outside a root is the claim function
+    /// How many claims read their key before claiming it: claims of keys these stores have seen
+    /// with a row (H-30). A claim of any other key outside a root is the claim function
     /// first.
     pub fn claims_read_first(&self) -> u64 {
         self.reads_first.load(Ordering::Relaxed)
     }
 
     /// These stores with a lane of `connections` connections made with `options` for a call's
-    /// own single statements (H-27); none with zero. Its connections wait for a free one as long
+    /// own single statements; none with zero. Its connections wait for a free one as long
     /// as the pool's acquire does.
     pub(crate) fn with_lane(self, options: PgConnectOptions, connections: u32) -> Self {
         let lane = (connections > 0).then(|| {
@@ -303,12 +318,12 @@ impl PgStores {
         }
     }
 
-    /// A connection for one of a call's own single statements (H-27).
+    /// A connection for one of a call's own single statements (the lane's, else the pool's).
     pub(crate) async fn call_connection(&self) -> Result<CallConnection, StoreError> {
         CallConnection::acquire(self.lane.as_ref(), &self.pool).await
     }
 
-    /// The batch queue (H-32) that the claims and settlements of `consumer` in `scope` take, or
+    /// The batch queue that the claims and settlements of `consumer` in `scope` take, or
     /// `None` for stores without batches (no lane). For tests that need two consumers in one
     /// queue.
     #[cfg(feature = "test-support")]
@@ -340,60 +355,98 @@ impl PgStores {
         &self.pool
     }
 
-    /// Applies pending migrations (idempotent; concurrent callers serialize on sqlx's advisory
-    /// lock).
+    /// Applies the pending versioned migrations, then the definitions step: the SQL functions and
+    /// composite types from their `.sql` sources when the digest recorded in the database differs
+    /// from theirs ([`DEFINITIONS`]). Idempotent; concurrent callers serialize on advisory locks
+    /// (sqlx's for the migrations, the step's own for the definitions).
     ///
     /// # Errors
-    /// [`StoreError::Unavailable`] when a migration fails or an applied one was modified.
+    /// [`StoreError::Unavailable`] when a migration or a definition fails (e.g. the role may not
+    /// create functions, SQLSTATE 42501) or an applied migration was modified.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        MIGRATOR.run(&self.pool).await.map_err(migrate_error)
+        MIGRATOR.run(&self.pool).await.map_err(migrate_error)?;
+        definitions::apply(&self.pool).await
     }
 
-    /// Applies the migrations only when some are pending. With nothing pending it changes
-    /// nothing and needs no schema rights, so the server may run as a member of `tollgate_app`
-    /// (spec/storage.md, Database roles) against a database the owner role migrated.
+    /// Applies the migrations and the definitions only when some are pending, each part only
+    /// when it is. With nothing pending it changes nothing and needs no schema rights, so the
+    /// server may run as a member of `tollgate_app` (spec/storage.md, Database roles) against a
+    /// database the owner role migrated.
     ///
     /// # Errors
-    /// [`StoreError::Unavailable`] when the database cannot be read, or a pending migration fails
-    /// (e.g. the role may not change the schema: run `tollgate migrate` as the owner).
+    /// [`StoreError::Unavailable`] when the database cannot be read, or a pending migration or
+    /// definition fails (e.g. the role may not change the schema, SQLSTATE 42501: run
+    /// `tollgate migrate` as the owner).
     pub async fn migrate_if_pending(&self) -> Result<(), StoreError> {
-        if self.pending().await? {
-            self.migrate().await?;
+        let pending = self.pending().await?;
+        if pending.migrations {
+            MIGRATOR.run(&self.pool).await.map_err(migrate_error)?;
+        }
+        if pending.migrations || pending.definitions {
+            definitions::apply(&self.pool).await?;
         }
         Ok(())
     }
 
-    /// Whether an embedded migration is not applied (no migrations table: all of them).
-    async fn pending(&self) -> Result<bool, StoreError> {
-        let applied: Vec<i64> =
-            match sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
-                .fetch_all(&self.pool)
-                .await
-            {
-                Ok(applied) => applied,
-                Err(e) if sqlstate(&e).as_deref() == Some(UNDEFINED_TABLE) => return Ok(true),
-                Err(e) => return Err(db(e)),
-            };
-        Ok(MIGRATOR
+    /// What is pending: an embedded migration that is not applied (no migrations table: all of
+    /// them), and whether the definitions' recorded digest differs from the embedded sources' (no
+    /// table or no row: it does). One statement.
+    async fn pending(&self) -> Result<Pending, StoreError> {
+        let (applied, recorded): (Vec<i64>, Option<String>) = match sqlx::query_as(
+            "SELECT ARRAY(SELECT version FROM _sqlx_migrations WHERE success), \
+             (SELECT digest FROM tollgate_definitions WHERE singleton)",
+        )
+        .fetch_one(&self.pool)
+        .await
+        {
+            Ok(state) => state,
+            Err(e) if sqlstate(&e).as_deref() == Some(UNDEFINED_TABLE) => {
+                return Ok(Pending {
+                    migrations: true,
+                    definitions: true,
+                })
+            }
+            Err(e) => return Err(db(e)),
+        };
+        let migrations = MIGRATOR
             .iter()
             .filter(|m| !m.migration_type.is_down_migration())
-            .any(|m| !applied.contains(&m.version)))
+            .any(|m| !applied.contains(&m.version));
+        Ok(Pending {
+            migrations,
+            definitions: definitions::is_pending(recorded.as_deref()),
+        })
     }
 
-    /// Readiness: the database answers and every embedded migration is applied.
+    /// Readiness: the database answers, every embedded migration is applied and the definitions
+    /// are the embedded sources'.
     ///
     /// # Errors
-    /// [`StoreError::Unavailable`] when unreachable or when migrations are pending.
+    /// [`StoreError::Unavailable`] when unreachable or when migrations or definitions are
+    /// pending.
     pub async fn ready(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1")
             .execute(&self.pool)
             .await
             .store_err()?;
-        if self.pending().await? {
+        let pending = self.pending().await?;
+        if pending.migrations {
             return Err(StoreError::Unavailable("migrations pending".into()));
+        }
+        if pending.definitions {
+            return Err(StoreError::Unavailable("definitions pending".into()));
         }
         Ok(())
     }
+}
+
+/// What [`PgStores::migrate`] would apply.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    /// Some embedded migration is not applied.
+    migrations: bool,
+    /// The recorded digest of the definitions is not the embedded sources'.
+    definitions: bool,
 }
 
 fn migrate_error(error: MigrateError) -> StoreError {

@@ -201,8 +201,9 @@ impl ExecutionRow {
         self.into_record_with(binding, None)
     }
 
-    /// The record, with `binding` for a row read without its binding (H-19): the caller's
-    /// binding, whose digest (`digest`, when given) must be the row's.
+    /// The record, with `binding` for a row read without its binding (a statement that answers
+    /// the row leaves the binding out, since the caller holds it, H-19): the caller's binding,
+    /// whose digest (`digest`, when given) must be the row's.
     pub(crate) fn into_record_with(
         self,
         binding: tollgate_core::digest::Binding,

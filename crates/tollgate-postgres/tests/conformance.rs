@@ -8,13 +8,14 @@ use std::sync::Arc;
 use tollgate_core::state::CallKind;
 use tollgate_core::state::Outcome;
 use tollgate_core::view::Output;
-use tollgate_postgres::{test_admin_url, PgStores, SessionTimeouts, TestDatabase};
-use tollgate_store::conformance::{
-    claim_req, key, open_root, root_key, scope, settle_req, t0, text_config,
-};
+use tollgate_postgres::{PgStores, SessionTimeouts};
 use tollgate_store::{
     ClaimOutcome, ExecutionRecord, ExecutionStore, ResultStore, RootStore, StoreError,
 };
+use tollgate_testkit::conformance::{
+    claim_req, key, open_root, root_key, scope, settle_req, t0, text_config,
+};
+use tollgate_testkit::pg::{test_admin_url, TestDatabase};
 
 /// Connections of each conformance database's pool (the concurrency cases need more than the
 /// default test pool).
@@ -29,16 +30,16 @@ async fn fresh() -> Arc<PgStores> {
     Arc::new(stores.with_caller_lease_clock())
 }
 
-tollgate_store::store_conformance!(fresh);
+tollgate_testkit::store_conformance!(fresh);
 
 mod roots {
     use super::fresh;
-    tollgate_store::root_conformance!(fresh);
+    tollgate_testkit::root_conformance!(fresh);
 }
 
 mod service {
     use super::fresh;
-    tollgate_store::service_conformance!(fresh);
+    tollgate_testkit::service_conformance!(fresh);
 }
 
 async fn settled(s: &PgStores) -> ExecutionRecord {
@@ -407,7 +408,7 @@ async fn st_31_missing_root_receipt_is_repaired_once() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(repaired.amount, tollgate_store::conformance::money("0.1"));
+    assert_eq!(repaired.amount, tollgate_testkit::conformance::money("0.1"));
     let again = s
         .repair_root_receipt(&scope("a"), r.id, t0())
         .await
@@ -417,7 +418,7 @@ async fn st_31_missing_root_receipt_is_repaired_once() {
     let root = s.root(&scope("a"), &root_key("r1")).await.unwrap().unwrap();
     assert_eq!(
         root.charged,
-        tollgate_store::conformance::money("0.1"),
+        tollgate_testkit::conformance::money("0.1"),
         "added once"
     );
 }
@@ -426,8 +427,8 @@ async fn st_31_missing_root_receipt_is_repaired_once() {
 /// row id — a spend row's settled total, a settlement's amount, a deleted root receipt.
 mod ledger_damage {
     use super::*;
-    use tollgate_store::conformance::money;
     use tollgate_store::{LedgerAudit, LedgerInvariant, LedgerReport, SpendRowKey};
+    use tollgate_testkit::conformance::money;
 
     /// A call settled at its usage's price (10 input + 5 output = 0.00002), under root `r1` when
     /// `root` is set.
@@ -643,7 +644,7 @@ async fn sc_105_spend_currency_migration_splits_rows_fed_in_two_currencies() {
                 sqlx::query_as(&sql).fetch_all(s.pool()).await.unwrap();
             rows.into_iter()
                 .map(|(c, cur, settled, held)| {
-                    let n = |t: String| tollgate_store::conformance::money(&t).to_string();
+                    let n = |t: String| tollgate_testkit::conformance::money(&t).to_string();
                     (c, cur, n(settled), n(held))
                 })
                 .collect::<Vec<_>>()

@@ -8,13 +8,14 @@ use sqlx::{Connection, PgConnection};
 use std::time::{Duration, Instant};
 use tollgate_core::caps::CapWarning;
 use tollgate_core::state::{ExecutionState, Outcome};
-use tollgate_postgres::{test_admin_url, PgStores, TestDatabase};
+use tollgate_postgres::PgStores;
 use tollgate_store::audit::verify_chain;
-use tollgate_store::conformance::{claim_req, money, scope, settle_req, text_config};
 use tollgate_store::{
     AuditLog, AuditPosition, ClaimOutcome, ExecutionRecord, ExecutionStore, ResultStore,
     SettleOutcome,
 };
+use tollgate_testkit::conformance::{claim_req, money, scope, settle_req, text_config};
+use tollgate_testkit::pg::{test_admin_url, TestDatabase};
 
 /// A migrated database of its own, counting calls of its PL/pgSQL functions.
 async fn fresh() -> (TestDatabase, PgStores) {
@@ -225,14 +226,14 @@ async fn h_19_rows_answered_without_their_binding_equal_the_stored_rows() {
     let (_db, s) = fresh().await;
     let r = claimed(&s, "k1", "0.1").await;
     let stored = s
-        .execution(&scope("a"), &tollgate_store::conformance::key("k1"))
+        .execution(&scope("a"), &tollgate_testkit::conformance::key("k1"))
         .await
         .unwrap()
         .unwrap();
     assert_eq!(r, stored);
     let done = s.settle(settle_req(&r, "0.05", "x")).await.unwrap();
     let stored = s
-        .execution(&scope("a"), &tollgate_store::conformance::key("k1"))
+        .execution(&scope("a"), &tollgate_testkit::conformance::key("k1"))
         .await
         .unwrap()
         .unwrap();

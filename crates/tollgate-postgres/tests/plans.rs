@@ -1,7 +1,8 @@
 //! Cached plans of the call path on a database without statistics (spec/performance.md, H-12).
 #![cfg(test)]
 
-use tollgate_postgres::{hot_statements, test_admin_url, TestDatabase};
+use tollgate_testkit::bench::hot_statements;
+use tollgate_testkit::pg::{test_admin_url, TestDatabase};
 
 /// A freshly migrated database has no statistics, so every index looks as cheap as any other.
 /// The generic plan a pooled connection caches there must still reach each lookup's rows through

@@ -24,6 +24,3 @@ pub use client::{ClientDescriptor, EventStream, ProviderClient, ProviderRequest,
 pub use fetch::{FetchError, FetchedUsage, UsageFetcher};
 pub use protocol::Protocol;
 pub use status::StatusClass;
-
-#[cfg(feature = "test-support")]
-pub mod captured;

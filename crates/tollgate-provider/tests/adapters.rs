@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tollgate_core::event::ProviderEvent;
 use tollgate_core::Usage;
-use tollgate_provider::captured::{captured_streams, captured_streams_in, REPOSITORY_ROOT};
 use tollgate_provider::parse::{decode_all, StreamDecoder};
 use tollgate_provider::Protocol;
+use tollgate_testkit::captured::{captured_streams, captured_streams_in, REPOSITORY_ROOT};
 
 fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -1,5 +1,6 @@
-//! Loaded input: its checks (SC-11, `max_input_chars`, `max_request_chars`, H-6) and the
-//! provider request built from it and the config snapshot.
+//! Loaded input: its checks (`max_input_chars`, `max_request_chars`, SC-11, and the context
+//! window, so that a request the provider would reject is never sent, H-6) and the provider
+//! request built from it and the config snapshot.
 
 use tollgate_core::config::{CallConfig, MESSAGES_MAX};
 use tollgate_core::message::{Message, Role};
@@ -7,8 +8,8 @@ use tollgate_core::request_fit;
 use tollgate_core::state::CallKind;
 use tollgate_provider::ProviderRequest;
 
-/// Average characters per token used to estimate whether a request fits the context window
-/// (H-6). An estimate, not a bound: holds use the worst case instead.
+/// Average characters per token used to estimate whether a request fits the context window.
+/// An estimate, not a bound: holds use the worst case instead.
 pub const CHARS_PER_TOKEN_ESTIMATE: u64 = 4;
 
 /// Why loaded input cannot be sent. Names the check, never the content.
@@ -42,7 +43,7 @@ pub enum InputError {
         /// Limit.
         max: u64,
     },
-    /// Does not fit the context window (H-6).
+    /// Does not fit the context window: the provider would reject it (H-6).
     #[error("request of about {tokens} tokens does not fit the context window (limit {limit})")]
     ContextWindow {
         /// Estimate.

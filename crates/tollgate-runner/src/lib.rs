@@ -4,13 +4,13 @@
 //! against every block cap) → load input → durable dispatch mark → one send through a
 //! single-shot client → collect the stream into a step → usage evidence into the inbox →
 //! settlement, spend, result and journal completion in one fenced unit → read back the stored
-//! view (H-1).
+//! view, so the caller sees what was committed (H-1).
 #![warn(missing_docs)]
 
 pub mod backlog;
-pub mod claimed;
 pub mod clock;
-mod dispatched;
+mod drive;
+pub mod engine;
 pub mod error;
 pub mod input;
 pub mod lease;

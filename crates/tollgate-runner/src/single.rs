@@ -1,6 +1,6 @@
 //! The text/JSON single-call runner (`createSingleCallRunner`, SC-1..SC-73).
 
-use crate::claimed::Engine;
+use crate::engine::Engine;
 use crate::error::RunError;
 use crate::outcome::OutputPolicy;
 use crate::settings::{InputLoader, JsonValidator, RunnerSettings};

@@ -1,7 +1,7 @@
 //! The governed step runner (`createGovernedStepRunner`, ST-1..ST-35): one structured model
 //! response inside a root-fenced operation.
 
-use crate::claimed::Engine;
+use crate::engine::Engine;
 use crate::error::RunError;
 use crate::outcome::OutputPolicy;
 use crate::settings::{InputLoader, RunnerSettings};

@@ -127,8 +127,9 @@ impl StructuredCallRunner {
         Ok(view)
     }
 
-    /// SR-6: session and daily block caps, checked against settled + held spend before any root
-    /// exists. (The claim re-checks atomically with its hold.)
+    /// The session and daily block caps, checked against settled + held spend before any root
+    /// exists, so a call the caps refuse leaves no root behind (SR-6). The claim checks again,
+    /// atomically with its hold.
     async fn preflight(
         &self,
         scope: &Scope,
@@ -164,8 +165,8 @@ impl StructuredCallRunner {
             .map_err(RunError::CapBlocked)
     }
 
-    /// SR-8: a failed close never hides a completed result; the unclosed root expires and is
-    /// reconciled. The failure is reported as metadata.
+    /// Closes the root as housekeeping: a failed close never hides a completed result, since the
+    /// unclosed root expires and is reconciled anyway (SR-8). The failure is reported as metadata.
     async fn close_quietly(&self, scope: &Scope, root_key: &RootKey, key: &OperationKey) {
         if let Err(e) = self.steps.close_root(scope, root_key).await {
             if let Some(report) = &self.background_error {

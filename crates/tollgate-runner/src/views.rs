@@ -47,8 +47,8 @@ pub fn bare(operation_key: OperationKey, state: ViewState) -> View {
     }
 }
 
-/// The view of a journal row; a `completed` row's result and settlement come from one read
-/// (H-10).
+/// The view of a journal row; a `completed` row's result and settlement come from the same
+/// read, one round trip per view (H-10).
 ///
 /// # Errors
 /// Store failure.
@@ -78,8 +78,8 @@ pub fn of_found(found: &ExecutionView, now: DateTime<Utc>) -> View {
     )
 }
 
-/// The view of a call from what its settlement's commit answered (H-22): the completed row, its
-/// result and its charge, as stored.
+/// The view of a call from what its settlement's commit answered: the completed row, its
+/// result and its charge, as stored, so the answer needs no read after the commit (H-22).
 pub fn of_settled(settled: &SettleOutcome, now: DateTime<Utc>) -> View {
     view_from(
         &settled.record,
@@ -135,7 +135,8 @@ fn completed_view(
     view
 }
 
-/// `read(scope, key)`: nothing, or the view, from one read (H-10).
+/// `read(scope, key)`: nothing, or the view, from one read of the row with its result,
+/// settlement and root receipt (H-10).
 ///
 /// # Errors
 /// Store failure.

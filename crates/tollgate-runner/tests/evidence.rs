@@ -23,8 +23,8 @@ use tollgate_provider::Protocol;
 use tollgate_runner::backlog::{EvidenceStatus, ResolveAction, Selection};
 use tollgate_runner::recovery::Reconciler;
 use tollgate_runner::{ManualClock, RunRequest, RunnerSettings, SingleCallRunner};
-use tollgate_store::conformance::{scope, t0, text_config};
 use tollgate_store::{EvidenceSource, MemoryStores, Stores};
+use tollgate_testkit::conformance::{scope, t0, text_config};
 
 /// The user message (15 characters).
 const TEXT: &str = "Hello over HTTP";
@@ -321,6 +321,8 @@ async fn sc_110_sc_111_sc_112_backlog_fetch_and_resolve_on_memory() {
 async fn sc_110_sc_111_sc_112_backlog_fetch_and_resolve_on_postgres() {
     let url = std::env::var("TOLLGATE_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let stores = tollgate_postgres::fresh_test_database(&url).await.unwrap();
+    let stores = tollgate_testkit::pg::fresh_test_database(&url)
+        .await
+        .unwrap();
     the_backlog_settles_from_fetched_evidence(Arc::new(stores)).await;
 }

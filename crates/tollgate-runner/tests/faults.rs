@@ -51,13 +51,16 @@ async fn sc_17_sc_61_h_4_every_store_fault_point_on_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sc_17_sc_61_h_4_every_store_fault_point_on_postgres() {
     let started = Instant::now();
-    let url = tollgate_postgres::test_admin_url();
+    let url = tollgate_testkit::pg::test_admin_url();
     // The cases run concurrently, each on a database of its own.
     let reports = futures::future::join_all(Case::ALL.into_iter().map(|case| {
         let url = url.clone();
         async move {
-            let stores: Arc<dyn ServiceStores> =
-                Arc::new(tollgate_postgres::fresh_test_database(&url).await.unwrap());
+            let stores: Arc<dyn ServiceStores> = Arc::new(
+                tollgate_testkit::pg::fresh_test_database(&url)
+                    .await
+                    .unwrap(),
+            );
             run_case(case, Base::Postgres(stores), KNOWN_FAILURES).await
         }
     }))

@@ -24,8 +24,8 @@ use tollgate_provider::http::{HttpClient, HttpClientConfig};
 use tollgate_provider::Protocol;
 use tollgate_runner::{ManualClock, RunError};
 use tollgate_runner::{RunRequest, RunnerSettings, SingleCallRunner};
-use tollgate_store::conformance::{scope, t0, text_config};
 use tollgate_store::{MemoryStores, SettlementStore, SpendStore, Stores, UsageInbox};
+use tollgate_testkit::conformance::{scope, t0, text_config};
 
 const ALL: [Protocol; 3] = [
     Protocol::OpenAiChat,

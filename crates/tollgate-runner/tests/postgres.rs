@@ -16,7 +16,7 @@ fn admin_url() -> String {
 
 async fn fresh() -> Arc<dyn Stores> {
     Arc::new(
-        tollgate_postgres::fresh_test_database(&admin_url())
+        tollgate_testkit::pg::fresh_test_database(&admin_url())
             .await
             .unwrap(),
     )
@@ -26,11 +26,11 @@ include!("suite/names.rs");
 
 /// Stores with the production lease rule: the database's clock.
 async fn fresh_with_database_clock() -> Arc<dyn Stores> {
-    let database = tollgate_postgres::TestDatabase::create(&admin_url())
+    let database = tollgate_testkit::pg::TestDatabase::create(&admin_url())
         .await
         .unwrap();
     let stores = database
-        .stores(tollgate_postgres::TEST_POOL_CONNECTIONS)
+        .stores(tollgate_testkit::pg::TEST_POOL_CONNECTIONS)
         .await
         .unwrap();
     stores.migrate().await.unwrap();

@@ -13,12 +13,12 @@ use tollgate_core::ids::{InputRevision, Intent, OperationKey, Scope, SessionId};
 use tollgate_core::message::{Message, Role};
 use tollgate_core::usage::Usage;
 use tollgate_core::view::ViewState;
-use tollgate_postgres::{test_admin_url, TestDatabase};
 use tollgate_provider::scripted::{ScriptedClient, ScriptedReply};
 use tollgate_runner::{RunRequest, RunnerSettings, SingleCallRunner};
-use tollgate_store::conformance::text_config;
 use tollgate_store::fault::{FaultyStores, StoreOp};
 use tollgate_store::{MemoryStores, Stores};
+use tollgate_testkit::conformance::text_config;
+use tollgate_testkit::pg::{test_admin_url, TestDatabase};
 
 fn request(key: &str) -> RunRequest {
     RunRequest {

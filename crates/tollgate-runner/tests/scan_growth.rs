@@ -10,11 +10,11 @@ use tokio_util::sync::CancellationToken;
 use tollgate_core::ids::{InputRevision, Intent, OperationKey, Scope, SessionId};
 use tollgate_core::message::{Message, Role};
 use tollgate_core::usage::Usage;
-use tollgate_postgres::{test_admin_url, TestDatabase};
 use tollgate_provider::scripted::{ScriptedClient, ScriptedReply};
 use tollgate_runner::{RunRequest, RunnerSettings, SingleCallRunner};
-use tollgate_store::conformance::text_config;
 use tollgate_store::traits::WorkScan;
+use tollgate_testkit::conformance::text_config;
+use tollgate_testkit::pg::{test_admin_url, TestDatabase};
 
 const SCOPE: &str = "h8";
 const TEMPLATE: &str = "template";

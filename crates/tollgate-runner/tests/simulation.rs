@@ -1,5 +1,5 @@
 //! Deterministic simulation of the runners, recovery and the scheduler (spec/journal.md,
-//! "Deterministic simulation"; the simulator itself is documented in `simulation/mod.rs`).
+//! "Deterministic simulation"; the simulator itself is documented in `sim/mod.rs`).
 //!
 //! `cargo test` runs a bounded seed range. Longer runs and reproductions take environment
 //! variables: `TOLLGATE_SIM_SEEDS=a..b` (a seed range), `TOLLGATE_SIM_SEED=n` (one seed),
@@ -209,8 +209,9 @@ fn h_3_simulator_catches_a_settle_that_ignores_the_fence() {
     assert!(report.violations.iter().any(|v| v.contains("H-3")));
 }
 
-/// H-3: built with `--features mutation-skip-settle-fence` (the in-memory store's own settle
-/// ignores the writer's fence token), the simulator finds the violation within the CI seeds.
+/// H-3: built with `--features mutation-skip-settle-fence` (the one true store is then the test
+/// kit's in-memory stores whose settle ignores the writer's stale fence token), the simulator
+/// finds the violation within the CI seeds.
 #[cfg(feature = "mutation-skip-settle-fence")]
 #[test]
 fn h_3_simulator_catches_the_store_mutation() {

@@ -19,8 +19,8 @@ use tollgate_provider::Protocol;
 use tollgate_runner::step::{GovernedStepRunner, OpenRoot, StepRequest};
 use tollgate_runner::structured::StructuredCallRunner;
 use tollgate_runner::{RunRequest, RunnerSettings};
-use tollgate_store::conformance::{scope, text_config};
 use tollgate_store::{AllStores, MemoryStores};
+use tollgate_testkit::conformance::{scope, text_config};
 
 const ALL: [Protocol; 3] = [
     Protocol::OpenAiChat,

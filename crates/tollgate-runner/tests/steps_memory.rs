@@ -24,7 +24,7 @@ async fn st_31_recovery_repairs_a_missing_root_receipt() {
     let done = runner.run_step(h.step("turn-1", "s1")).await.unwrap();
     let id = done.execution_id.unwrap();
     memory.forget_root_receipt(id).unwrap();
-    let scope = tollgate_store::conformance::scope("acme");
+    let scope = tollgate_testkit::conformance::scope("acme");
     let root = tollgate_core::ids::RootKey::parse("turn-1").unwrap();
     let key = tollgate_core::ids::OperationKey::parse("s1").unwrap();
     let broken = runner.read(&scope, &root, &key).await.unwrap().unwrap();
@@ -46,13 +46,13 @@ async fn st_31_recovery_repairs_a_missing_root_receipt() {
     );
     assert_eq!(
         h.root("turn-1").await.charged,
-        tollgate_store::conformance::money("0.00002")
+        tollgate_testkit::conformance::money("0.00002")
     );
     // Idempotent: a second recovery changes nothing.
     runner.recover(&r, &scope, &root, &key, 1000).await.unwrap();
     assert_eq!(
         h.root("turn-1").await.charged,
-        tollgate_store::conformance::money("0.00002")
+        tollgate_testkit::conformance::money("0.00002")
     );
     assert_eq!(c.sends(), 1);
 }

@@ -15,7 +15,7 @@ fn admin_url() -> String {
 
 async fn fresh() -> Arc<dyn AllStores> {
     Arc::new(
-        tollgate_postgres::fresh_test_database(&admin_url())
+        tollgate_testkit::pg::fresh_test_database(&admin_url())
             .await
             .unwrap(),
     )

@@ -76,6 +76,3 @@ pub async fn drain(drives: &TaskTracker, drain_ms: u64) {
         ),
     }
 }
-
-#[cfg(feature = "test-support")]
-pub mod sdk_tour;

@@ -11,13 +11,14 @@ use std::sync::Arc;
 use support::{admin_url, call, Server, SECRET, SLOW_MS};
 use tokio_util::sync::CancellationToken;
 use tollgate_core::ids::Scope;
-use tollgate_postgres::{fresh_test_database, SessionTimeouts, Tamper, TestDatabase};
+use tollgate_postgres::SessionTimeouts;
 use tollgate_server::auth;
 use tollgate_server::metrics::Metrics;
 use tollgate_server::scheduler::Scheduler;
 use tollgate_server::secret::Secret;
 use tollgate_server::Backend;
 use tollgate_store::{ApiKeyStore, KeyDigest, KeyRole};
+use tollgate_testkit::pg::{fresh_test_database, Tamper, TestDatabase};
 
 #[tokio::test]
 async fn sc_13_a_call_then_its_replay_sends_once() {

@@ -19,9 +19,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::{admin_url, call, Server};
 use tollgate_core::ids::Scope;
-use tollgate_postgres::TestDatabase;
 use tollgate_server::Backend;
 use tollgate_store::KeyRole;
+use tollgate_testkit::pg::TestDatabase;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";

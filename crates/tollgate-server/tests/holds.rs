@@ -14,9 +14,9 @@ use support::*;
 use tollgate_core::caps::SpendTotals;
 use tollgate_core::ids::{ConsumerId, Scope};
 use tollgate_core::money::Money;
-use tollgate_postgres::{test_admin_url, TestDatabase};
 use tollgate_server::Backend;
 use tollgate_store::SpendStore;
+use tollgate_testkit::pg::{test_admin_url, TestDatabase};
 
 /// Profiles with `max_input_chars = 10`, `max_tokens = 64` under daily block caps. The profile's
 /// worst case is (10 × 3 + 256 × 8 + 8) = 2086 input tokens at 1.25 + 64 at 2 per million =

@@ -2,7 +2,7 @@
 //! Python and Node SDKs as real clients (`examples/openai_sdk.py`, `examples/openai_sdk.mjs`).
 #![cfg(test)]
 
-use tollgate_server::sdk_tour;
+use tollgate_testkit::sdk_tour;
 mod support;
 
 use reqwest::StatusCode;
@@ -246,9 +246,9 @@ async fn sc_133_the_official_openai_sdk_is_a_working_client() {
 
 #[tokio::test]
 async fn sc_133_the_official_openai_sdk_is_a_working_client_on_postgres() {
-    let admin = tollgate_postgres::test_admin_url();
+    let admin = tollgate_testkit::pg::test_admin_url();
     let stores = std::sync::Arc::new(
-        tollgate_postgres::fresh_test_database(&admin)
+        tollgate_testkit::pg::fresh_test_database(&admin)
             .await
             .unwrap(),
     );

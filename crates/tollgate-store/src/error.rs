@@ -13,7 +13,8 @@ pub enum StoreError {
     #[error("store unavailable: {0}")]
     Unavailable(String),
     /// The write carried a fence token that is no longer current, or the execution was not in a
-    /// state the transition allows: a stale executor. Nothing was written (H-3).
+    /// state the transition allows: a stale executor. Nothing was written, so a process that lost its
+    /// lease cannot overwrite the one that took it over (H-3).
     #[error("stale fence or state for execution {0}")]
     StaleFence(ExecutionId),
     /// A row the operation needs does not exist.

@@ -1,5 +1,5 @@
-//! Store traits of tollgate, their in-memory implementation, a fault-injecting wrapper, and the
-//! conformance suite every implementation must pass.
+//! Store traits of tollgate, their in-memory implementation and a fault-injecting wrapper. The
+//! conformance suite every implementation must pass is in the test kit (`tollgate-testkit`).
 //!
 //! The traits are split by capability (SC-50): the journal ([`ExecutionStore`]), results
 //! ([`ResultStore`]), the usage inbox ([`UsageInbox`]), governed settlements
@@ -11,8 +11,6 @@
 #![warn(missing_docs)]
 
 pub mod audit;
-#[cfg(feature = "test-support")]
-pub mod conformance;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;

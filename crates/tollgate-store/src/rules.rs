@@ -18,7 +18,7 @@ pub fn lease_end(now: DateTime<Utc>, lease_ms: u64) -> DateTime<Utc> {
 }
 
 /// The `prepared` row a claim inserts. Its id puts its audit rows in the chain group of its
-/// consumer (H-33).
+/// consumer, so consumers in different groups never wait on one chain head (H-33).
 pub fn new_execution(request: &ClaimRequest) -> ExecutionRecord {
     let group = AuditChain::group_of(
         request.scope.as_str(),
@@ -287,7 +287,7 @@ pub fn claim_events(record: &ExecutionRecord, at: DateTime<Utc>) -> Vec<AuditEve
 /// When a settlement acknowledges the call's own evidence (`request.evidence`), which it records
 /// in its unit: when that evidence is the execution's, exact, and its usage is the usage charged.
 /// That is what `reconcile_usage` would find and acknowledge later (SC-42), so the settlement
-/// acknowledges it at once (H-28): the answer is the acknowledgement time (`request.now`).
+/// acknowledges it at once and no later pass reads and writes it again (H-28): the answer is the acknowledgement time (`request.now`).
 /// `None`: the evidence stays open for reconciliation (or there is none).
 pub fn own_evidence_acknowledged_at(request: &SettleRequest) -> Option<DateTime<Utc>> {
     request

@@ -2,8 +2,8 @@
 //!
 //! Every mutating method is one atomic unit and writes its own audit row in the same unit, so an
 //! audit write is awaited with the state change it describes (SC-50). Every write after a claim
-//! carries a [`Fence`]; a stale fence changes nothing and returns [`StoreError::StaleFence`]
-//! (H-3).
+//! carries a [`Fence`]; a stale fence changes nothing and returns [`StoreError::StaleFence`],
+//! so an executor whose lease was taken over cannot write over its successor (H-3).
 //!
 //! [`StoreError::StaleFence`]: crate::StoreError::StaleFence
 
@@ -91,7 +91,8 @@ pub trait ExecutionStore: Send + Sync {
     /// check of the binding's caps on the settled totals (outcome `blocked`, output and step
     /// dropped, SC-16), stores the result, completes the journal and audits `settled`. The call's
     /// own evidence (`request.evidence`) goes into the inbox in the same unit, acknowledged when
-    /// [`crate::rules::own_evidence_acknowledged_at`] says so (H-28); other evidence is left to
+    /// [`crate::rules::own_evidence_acknowledged_at`] says so, so no later pass has to (H-28);
+    /// other evidence is left to
     /// `reconcile_usage`, which compares it with the durable settlement.
     ///
     /// # Errors
@@ -143,8 +144,8 @@ pub trait ExecutionStore: Send + Sync {
         key: &OperationKey,
     ) -> StoreResult<Option<ExecutionRecord>>;
 
-    /// Reads one execution with its result, settlement and root receipt in one read (H-10):
-    /// what a replay's or a read-back's view needs.
+    /// Reads one execution with its result, settlement and root receipt in one read: what a
+    /// replay's or a read-back's view needs, in one round trip (H-10).
     ///
     /// # Errors
     /// Store failure.

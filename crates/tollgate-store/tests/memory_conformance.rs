@@ -8,14 +8,14 @@ async fn fresh() -> Arc<MemoryStores> {
     Arc::new(MemoryStores::new())
 }
 
-tollgate_store::store_conformance!(fresh);
+tollgate_testkit::store_conformance!(fresh);
 
 mod roots {
     use super::fresh;
-    tollgate_store::root_conformance!(fresh);
+    tollgate_testkit::root_conformance!(fresh);
 }
 
 mod service {
     use super::fresh;
-    tollgate_store::service_conformance!(fresh);
+    tollgate_testkit::service_conformance!(fresh);
 }

@@ -49,7 +49,7 @@ use tollgate_core::config::fixtures::text_config;
 use tollgate_core::ids::{InputRevision, Intent, OperationKey, Scope, SessionId};
 use tollgate_core::message::{Message, Role};
 use tollgate_mock_provider::MockProvider;
-use tollgate_postgres::{test_admin_url, DbActivity, PgStores, TestDatabase};
+use tollgate_postgres::PgStores;
 use tollgate_provider::http::{HttpClient, HttpClientConfig};
 use tollgate_provider::Protocol;
 use tollgate_runner::recovery::Reconciler;
@@ -57,6 +57,8 @@ use tollgate_runner::{RunRequest, RunnerSettings, SingleCallRunner, SystemClock}
 use tollgate_server::auth::generate_key;
 use tollgate_store::traits::WorkScan;
 use tollgate_store::KeyDigest;
+use tollgate_testkit::bench::DbActivity;
+use tollgate_testkit::pg::{test_admin_url, TestDatabase};
 
 // ---- knobs -------------------------------------------------------------------------------------
 

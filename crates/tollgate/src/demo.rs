@@ -275,8 +275,7 @@ async fn tour_recovery(tour: &mut Tour) -> Result<(), CommandError> {
     tour.stores.disarm(FaultPoint::Settle);
     tour.report("store failure", &crashed);
     // The claim's lease covers the run timeout; wait it out, as a crashed process would.
-    let lease_ms =
-        DEMO_LEASE_MS.max(DEMO_RUN_TIMEOUT_MS + tollgate_runner::claimed::LEASE_SLACK_MS);
+    let lease_ms = DEMO_LEASE_MS.max(DEMO_RUN_TIMEOUT_MS + tollgate_runner::engine::LEASE_SLACK_MS);
     tokio::time::sleep(Duration::from_millis(lease_ms + 100)).await;
     let stores: Arc<dyn Stores> = tour.stores.clone();
     let reconciler = Reconciler::new(stores, Arc::new(SystemClock));

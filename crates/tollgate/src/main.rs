@@ -42,8 +42,8 @@ enum Command {
         #[command(subcommand)]
         what: Keys,
     },
-    /// A scripted tour on the embedded default (or on DATABASE_URL when set).
-    #[cfg(feature = "demo")]
+    /// A scripted tour on the embedded default (or on DATABASE_URL when set); in builds with the
+    /// cargo feature `demo` (on by default).
     Demo,
     /// Apply migrations to DATABASE_URL (idempotent).
     Migrate,
@@ -297,6 +297,14 @@ fn main() -> ExitCode {
             } => serve::keys_revoke(&id, config, cli.json).await,
             #[cfg(feature = "demo")]
             Command::Demo => demo::run(cli.json).await,
+            // A build without the demo (`--no-default-features`, the deployed build) names what
+            // it lacks instead of not knowing the command.
+            #[cfg(not(feature = "demo"))]
+            Command::Demo => Err(error::CommandError::InvalidArgument(
+                "this build has no demo: it was built without the cargo feature `demo` (on by \
+                 default; `cargo run -p tollgate -- demo` runs it)"
+                    .into(),
+            )),
             Command::Migrate => database::migrate().await,
             Command::MockProvider { listen } => dev_tools::mock_provider(listen).await,
             Command::ParseStream { protocol, file } => dev_tools::parse_stream(&protocol, &file),

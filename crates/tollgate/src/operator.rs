@@ -450,8 +450,8 @@ mod tests {
     /// are written once, outside the day range none, and the formula stays neutralized.
     #[tokio::test]
     async fn sc_143_export_pages_through_every_row_of_the_range() {
-        use tollgate_store::conformance::{claim_req, settle_req, text_config};
         use tollgate_store::{ClaimOutcome, ExecutionStore, MemoryStores};
+        use tollgate_testkit::conformance::{claim_req, settle_req, text_config};
         let stores = MemoryStores::new();
         let mut keys = Vec::new();
         for i in 0..7 {
@@ -468,13 +468,13 @@ mod tests {
                 panic!("fresh key")
             };
             let r = stores
-                .mark_dispatched(r.fence(), tollgate_store::conformance::t0())
+                .mark_dispatched(r.fence(), tollgate_testkit::conformance::t0())
                 .await
                 .unwrap();
             stores.settle(settle_req(&r, "0.01", "x")).await.unwrap();
             keys.push(key);
         }
-        let day = tollgate_store::conformance::t0().date_naive();
+        let day = tollgate_testkit::conformance::t0().date_naive();
         let mut out = Vec::new();
         let written = export_settlements(&stores, day, day, ExportFormat::Csv, 2, &mut out)
             .await

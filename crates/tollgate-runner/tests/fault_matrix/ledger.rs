@@ -34,7 +34,7 @@ fn add(a: Money, b: Money) -> Money {
 }
 
 fn days() -> (NaiveDate, NaiveDate) {
-    let day = tollgate_store::conformance::t0().date_naive();
+    let day = tollgate_testkit::conformance::t0().date_naive();
     (day - Duration::days(1), day + Duration::days(2))
 }
 

@@ -38,9 +38,9 @@ use tollgate_runner::recovery::Reconciler;
 use tollgate_runner::step::{GovernedStepRunner, StepRequest};
 use tollgate_runner::structured::{derived_id, StructuredCallRunner};
 use tollgate_runner::{ManualClock, RunRequest, RunnerSettings, SingleCallRunner};
-use tollgate_store::conformance::text_config;
 use tollgate_store::fault::{Fault, FaultyStores, StoreOp};
 use tollgate_store::{MemoryStores, ServiceStores};
+use tollgate_testkit::conformance::text_config;
 
 /// Every call's input.
 pub const INPUT: &str = "weather in Paris?";
@@ -103,7 +103,7 @@ impl World {
         Self {
             inner,
             scope,
-            clock: Arc::new(ManualClock::new(tollgate_store::conformance::t0())),
+            clock: Arc::new(ManualClock::new(tollgate_testkit::conformance::t0())),
             clients: Mutex::new(BTreeMap::new()),
             ids: Mutex::new(BTreeMap::new()),
         }

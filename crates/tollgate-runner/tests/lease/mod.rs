@@ -17,12 +17,12 @@ use tollgate_core::state::ExecutionState;
 use tollgate_core::usage::Usage;
 use tollgate_core::view::{View, ViewState};
 use tollgate_provider::scripted::{ScriptedClient, ScriptedReply};
-use tollgate_runner::claimed::LEASE_SLACK_MS;
+use tollgate_runner::engine::LEASE_SLACK_MS;
 use tollgate_runner::recovery::{ExpiredCounts, Reconciler};
 use tollgate_runner::{Clock, RunError, RunRequest, RunnerSettings, SingleCallRunner, SystemClock};
-use tollgate_store::conformance::{scope, text_config};
 use tollgate_store::fault::{FaultyStores, StoreOp};
 use tollgate_store::Stores;
+use tollgate_testkit::conformance::{scope, text_config};
 
 /// The runner's lease: short, so a slow store outlasts it.
 pub const LEASE_MS: u64 = 300;
@@ -219,7 +219,7 @@ pub async fn sc_102_skewed_host_clocks_do_not_expire_a_live_lease(base: Arc<dyn 
 
     // A live claim seen by a host an hour ahead: not expired, not taken.
     let hold = config().worst_case_hold().unwrap();
-    let binding = tollgate_store::conformance::binding("s-1", config());
+    let binding = tollgate_testkit::conformance::binding("s-1", config());
     let claim = tollgate_store::ClaimRequest {
         scope: scope("acme"),
         operation_key: OperationKey::parse("claimed-behind").unwrap(),

@@ -10,7 +10,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tollgate_core::ids::{EvidenceId, ExecutionId, RootKey, Scope};
 use tollgate_core::money::Money;
-use tollgate_store::MemoryStores;
+
+/// The one true store: the in-memory stores, or, built with `--features
+/// mutation-skip-settle-fence`, the test kit's in-memory stores whose `settle` accepts a stale
+/// fence (`tollgate_testkit::mutation`).
+#[cfg(not(feature = "mutation-skip-settle-fence"))]
+pub type Truth = tollgate_store::MemoryStores;
+/// The one true store: the in-memory stores, or, built with `--features
+/// mutation-skip-settle-fence`, the test kit's in-memory stores whose `settle` accepts a stale
+/// fence (`tollgate_testkit::mutation`).
+#[cfg(feature = "mutation-skip-settle-fence")]
+pub type Truth = tollgate_testkit::mutation::SkipSettleFence;
 
 /// Which deliberate defect, if any, the run carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,7 +91,7 @@ struct Log {
 /// Shared by everything in one simulated run.
 pub struct Shared {
     /// The stores every process writes to (through its own wrappers).
-    pub truth: Arc<MemoryStores>,
+    pub truth: Arc<Truth>,
     /// The wall clock.
     pub clock: Arc<SimClock>,
     /// The deliberate defect of this run.
@@ -96,7 +106,7 @@ impl Shared {
     /// A fresh world.
     pub fn new(clock: Arc<SimClock>, mutation: Mutation, latency: Rng) -> Self {
         Self {
-            truth: Arc::new(MemoryStores::new()),
+            truth: Arc::new(Truth::new()),
             clock,
             mutation,
             log: Mutex::new(Log::default()),

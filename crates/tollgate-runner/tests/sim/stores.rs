@@ -14,7 +14,7 @@
 
 use super::oracle;
 use super::process::Gate;
-use super::shared::{Mutation, Shared};
+use super::shared::{Mutation, Shared, Truth};
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use std::sync::Arc;
@@ -45,7 +45,7 @@ impl SimStores {
         Self { shared, gate }
     }
 
-    fn inner(&self) -> &MemoryStores {
+    fn inner(&self) -> &Truth {
         &self.shared.truth
     }
 

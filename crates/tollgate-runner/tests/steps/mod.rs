@@ -19,9 +19,9 @@ use tollgate_runner::step::{is_step_interruption, GovernedStepRunner, OpenRoot, 
 use tollgate_runner::structured::{derived_id, StructuredCallRunner};
 use tollgate_runner::{Clock as _, ManualClock, RunError};
 use tollgate_runner::{RunRequest, RunnerSettings};
-use tollgate_store::conformance::{money, scope, text_config};
 use tollgate_store::fault::{FaultPoint, FaultyStores};
 use tollgate_store::{AllStores, RootState};
+use tollgate_testkit::conformance::{money, scope, text_config};
 
 #[macro_export]
 macro_rules! step_suite {
@@ -43,7 +43,7 @@ pub struct H {
 }
 
 pub fn t0() -> DateTime<Utc> {
-    tollgate_store::conformance::t0()
+    tollgate_testkit::conformance::t0()
 }
 
 fn weather() -> ToolSpec {

@@ -658,7 +658,8 @@ pub async fn sc_94_no_response_goes_to_operators_with_its_reason(h: Harness) {
 
 pub async fn sc_40_h_4_recover_finishes_expired_claims_without_sending(h: Harness) {
     // A claim whose process died before dispatch.
-    let mut claim = tollgate_store::conformance::claim_req("acme", "dead", text_config(), "0.001");
+    let mut claim =
+        tollgate_testkit::conformance::claim_req("acme", "dead", text_config(), "0.001");
     claim.now = h.clock.now();
     h.stores.claim(claim).await.unwrap();
     let r = h.reconciler();
@@ -690,7 +691,7 @@ pub async fn sc_40_h_4_recover_finishes_expired_claims_without_sending(h: Harnes
 pub async fn sc_41_sc_61_reconcile_expired_counts_and_routes(h: Harness) {
     // One dispatched without evidence (→ operator), one prepared (→ not dispatched).
     for k in ["a", "b"] {
-        let mut claim = tollgate_store::conformance::claim_req("acme", k, text_config(), "0.001");
+        let mut claim = tollgate_testkit::conformance::claim_req("acme", k, text_config(), "0.001");
         claim.now = h.clock.now();
         h.stores.claim(claim).await.unwrap();
     }

@@ -21,9 +21,9 @@ use tollgate_provider::scripted::{ScriptedClient, ScriptedReply};
 use tollgate_runner::recovery::Reconciler;
 use tollgate_runner::ManualClock;
 use tollgate_runner::{InputLoader, RunRequest, RunnerSettings, SingleCallRunner};
-use tollgate_store::conformance::{money, scope, text_config};
 use tollgate_store::fault::FaultyStores;
 use tollgate_store::Stores;
+use tollgate_testkit::conformance::{money, scope, text_config};
 
 /// Instantiates every case for a factory returning `Arc<dyn Stores>`.
 #[macro_export]
@@ -47,7 +47,7 @@ pub struct Harness {
 }
 
 pub fn t0() -> DateTime<Utc> {
-    tollgate_store::conformance::t0()
+    tollgate_testkit::conformance::t0()
 }
 
 impl Harness {

@@ -37,13 +37,13 @@ fn reconciler(h: &Harness, stores: &Arc<FaultyStores>) -> Reconciler {
 }
 
 async fn claim(h: &Harness, key: &str) -> ExecutionRecord {
-    let config = tollgate_store::conformance::text_config();
+    let config = tollgate_testkit::conformance::text_config();
     let request = ClaimRequest {
         scope: acme(),
         operation_key: OperationKey::parse(key).unwrap(),
         root_key: None,
         hold: config.worst_case_hold().unwrap(),
-        binding: tollgate_store::conformance::binding("s-1", config),
+        binding: tollgate_testkit::conformance::binding("s-1", config),
         now: h.clock.now(),
         lease_ms: 30_000,
         dispatch: false,
@@ -241,7 +241,7 @@ pub async fn sc_41_h_3_two_schedulers_race_on_expired_executions(h: Harness) {
         .values()
         .filter(|s| **s == ExecutionState::ReconciliationRequired)
         .count();
-    let hold = tollgate_store::conformance::text_config()
+    let hold = tollgate_testkit::conformance::text_config()
         .worst_case_hold()
         .unwrap();
     let held = (0..open).fold(Money::ZERO, |a, _| a.checked_add(hold).unwrap());

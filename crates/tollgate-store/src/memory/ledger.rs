@@ -141,12 +141,89 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
-    use crate::conformance::{claim_req, money, open_root, root_key, t0, text_config};
     use crate::traits::{ExecutionStore, RootStore};
     use crate::ClaimOutcome;
+    use chrono::{DateTime, Duration, Utc};
+    use tollgate_core::config::fixtures::text_config;
+    use tollgate_core::config::CallConfig;
+    use tollgate_core::digest::Binding;
+    use tollgate_core::ids::{InputRevision, Intent, OperationKey, RootKey, SessionId};
     use tollgate_core::money::Money;
-    use tollgate_core::state::CallKind;
+    use tollgate_core::state::{CallKind, Outcome, SettlementSource};
     use tollgate_core::usage::Usage;
+
+    // The few fixtures these tests need, as the conformance suite (`tollgate-testkit`) builds
+    // them: unit tests of this crate cannot use the test kit, which is built on this crate.
+    fn money(s: &str) -> Money {
+        Money::parse(s, "test").unwrap()
+    }
+
+    fn t0() -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2026-11-29T10:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc)
+    }
+
+    fn root_key(s: &str) -> RootKey {
+        RootKey::parse(s).unwrap()
+    }
+
+    fn binding(config: CallConfig) -> Binding {
+        Binding {
+            session_id: SessionId::parse("s-1").unwrap(),
+            intent: Intent::parse("summarize").unwrap(),
+            input_revision: InputRevision::parse("r-1").unwrap(),
+            config,
+        }
+    }
+
+    fn claim_req(scope: &str, key: &str, config: CallConfig, hold: &str) -> ClaimRequest {
+        ClaimRequest {
+            scope: Scope::parse(scope).unwrap(),
+            operation_key: OperationKey::parse(key).unwrap(),
+            root_key: None,
+            binding: binding(config),
+            hold: money(hold),
+            now: t0(),
+            lease_ms: 30_000,
+            dispatch: false,
+            binding_digest: None,
+        }
+    }
+
+    async fn open_root(s: &MemoryStores, key: &str, config: CallConfig) {
+        let request = OpenRootRequest {
+            scope: Scope::parse("a").unwrap(),
+            root_key: root_key(key),
+            binding: binding(config),
+            deadline: t0() + Duration::seconds(60),
+            now: t0(),
+        };
+        let RootOpen::Opened(_) = s.open_root(request).await.unwrap() else {
+            panic!("expected a new root");
+        };
+    }
+
+    fn settle_req(record: &ExecutionRecord, amount: &str) -> SettleRequest {
+        SettleRequest {
+            fence: record.fence(),
+            usage: Usage::ZERO,
+            amount: money(amount),
+            source: SettlementSource::Stream,
+            outcome: Outcome::Success,
+            stop: Some("stop".into()),
+            output: Some(tollgate_core::view::Output {
+                text: Some("x".into()),
+                json: None,
+            }),
+            step: None,
+            provider_ref: Some("req-1".into()),
+            evidence_id: None,
+            evidence: None,
+            seen: Some(Box::new(record.clone())),
+            now: t0(),
+        }
+    }
 
     /// A settled call (10 input + 5 output = 0.00002), under root `r1` when `root` is set.
     async fn settled(s: &MemoryStores, key: &str, root: bool) -> ExecutionRecord {
@@ -162,7 +239,7 @@ mod tests {
             panic!("expected a claim");
         };
         let d = s.mark_dispatched(r.fence(), t0()).await.unwrap();
-        let mut settle = crate::conformance::settle_req(&d, "0.00002", "x");
+        let mut settle = settle_req(&d, "0.00002");
         settle.usage = Usage {
             input: 10,
             output: 5,

@@ -364,13 +364,6 @@ impl ExecutionStore for MemoryStores {
             .get(&request.fence.execution_id)
             .cloned()
             .ok_or_else(|| StoreError::NotFound(request.fence.execution_id.to_string()))?;
-        // The deliberate defect behind `mutation-skip-settle-fence` (off by default): the token
-        // is re-read from the row instead of taken from the writer, so a stale writer settles.
-        #[cfg(feature = "mutation-skip-settle-fence")]
-        let request = SettleRequest {
-            fence: record.fence(),
-            ..request
-        };
         rules::check_fence(&record, request.fence, &rules::SETTLEABLE)?;
         t.check_one_settlement(record.id)?;
         let keys = spend_keys(&record);
@@ -798,12 +791,15 @@ mod ledger;
 mod roots;
 mod work;
 
-/// Conformance access below the store methods: the settlement insert with only its
-/// one-per-execution check, as settle makes it.
+/// Test hooks below the store methods (feature `test-support`), for the conformance suite and
+/// the simulation in the test kit (`tollgate-testkit`).
 #[cfg(feature = "test-support")]
-#[async_trait]
-impl crate::conformance::RawSettlementInsert for MemoryStores {
-    async fn insert_settlement_unchecked(
+impl MemoryStores {
+    /// The settlement insert with only its one-per-execution check, as `settle` makes it.
+    ///
+    /// # Errors
+    /// `Duplicate` when the execution already has a settlement.
+    pub fn insert_settlement_unchecked(
         &self,
         settlement: &SettlementRecord,
     ) -> StoreResult<SettlementRecord> {
@@ -811,5 +807,17 @@ impl crate::conformance::RawSettlementInsert for MemoryStores {
         t.check_one_settlement(settlement.execution_id)?;
         t.push_settlement(settlement.clone());
         Ok(settlement.clone())
+    }
+
+    /// The current fence of execution `id`, in whatever scope it is.
+    ///
+    /// # Errors
+    /// `NotFound` when there is no such execution.
+    pub fn current_fence(&self, id: ExecutionId) -> StoreResult<Fence> {
+        self.lock()?
+            .executions
+            .get(&id)
+            .map(ExecutionRecord::fence)
+            .ok_or_else(|| StoreError::NotFound(id.to_string()))
     }
 }

@@ -266,15 +266,3 @@ impl MemoryStores {
         Ok(())
     }
 }
-
-#[cfg(feature = "test-support")]
-#[async_trait]
-impl crate::conformance::StoreDamage for MemoryStores {
-    async fn lose_holds(&self, scope: &Scope) -> StoreResult<()> {
-        MemoryStores::lose_holds(self, scope)
-    }
-
-    async fn drop_root_receipt(&self, execution_id: ExecutionId) -> StoreResult<()> {
-        MemoryStores::drop_root_receipt(self, execution_id)
-    }
-}

@@ -33,8 +33,8 @@ pub struct AuditChain(pub u16);
 pub const AUDIT_CHAINS: u16 = 64;
 
 /// The groups a scope's chains fall in: chain `c` is in group `c / (AUDIT_CHAINS / 8)`, so each
-/// group holds [`AUDIT_CHAINS`]` / 8` chains (8 of 64). The executions of one consumer take the chains of one group
-/// (H-33), so the appends of consumers in different groups never meet on a chain's head.
+/// group holds [`AUDIT_CHAINS`]` / 8` chains (8 of 64). The executions of one consumer take the chains of one group,
+/// so the appends of consumers in different groups never meet on a chain's head (H-33).
 pub const AUDIT_CHAIN_GROUPS: u16 = 8;
 
 /// A chain's bits below its group: `AUDIT_CHAINS / AUDIT_CHAIN_GROUPS` chains per group.
@@ -57,8 +57,9 @@ impl AuditChain {
         AuditChain(low % AUDIT_CHAINS)
     }
 
-    /// The group of the chains of `consumer`'s executions in `scope` (H-33): a stable hash
-    /// (FNV-1a over the two names), the same in every process and build.
+    /// The group of the chains of `consumer`'s executions in `scope`: a stable hash (FNV-1a
+    /// over the two names), the same in every process and build, so every server puts a
+    /// consumer's executions in the same group.
     pub fn group_of(scope: &str, consumer: &str) -> u16 {
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
         for byte in scope.bytes().chain([0xff]).chain(consumer.bytes()) {

@@ -111,7 +111,8 @@ pub struct ClaimRequest {
 }
 
 impl ClaimRequest {
-    /// The digest of the binding: the caller's (H-26), else computed here.
+    /// The digest of the binding: the caller's when it has one (so the store does not serialize
+    /// the snapshot again), else computed here.
     pub fn digest(&self) -> Digest256 {
         match self.binding_digest {
             Some(digest) => {
@@ -129,8 +130,8 @@ pub enum ClaimOutcome {
     /// A new journal row, holding its cost; the caller owns the fence.
     Claimed(ExecutionRecord),
     /// A row already exists under the key: the caller compares bindings (replay or conflict).
-    /// It comes with its result, settlement and root receipt, read together (H-16), so that a
-    /// replay is answered from the claim's one read.
+    /// It comes with its result, settlement and root receipt, read together, so that a
+    /// replay is answered from the claim's one read (H-16).
     Existing(Box<ExecutionView>),
     /// A block cap refused; nothing was written.
     Blocked(CapBlocked),
@@ -139,8 +140,8 @@ pub enum ClaimOutcome {
     RootRefused(super::RootRecord),
 }
 
-/// One journal row with what its view needs, read together (H-10): its result, its settlement
-/// and, for a call under a root, its root receipt.
+/// One journal row with what its view needs: its result, its settlement and, for a call under
+/// a root, its root receipt, read together so a view is one store read (H-10).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionView {
     /// The journal row.

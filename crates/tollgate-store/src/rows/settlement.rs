@@ -75,8 +75,8 @@ pub struct SettleRequest {
     pub provider_ref: Option<String>,
     /// Evidence this settlement is based on (recorded in the settlement's audit row).
     pub evidence_id: Option<EvidenceId>,
-    /// The call's own usage evidence (its stream's), recorded in the settlement's unit: one
-    /// commit for both (H-15). `None` when the evidence is already in the inbox (recovery,
+    /// The call's own usage evidence (its stream's), recorded in the settlement's unit, so
+    /// one commit records both (H-15). `None` when the evidence is already in the inbox (recovery,
     /// operators) or there is none.
     pub evidence: Option<NewEvidence>,
     /// The row as the settler last read it (its claim), when it has it. A store may settle in

@@ -1,4 +1,4 @@
-//! Where the captured provider streams are (feature `test-support`), for the adapters' tests
+//! Where the captured provider streams are, for the adapters' tests
 //! (`crates/tollgate-provider/tests/adapters.rs`) and the binary's (`tests/cli.rs`).
 //!
 //! The captured streams are reference data kept outside the repository and never copied into
@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-/// The repository root (this crate is `crates/tollgate-provider`).
+/// The repository root (this crate is `crates/tollgate-testkit`).
 pub static REPOSITORY_ROOT: std::sync::LazyLock<PathBuf> =
     std::sync::LazyLock::new(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."));
 

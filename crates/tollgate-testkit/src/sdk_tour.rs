@@ -1,4 +1,4 @@
-//! The official OpenAI SDKs as clients of the front door (feature `test-support`), for the
+//! The official OpenAI SDKs as clients of the front door, for the
 //! server's tests (`crates/tollgate-server/tests/openai.rs`) and the black-box tests
 //! (`tests/service.rs`):
 //! finding the interpreter with the SDK installed (a missing one fails the test, naming what to
@@ -7,7 +7,7 @@
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-/// A file of the repository (this crate is `crates/tollgate-server`).
+/// A file of the repository (this crate is `crates/tollgate-testkit`).
 pub fn repo_path(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../..")

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use super::*;
-use crate::ledger::{LedgerInvariant, LedgerReport};
+use tollgate_store::ledger::{LedgerInvariant, LedgerReport};
 
 /// Instantiates the ledger-audit cases for `$factory` (stores that implement [`AllStores`]).
 #[macro_export]

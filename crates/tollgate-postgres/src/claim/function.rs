@@ -1,8 +1,7 @@
-//! The claim of a call outside an operation root in one round trip (H-17): one call of the
-//! `tollgate_claim` function, outside an explicit transaction, so the claim costs one statement
-//! and its commit, and its locks (the head of its audit chain, its two spend rows) are held for
-//! the function and the commit only. Calls under a root take the multi-statement transaction
-//! (`journal.rs`), whose root lock and root cap checks come between the insert and the spend rows.
+//! The claim of a new key outside an operation root by the `tollgate_claim` function
+//! (`claim.sql`), and decoding its answer. The function is called outside an explicit
+//! transaction, so the claim costs one statement and its commit, and its locks (the head of its
+//! audit chain, its two spend rows) are held for the function and the commit only (H-17).
 
 use crate::batch;
 use crate::error::{db, sqlstate, DbResultExt};
@@ -152,7 +151,8 @@ const CLAIM_TYPES: [&str; 27] = [
     "numeric",
 ];
 
-/// The statements of batches of claims, by size (H-32).
+/// The statements of batches of claims, one per batch size, built once so that a batch only binds
+/// its calls.
 fn claim_batches() -> &'static [String] {
     static STATEMENTS: OnceLock<Vec<String>> = OnceLock::new();
     STATEMENTS.get_or_init(|| {
@@ -204,8 +204,8 @@ impl batch::Call for ClaimCall {
 impl PgStores {
     /// The claim of `record` (new, outside a root) by `tollgate_claim`: `Claimed`, `Existing`
     /// when the key already has a row, or `Blocked` when a block cap refuses the hold (nothing
-    /// written). With batches (H-32), claims that arrive together share one statement.
-    pub(crate) async fn claim_call(
+    /// written). With batches, claims that arrive together share one statement and one commit.
+    pub(super) async fn claim_call(
         &self,
         request: &ClaimRequest,
         record: &ExecutionRecord,
@@ -261,7 +261,8 @@ impl PgStores {
                 .ok_or_else(|| StoreError::Corrupt("a claim alone left out".into()))?,
         };
         match row {
-            // The row as inserted, with the binding this claim sent (H-19).
+            // The row as inserted, with the binding this claim sent: the function answers the row
+            // without it, which spares sending it back (H-19).
             Ok(Some(row)) => Ok(ClaimOutcome::Claimed(
                 ExecutionRow::from_row(&row)
                     .store_err()?

@@ -1,9 +1,9 @@
-//! The keys these stores have seen with a row (H-30): a claim of a key seen here reads first
-//! (most likely a replay: one read, no write); a claim of any other key goes straight to the
-//! claim function, which answers a key that has a row with nothing, and the read follows. Either
-//! order gives the same outcome, so the set only decides which statement goes first: a key it
-//! lost (evicted, seen by another instance, or a hash collision) costs one statement more,
-//! never a wrong answer.
+//! The keys these stores have seen with a row. A claim of a key seen here reads first: it is most
+//! likely a replay, answered by one read and no write. A claim of any other key goes straight to
+//! the claim function, which answers a key that has a row with nothing, and the read follows, so a
+//! first call costs one statement, not two (H-30). Either order gives the same outcome, so the set
+//! only decides which statement goes first: a key it lost (evicted, seen by another instance, or a
+//! hash collision) costs one statement more, never a wrong answer.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashSet;
@@ -12,14 +12,14 @@ use std::sync::Mutex;
 use tollgate_core::ids::{OperationKey, Scope};
 
 /// Keys remembered per generation; two generations are kept, so between
-/// `KNOWN_KEYS_PER_GENERATION` and twice as many of the latest keys are remembered (16 bytes
+/// `SEEN_KEYS_PER_GENERATION` and twice as many of the latest keys are remembered (16 bytes
 /// each, plus the set's overhead: a few MiB at most).
-pub(crate) const KNOWN_KEYS_PER_GENERATION: usize = 65_536;
+pub(crate) const SEEN_KEYS_PER_GENERATION: usize = 65_536;
 
 /// A bounded set of `(scope, operation key)` digests, in two generations: when the current one
 /// is full it becomes the previous one, and the previous one is dropped.
 #[derive(Debug)]
-pub(crate) struct KnownKeys {
+pub(crate) struct SeenKeys {
     hasher: RandomState,
     generations: Mutex<Generations>,
     capacity: usize,
@@ -31,7 +31,7 @@ struct Generations {
     previous: HashSet<u64>,
 }
 
-impl KnownKeys {
+impl SeenKeys {
     /// An empty set of at most `capacity` keys per generation (at least one).
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
@@ -80,19 +80,19 @@ mod tests {
     fn h_30_keys_are_remembered_per_scope_for_two_generations() {
         let scope = Scope::parse("a").unwrap();
         let other = Scope::parse("b").unwrap();
-        let known = KnownKeys::new(2);
-        known.insert(&scope, &key("k1"));
-        assert!(known.contains(&scope, &key("k1")));
-        assert!(!known.contains(&other, &key("k1")), "keys are per scope");
-        assert!(!known.contains(&scope, &key("k2")));
-        known.insert(&scope, &key("k2"));
+        let seen = SeenKeys::new(2);
+        seen.insert(&scope, &key("k1"));
+        assert!(seen.contains(&scope, &key("k1")));
+        assert!(!seen.contains(&other, &key("k1")), "keys are per scope");
+        assert!(!seen.contains(&scope, &key("k2")));
+        seen.insert(&scope, &key("k2"));
         // The third key starts a generation: the first two are still remembered.
-        known.insert(&scope, &key("k3"));
-        assert!(known.contains(&scope, &key("k1")) && known.contains(&scope, &key("k2")));
-        known.insert(&scope, &key("k4"));
+        seen.insert(&scope, &key("k3"));
+        assert!(seen.contains(&scope, &key("k1")) && seen.contains(&scope, &key("k2")));
+        seen.insert(&scope, &key("k4"));
         // The fifth starts another: the first generation is gone.
-        known.insert(&scope, &key("k5"));
-        assert!(!known.contains(&scope, &key("k1")) && !known.contains(&scope, &key("k2")));
-        assert!(known.contains(&scope, &key("k3")) && known.contains(&scope, &key("k5")));
+        seen.insert(&scope, &key("k5"));
+        assert!(!seen.contains(&scope, &key("k1")) && !seen.contains(&scope, &key("k2")));
+        assert!(seen.contains(&scope, &key("k3")) && seen.contains(&scope, &key("k5")));
     }
 }

@@ -6,19 +6,32 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use super::*;
-use crate::error::StoreResult;
-use crate::ledger::LedgerInvariant;
 use async_trait::async_trait;
 use tollgate_core::caps::SpendTotals;
 use tollgate_core::money::Currency;
+use tollgate_store::error::StoreResult;
+use tollgate_store::ledger::LedgerInvariant;
 
 /// Damage done behind the stores' back, as a partial write or a hand edit could leave it.
+/// Implemented for the in-memory stores here (through their `test-support` hooks) and for the
+/// Postgres stores with SQL in [`crate::pg`].
 #[async_trait]
 pub trait StoreDamage {
     /// Sets `held` of every spend row and root of `scope` to zero.
     async fn lose_holds(&self, scope: &Scope) -> StoreResult<()>;
     /// Removes the root receipt of `execution_id`, leaving its amount on the root's charged total.
     async fn drop_root_receipt(&self, execution_id: ExecutionId) -> StoreResult<()>;
+}
+
+#[async_trait]
+impl StoreDamage for tollgate_store::MemoryStores {
+    async fn lose_holds(&self, scope: &Scope) -> StoreResult<()> {
+        tollgate_store::MemoryStores::lose_holds(self, scope)
+    }
+
+    async fn drop_root_receipt(&self, execution_id: ExecutionId) -> StoreResult<()> {
+        tollgate_store::MemoryStores::drop_root_receipt(self, execution_id)
+    }
 }
 
 /// Instantiates the money cases for `$factory` (stores that implement [`AllStores`] and

@@ -5,10 +5,6 @@
 //! very same suite.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use crate::audit::{verify_chain, ChainVerifier};
-use crate::error::StoreError;
-use crate::rows::*;
-use crate::traits::*;
 use chrono::{DateTime, Duration, Utc};
 use std::sync::Arc;
 use tollgate_core::caps::CapLevel;
@@ -21,6 +17,10 @@ use tollgate_core::state::{
 };
 use tollgate_core::usage::Usage;
 use tollgate_core::view::Output;
+use tollgate_store::audit::{verify_chain, ChainVerifier};
+use tollgate_store::error::StoreError;
+use tollgate_store::rows::*;
+use tollgate_store::traits::*;
 
 /// Instantiates the suite for `$factory`, an expression that evaluates to an async closure or
 /// function returning `Arc<impl Stores + 'static>`.
@@ -552,7 +552,8 @@ pub async fn settlement_is_exactly_once<S: Stores>(s: Arc<S>) {
 /// Access below the store methods, for the one case that must reach the stores' own guard of
 /// exactly-once settlement: the fence and state checks of `settle` stop every second settle
 /// before it, so only a writer that skips them (a bug, a tool) can show that the guard itself
-/// holds. Implemented by every store the suite runs on (feature `test-support`).
+/// holds. Implemented for every store the suite runs on: the in-memory stores here (through
+/// their `test-support` hook), the Postgres stores in [`crate::pg`].
 #[async_trait::async_trait]
 pub trait RawSettlementInsert {
     /// Inserts `settlement` as `settle` inserts its charge, without the fence, state, spend or
@@ -1257,6 +1258,19 @@ pub use ledger_audit::*;
 
 mod money;
 pub use money::*;
+
+/// The in-memory stores' insert below the store methods: the one-per-execution check and the
+/// push `settle` makes (`MemoryStores::insert_settlement_unchecked`, feature `test-support` of
+/// `tollgate-store`).
+#[async_trait::async_trait]
+impl RawSettlementInsert for tollgate_store::MemoryStores {
+    async fn insert_settlement_unchecked(
+        &self,
+        settlement: &SettlementRecord,
+    ) -> Result<SettlementRecord, StoreError> {
+        tollgate_store::MemoryStores::insert_settlement_unchecked(self, settlement)
+    }
+}
 
 /// The finance feed while 40 calls settle in parallel (20 in another scope): a reader paging
 /// with a small limit and resuming after its last position gets every settlement of its scope

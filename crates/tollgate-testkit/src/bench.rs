@@ -1,17 +1,22 @@
-//! Bench support (cargo feature `test-support`): what the performance harness
-//! (`crates/tollgate/benches/harness.rs`) reads from and writes to a test database, so that no
-//! SQL lives outside this crate. Not for production use.
+//! What the performance harness (`crates/tollgate/benches/harness.rs`) and the plan checks
+//! (`crates/tollgate-postgres/tests/plans.rs`) read from and write to a test database:
 //!
 //! - [`TestDatabase::activity`]: the database's counters in `pg_stat_database` (commits, tuples);
 //! - [`TestDatabase::statement_calls`]: statements executed, when `pg_stat_statements` is loaded;
 //! - [`TestDatabase::seed_copies`]: grows the tables by copying one completed execution (its
 //!   journal row, result, settlement and usage evidence) under new ids and keys;
 //! - [`TestDatabase::explain_hot_path`]: `EXPLAIN (ANALYZE, BUFFERS)` of the queries a call, a
-//!   replay, a usage reconciliation page and a scheduler pass run, on their real text.
+//!   replay, a usage reconciliation page and a scheduler pass run, on their real text;
+//! - [`hot_statements`] and [`TestDatabase::generic_plan`]: every lookup of the call path and the
+//!   index its generic plan must use (H-12).
+//!
+//! The statements measured are the stores' own, named through the `tollgate-postgres` seam
+//! (`tollgate_postgres::test_support::statements`); the SQL that reads statistics and seeds
+//! rows is here.
 
-use crate::error::DbResultExt;
-use crate::test_support::TestDatabase;
+use crate::pg::{DbResultExt, TestDatabase};
 use sqlx::{Connection, Row};
+use tollgate_postgres::test_support::statements as sql;
 use tollgate_store::StoreError;
 
 /// Counters of one database in `pg_stat_database` (cumulative; take differences).
@@ -154,77 +159,53 @@ pub fn hot_statements() -> Vec<HotStatement> {
     vec![
         s(
             "execution by key",
-            crate::locks::EXECUTION_BY_KEY,
+            sql::EXECUTION_BY_KEY,
             "executions_operation_key_scope_key",
         ),
         s(
             "view by key",
-            crate::executions::VIEW_BY_KEY,
+            sql::VIEW_BY_KEY,
             "executions_operation_key_scope_key",
         ),
-        s(
-            "execution by id",
-            crate::executions::BY_ID,
-            "executions_pkey",
-        ),
-        s(
-            "execution lock",
-            crate::locks::EXECUTION_LOCK,
-            "executions_pkey",
-        ),
-        s(
-            "fenced transition",
-            crate::journal::FENCED,
-            "executions_pkey",
-        ),
-        s(
-            "lease renewal",
-            crate::journal::RENEW_LEASE,
-            "executions_pkey",
-        ),
-        s(
-            "expired leases",
-            crate::executions::EXPIRED,
-            "executions_open_scope_idx",
-        ),
+        s("execution by id", sql::EXECUTION_BY_ID, "executions_pkey"),
+        s("execution lock", sql::EXECUTION_LOCK, "executions_pkey"),
+        s("fenced transition", sql::FENCED, "executions_pkey"),
+        s("lease renewal", sql::RENEW_LEASE, "executions_pkey"),
+        s("expired leases", sql::EXPIRED, "executions_open_scope_idx"),
         s(
             "rows in one state",
-            crate::executions::BY_STATE,
+            sql::BY_STATE,
             "executions_state_scope_created_idx",
         ),
         s(
             "result by execution",
-            crate::results::RESULT_BY_ID,
+            sql::RESULT_BY_ID,
             "execution_results_pkey",
         ),
         s(
             "settlement by execution",
-            crate::settlements::SETTLEMENT_BY_EXECUTION,
+            sql::SETTLEMENT_BY_EXECUTION,
             "cost_settlements_execution_id_key",
         ),
         s(
             "evidence by execution",
-            crate::inbox::EVIDENCE_OF,
+            sql::EVIDENCE_OF,
             "usage_inbox_execution_idx",
         ),
         s(
             "open evidence page",
-            crate::inbox::OPEN,
+            sql::OPEN_EVIDENCE,
             "usage_inbox_open_idx",
         ),
         s(
             "evidence acknowledgement",
-            crate::inbox::ACKNOWLEDGE,
+            sql::ACKNOWLEDGE,
             "usage_inbox_pkey",
         ),
-        s("spend write", crate::spend::WRITE, "spend_sessions_pkey"),
-        s(
-            "audit head lock",
-            crate::audit::LOCK_HEAD,
-            "audit_heads_pkey",
-        ),
-        s("api key", crate::api_keys::BY_DIGEST, "api_keys_pkey"),
-        s("api key use", crate::api_keys::TOUCH, "api_keys_pkey"),
+        s("spend write", sql::SPEND_WRITE, "spend_sessions_pkey"),
+        s("audit head lock", sql::AUDIT_HEAD_LOCK, "audit_heads_pkey"),
+        s("api key", sql::API_KEY_BY_DIGEST, "api_keys_pkey"),
+        s("api key use", sql::API_KEY_TOUCH, "api_keys_pkey"),
     ]
 }
 
@@ -396,31 +377,19 @@ impl TestDatabase {
             Work,
         }
         let queries: [(&'static str, &'static str, Args); 7] = [
-            (
-                "execution by key",
-                crate::locks::EXECUTION_BY_KEY,
-                Args::ScopeKey,
-            ),
-            (
-                "result by execution",
-                crate::results::RESULT_BY_ID,
-                Args::Id,
-            ),
+            ("execution by key", sql::EXECUTION_BY_KEY, Args::ScopeKey),
+            ("result by execution", sql::RESULT_BY_ID, Args::Id),
             (
                 "settlement by execution",
-                crate::settlements::SETTLEMENT_BY_EXECUTION,
+                sql::SETTLEMENT_BY_EXECUTION,
                 Args::Id,
             ),
-            ("evidence by execution", crate::inbox::EVIDENCE_OF, Args::Id),
-            ("open evidence page", crate::inbox::OPEN, Args::OpenPage),
-            (
-                "scopes with work",
-                crate::work::SCOPES_WITH_WORK,
-                Args::Work,
-            ),
+            ("evidence by execution", sql::EVIDENCE_OF, Args::Id),
+            ("open evidence page", sql::OPEN_EVIDENCE, Args::OpenPage),
+            ("scopes with work", sql::SCOPES_WITH_WORK, Args::Work),
             (
                 "scopes with work (before H-8)",
-                crate::work::SCOPES_WITH_WORK_FULL_SCAN,
+                sql::SCOPES_WITH_WORK_FULL_SCAN,
                 Args::Work,
             ),
         ];

@@ -2,11 +2,11 @@
 //!
 //! The claims (or the settlements) of calls outside a root that arrive while an earlier one of
 //! their queue is in flight wait in the queue, and the queue's runner, once free, sends all of
-//! them, up to [`MAX_CALLS_PER_BATCH`], as one statement of the batch function (migration
-//! `20261202000000`), whose one commit they share. No call waits for a timer: a call that finds
-//! its queue idle goes at once, alone, as the single function (the statement it would be without
-//! batches), and batches form only while the queue's statements are in flight. The stores keep
-//! one queue per shard of the consumers and kind (`Batches` in `lib.rs`).
+//! them, up to [`MAX_CALLS_PER_BATCH`], as one statement of the batch function (`batch.sql`),
+//! whose one commit they share. No call waits for a timer: a call that finds its queue idle goes
+//! at once, alone, as the single function (the statement it would be without batches), and
+//! batches form only while the queue's statements are in flight. The stores keep one queue per
+//! shard of the consumers and kind (`Batches` in `lib.rs`).
 //!
 //! Each call of a batch is decided as the single function decides it (a subtransaction each).
 //! A call the batch could not decide without waiting for a lock, or that failed, is answered

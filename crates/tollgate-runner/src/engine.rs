@@ -1,7 +1,7 @@
-//! The part every runner shares after it has a claim: replay and conflict, not-dispatched
-//! causes, input checks, the dispatch mark, the drive in its own task, and reading back.
+//! The engine every runner shares: the claim, replay and conflict, the input checks and the
+//! not-dispatched causes, the dispatch mark, the drive in its own task, and reading back.
 
-use crate::dispatched::{drive, Ctx, Driven};
+use crate::drive::{drive, Ctx, Driven};
 use crate::error::{Interruption, RunError};
 use crate::input::{check_input, probe_request, provider_request};
 use crate::lease::Heartbeat;
@@ -27,10 +27,10 @@ use tollgate_store::{
 
 /// Slack the caller waits past the read bound for the drive to record its outcome.
 const FINISH_SLACK_MS: u64 = 5_000;
-/// Slack of a claim's lease past the run timeout, for the evidence and settlement writes. The
-/// lease no longer has to outlive the run by itself: the heartbeat (`crate::lease`) renews it
-/// from the claim to the call's last write. The slack only sets how long a call whose process
-/// died keeps its lease.
+/// Slack of a claim's lease past the run timeout, for the evidence and settlement writes. A live
+/// call's lease does not have to outlive the run: the heartbeat (`crate::lease`) renews it from
+/// the claim to the call's last write. The slack only sets how long a call whose process died
+/// keeps its lease.
 pub const LEASE_SLACK_MS: u64 = 1_000;
 
 /// Same binding: a replay; another: a conflict naming the differing fields (SC-13, SC-14).
@@ -53,7 +53,7 @@ pub(crate) struct Engine {
     pub ctx: Ctx,
     pub config: CallConfig,
     /// The canonical JSON of `config`, so that a binding of it is digested without serializing
-    /// the snapshot again (H-24).
+    /// the snapshot again for every call (H-24).
     config_canonical: String,
     pub lease_ms: u64,
     pub policy: Arc<dyn OutputPolicy>,
@@ -63,7 +63,10 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    /// Checks a snapshot and a client (SC-5, SC-7, SC-8, TC-2) and builds the engine.
+    /// Checks a snapshot and a client and builds the engine: the snapshot must be valid (SC-8), the
+    /// client single-shot, since a retry or a fallback would send a call twice (SC-7), and the
+    /// client's support matrix must accept the snapshot's request, so that nothing it cannot send
+    /// is ever claimed (SC-5, TC-2).
     pub fn build(
         stores: Arc<dyn Stores>,
         client: Arc<dyn ProviderClient>,
@@ -102,7 +105,7 @@ impl Engine {
     }
 
     /// The digest of `binding`; from the engine's canonical snapshot when `binding` carries the
-    /// engine's own snapshot (H-24).
+    /// engine's own snapshot, which saves serializing it again (H-24).
     fn digest_of(&self, binding: &Binding) -> Digest256 {
         if binding.config == self.config {
             binding.digest_with(&self.config_canonical)
@@ -113,8 +116,9 @@ impl Engine {
 
     /// Claims `(scope, key)` for `binding` (SC-12, SC-16), holding the worst case of `inline`
     /// when the input is in hand (SC-120), else the snapshot's worst case. With `dispatch`, the
-    /// claim is also the dispatch mark (H-14): only for input in hand that
-    /// [`Engine::checked_inline`] passed.
+    /// claim is also the dispatch mark, one commit instead of two (H-14): only for input in hand
+    /// that [`Engine::checked_inline`] passed, because input that fails its checks must end
+    /// `not_dispatched`.
     pub async fn claim(
         &self,
         scope: &Scope,
@@ -165,7 +169,8 @@ impl Engine {
             .max(self.config.run_timeout_ms.saturating_add(LEASE_SLACK_MS))
     }
 
-    /// Starts renewing a fresh claim's lease (SC-100); it renews until dropped.
+    /// Starts renewing a fresh claim's lease, so that recovery takes the fence only once this
+    /// process stops renewing (SC-100); it renews until dropped.
     fn heartbeat(&self, record: &ExecutionRecord) -> Heartbeat {
         Heartbeat::start(
             Arc::clone(&self.ctx.stores),
@@ -176,8 +181,9 @@ impl Engine {
         )
     }
 
-    /// SC-13 / SC-14: same binding → the stored view, loading and sending nothing; different →
-    /// conflict naming the fields.
+    /// A key that already has a row: the same binding is a replay, answered with the stored view,
+    /// loading and sending nothing (SC-13); a different one is a conflict naming the fields
+    /// (SC-14).
     pub async fn replay(
         &self,
         existing: &ExecutionRecord,
@@ -190,7 +196,7 @@ impl Engine {
     }
 
     /// [`Engine::replay`] of the row a claim found, with what its view needs read in the same
-    /// statement (H-16): no read more.
+    /// statement, so a replay costs the claim's one read and no other (H-16).
     ///
     /// # Errors
     /// Conflict (SC-14).
@@ -280,8 +286,8 @@ impl Engine {
             .await
     }
 
-    /// From a claim that was also the dispatch mark (its input checked before the claim, H-14):
-    /// the drive and the read-back, as after a dispatch mark.
+    /// From a claim that was also the dispatch mark (its input checked before the claim): the
+    /// drive and the read-back, as after a dispatch mark.
     pub async fn run_dispatched(
         &self,
         record: ExecutionRecord,
@@ -308,8 +314,8 @@ impl Engine {
         let driven = self
             .drive_in_background(record, request, cancel, read_ms, heartbeat)
             .await?;
-        // The committed rows, never what the drive meant to write: what its settlement's commit
-        // answered (H-22), or else one read (H-10).
+        // The committed rows, never what the drive meant to write (H-1): what its settlement's
+        // commit answered, which saves a read (H-22), or else the view's one read (H-10).
         let mut view = match driven.settled {
             Some(settled) => views::of_settled(&settled, self.ctx.clock.now()),
             None => {

@@ -120,7 +120,7 @@ async fn finish_collected(
                 reconcile(ctx, record, reason, provider_ref, Some(usage)).await?;
                 return Ok(Driven::of(invalid_reason));
             };
-            // The stream's evidence goes in with the settlement, one commit (H-15). When the
+            // The stream's evidence goes in with the settlement, so one commit records both (H-15). When the
             // settlement fails, the evidence is written alone so that the inbox still holds what
             // the provider reported; a process that dies before the commit leaves neither.
             let evidence = stream_evidence(ctx, record, provider_ref.clone(), usage, true);
