@@ -531,12 +531,19 @@ fn metric(text: &str, name: &str) -> Option<u64> {
     })
 }
 
-/// The server's metrics once `done` holds on them (polled for at most 20 s).
-async fn metrics_when(http: &reqwest::Client, base: &str, done: impl Fn(&str) -> bool) -> String {
+/// The server's metrics, read with the operator key `operator`, once `done` holds on them
+/// (polled for at most 20 s).
+async fn metrics_when(
+    http: &reqwest::Client,
+    base: &str,
+    operator: &str,
+    done: impl Fn(&str) -> bool,
+) -> String {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         let text = http
             .get(format!("{base}/metrics"))
+            .bearer_auth(operator)
             .send()
             .await
             .unwrap()
@@ -610,9 +617,12 @@ async fn sc_117_serve_runs_the_scheduler_without_an_operator() {
     assert_eq!(view["state"], "completed", "{view}");
     let passes = |text: &str| metric(text, "tollgate_scheduler_passes_total").unwrap_or(0);
     let acknowledged = |text: &str| metric(text, "tollgate_evidence_acknowledged_total");
-    let after_call = passes(&metrics_when(&http, &base, |_| true).await);
+    let after_call = passes(&metrics_when(&http, &base, &operator, |_| true).await);
     // Two whole passes after the call: its own evidence was acknowledged by its settlement.
-    let text = metrics_when(&http, &base, |text| passes(text) >= after_call + 2).await;
+    let text = metrics_when(&http, &base, &operator, |text| {
+        passes(text) >= after_call + 2
+    })
+    .await;
     assert_eq!(acknowledged(&text).unwrap_or(0), 0, "{text}");
     let late = http
         .post(format!("{base}/v1/admin/usage-evidence"))
@@ -625,7 +635,10 @@ async fn sc_117_serve_runs_the_scheduler_without_an_operator() {
         .await
         .unwrap();
     assert!(late.status().is_success(), "{:?}", late.status());
-    metrics_when(&http, &base, |text| acknowledged(text).unwrap_or(0) >= 1).await;
+    metrics_when(&http, &base, &operator, |text| {
+        acknowledged(text).unwrap_or(0) >= 1
+    })
+    .await;
     child.kill().unwrap();
     child.wait().unwrap();
 }

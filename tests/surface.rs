@@ -12,13 +12,21 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const CALLER_KEY: &str = "surface-test-caller-key";
+const OPERATOR_KEY: &str = "surface-test-operator-key";
 /// The longest any bounded wait of these tests may take: far above every configured bound.
 const WAIT: Duration = Duration::from_secs(15);
 
 fn config(server: &str) -> String {
+    let grant = |role: &str, key: &str| {
+        format!(
+            "[[keys]]\nscope = \"demo\"\nrole = \"{role}\"\nsha256 = \"{}\"\n",
+            tollgate_store::KeyDigest::of_key(key).to_hex()
+        )
+    };
     format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\n{server}\n\n[[keys]]\nscope = \"demo\"\nrole = \"caller\"\nsha256 = \"{}\"\n",
-        tollgate_store::KeyDigest::of_key(CALLER_KEY).to_hex()
+        "[server]\nlisten = \"127.0.0.1:0\"\n{server}\n\n{}{}",
+        grant("caller", CALLER_KEY),
+        grant("operator", OPERATOR_KEY)
     )
 }
 
@@ -267,5 +275,85 @@ async fn sc_187_shutdown_does_not_wait_for_a_half_sent_request() {
         started.elapsed() < Duration::from_secs(5),
         "stopped after {:?}",
         started.elapsed()
+    );
+}
+
+/// `GET {url}` with `key` (none when `None`): the status and the body.
+async fn get(url: &str, key: Option<&str>) -> (u16, String) {
+    let mut request = reqwest::Client::new().get(url).timeout(WAIT);
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    let answer = request.send().await.unwrap();
+    let status = answer.status().as_u16();
+    (status, answer.text().await.unwrap())
+}
+
+/// SC-197: `/metrics` carries counters of every scope, spend totals included, so on the main
+/// listener it answers an operator key only: no key is 401, a caller key 403, an operator key
+/// 200 with the Prometheus text.
+#[tokio::test]
+async fn sc_197_metrics_on_the_main_listener_need_an_operator_key() {
+    let server = Server::start("").await;
+    let url = format!("{}/metrics", server.base);
+    let (status, body) = get(&url, None).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(!body.contains("tollgate_"), "{body}");
+    let (status, body) = get(&url, Some(CALLER_KEY)).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(!body.contains("tollgate_"), "{body}");
+    let (status, body) = get(&url, Some(OPERATOR_KEY)).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("# TYPE tollgate_settled_spend_total counter"),
+        "{body}"
+    );
+    // `metrics_public = true` is the explicit opt-out.
+    let open = Server::start("metrics_public = true").await;
+    let (status, body) = get(&format!("{}/metrics", open.base), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("tollgate_calls_total"), "{body}");
+}
+
+/// SC-197: with `metrics_listen` set, that address serves `GET /metrics` without a key and
+/// nothing else (404), while the main listener still asks for an operator key; the second
+/// listener stops with the server on SIGTERM.
+#[tokio::test]
+async fn sc_197_the_metrics_address_serves_metrics_alone_without_a_key() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = Server::start(&format!("metrics_listen = \"127.0.0.1:{port}\"")).await;
+    let scrape = format!("http://127.0.0.1:{port}");
+    let (status, body) = get(&format!("{scrape}/metrics"), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("tollgate_calls_total"), "{body}");
+    for path in ["/v1/profiles", "/healthz", "/console", "/openapi.json"] {
+        let (status, body) = get(&format!("{scrape}{path}"), Some(CALLER_KEY)).await;
+        assert_eq!(status, 404, "{path}: {body}");
+    }
+    let (status, _) = get(&format!("{}/metrics", server.base), None).await;
+    assert_eq!(status, 401);
+    assert_eq!(server.profiles_status().await, 200);
+    let pid = server.child.0.id().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = server.child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "serve still runs after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(
+        TcpStream::connect(("127.0.0.1", port)).await.is_err(),
+        "the metrics address is closed with the server"
     );
 }

@@ -55,15 +55,33 @@ pub fn request_input_tokens_bound(config: &CallConfig, messages: &[Message]) -> 
         .saturating_add(config.framing_tokens(messages.len() as u64))
 }
 
+/// Why a request has no fitted hold.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HoldError {
+    /// The request's own input bound is above what the profile's worst case covers: a hold
+    /// clamped to the profile would be below what the provider may bill, so the request is not
+    /// sent (the input checks refuse every such request first).
+    #[error("the request's input is above what the profile's worst case covers")]
+    AboveProfile,
+    /// The cost overflows.
+    #[error(transparent)]
+    Money(#[from] MoneyError),
+}
+
 /// The fitted hold of a request: its own worst case (input bound at the dearest input class,
-/// `max_tokens` at the dearest output class), never above the profile's worst case.
+/// `max_tokens` at the dearest output class). Every byte sent counts toward it, so what the
+/// provider bills for the request is never above its hold (SC-207).
 ///
 /// # Errors
-/// Overflow.
-pub fn fitted_hold(config: &CallConfig, messages: &[Message]) -> Result<Money, MoneyError> {
+/// [`HoldError::AboveProfile`] when the request's input bound exceeds the profile's worst case
+/// (never clamped down to it); overflow.
+pub fn fitted_hold(config: &CallConfig, messages: &[Message]) -> Result<Money, HoldError> {
     let (profile_input, output) = config.worst_case_usage();
-    let input = request_input_tokens_bound(config, messages).min(profile_input);
-    config.cost_at_dearest(input, output)
+    let input = request_input_tokens_bound(config, messages);
+    if input > profile_input {
+        return Err(HoldError::AboveProfile);
+    }
+    Ok(config.cost_at_dearest(input, output)?)
 }
 
 #[cfg(test)]
@@ -176,6 +194,27 @@ mod tests {
             };
             prop_assert!(c.prices.cost(&usage).unwrap() <= hold);
         }
+    }
+
+    #[test]
+    fn sc_207_every_byte_sent_counts_and_no_hold_is_clamped_below_the_request() {
+        use crate::message::Part;
+        let mut c = text_config();
+        let call = |id_len: usize| Message {
+            role: Role::Assistant,
+            content: vec![Part::ToolCall {
+                id: "i".repeat(id_len),
+                name: "lookup".into(),
+                input: serde_json::json!({}),
+            }],
+        };
+        // A tool call's id is sent, so it counts toward the input checks' characters.
+        let short = call(1).chars_utf16();
+        assert_eq!(call(1_000).chars_utf16(), short + 999);
+        // A request whose bound is above the profile's worst case has no fitted hold.
+        c.max_input_chars = 10;
+        let long = [Message::text(Role::User, "x".repeat(10_000))];
+        assert_eq!(fitted_hold(&c, &long), Err(HoldError::AboveProfile));
     }
 
     #[test]

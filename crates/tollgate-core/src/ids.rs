@@ -30,6 +30,56 @@ pub enum IdError {
         /// Which identifier.
         field: &'static str,
     },
+    /// The identifier held an invisible format character (Unicode general category Cf), such
+    /// as a bidirectional override that shows the text around it reversed.
+    #[error("{field} contains an invisible format character")]
+    Format {
+        /// Which identifier.
+        field: &'static str,
+    },
+}
+
+/// Unicode's general category Cf (format characters), Unicode 15.0, as inclusive ranges in
+/// code point order. They are invisible, and the bidirectional ones (U+202A..U+202E,
+/// U+2066..U+2069) reorder the text shown after them, so an identifier holding one reads as
+/// another in the console, a CSV or a log.
+const FORMAT_CHARS: &[(char, char)] = &[
+    ('\u{00AD}', '\u{00AD}'),
+    ('\u{0600}', '\u{0605}'),
+    ('\u{061C}', '\u{061C}'),
+    ('\u{06DD}', '\u{06DD}'),
+    ('\u{070F}', '\u{070F}'),
+    ('\u{0890}', '\u{0891}'),
+    ('\u{08E2}', '\u{08E2}'),
+    ('\u{180E}', '\u{180E}'),
+    ('\u{200B}', '\u{200F}'),
+    ('\u{202A}', '\u{202E}'),
+    ('\u{2060}', '\u{2064}'),
+    ('\u{2066}', '\u{206F}'),
+    ('\u{FEFF}', '\u{FEFF}'),
+    ('\u{FFF9}', '\u{FFFB}'),
+    ('\u{110BD}', '\u{110BD}'),
+    ('\u{110CD}', '\u{110CD}'),
+    ('\u{13430}', '\u{1343F}'),
+    ('\u{1BCA0}', '\u{1BCA3}'),
+    ('\u{1D173}', '\u{1D17A}'),
+    ('\u{E0001}', '\u{E0001}'),
+    ('\u{E0020}', '\u{E007F}'),
+];
+
+/// Whether `c` is a format character (general category Cf, [`FORMAT_CHARS`]).
+pub fn is_format_char(c: char) -> bool {
+    FORMAT_CHARS
+        .binary_search_by(|&(low, high)| {
+            if high < c {
+                std::cmp::Ordering::Less
+            } else if low > c {
+                std::cmp::Ordering::Greater
+            } else {
+                std::cmp::Ordering::Equal
+            }
+        })
+        .is_ok()
 }
 
 macro_rules! text_id {
@@ -40,11 +90,27 @@ macro_rules! text_id {
         pub struct $name(String);
 
         impl $name {
-            /// Parses and validates the identifier.
+            /// Parses and validates an identifier given to the service (a request, the
+            /// configuration, a command's argument).
+            ///
+            /// # Errors
+            /// Empty, longer than [`ID_LEN_MAX_BYTES`], or holding control or format
+            /// characters (Unicode Cc and Cf).
+            pub fn parse(value: impl Into<String>) -> Result<Self, IdError> {
+                let value = Self::from_stored(value)?;
+                if value.0.chars().any(is_format_char) {
+                    return Err(IdError::Format { field: $field });
+                }
+                Ok(value)
+            }
+
+            /// An identifier read back from a store (a column or stored JSON): the checks of
+            /// [`Self::parse`] but the format characters, since a row written before they were
+            /// refused still reads as it was written.
             ///
             /// # Errors
             /// Empty, longer than [`ID_LEN_MAX_BYTES`], or holding control characters.
-            pub fn parse(value: impl Into<String>) -> Result<Self, IdError> {
+            pub fn from_stored(value: impl Into<String>) -> Result<Self, IdError> {
                 let value = value.into();
                 if value.is_empty() {
                     return Err(IdError::Empty { field: $field });
@@ -64,10 +130,12 @@ macro_rules! text_id {
             }
         }
 
+        /// Deserialization reads stored JSON (bindings, snapshots, audit details), so it takes
+        /// [`Self::from_stored`]; request fields arrive as text and go through [`Self::parse`].
         impl TryFrom<String> for $name {
             type Error = IdError;
             fn try_from(value: String) -> Result<Self, Self::Error> {
-                Self::parse(value)
+                Self::from_stored(value)
             }
         }
 
@@ -173,6 +241,115 @@ mod tests {
             OperationKey::parse("order-123").map(|k| k.to_string()),
             Ok("order-123".to_string())
         );
+    }
+
+    /// One character of every range of Unicode 15's Cf, its ends included.
+    const CF_SAMPLES: &[char] = &[
+        '\u{00AD}',
+        '\u{0600}',
+        '\u{0605}',
+        '\u{061C}',
+        '\u{06DD}',
+        '\u{070F}',
+        '\u{0890}',
+        '\u{0891}',
+        '\u{08E2}',
+        '\u{180E}',
+        '\u{200B}',
+        '\u{200C}',
+        '\u{200D}',
+        '\u{200E}',
+        '\u{200F}',
+        '\u{202A}',
+        '\u{202B}',
+        '\u{202C}',
+        '\u{202D}',
+        '\u{202E}',
+        '\u{2060}',
+        '\u{2064}',
+        '\u{2066}',
+        '\u{2069}',
+        '\u{206F}',
+        '\u{FEFF}',
+        '\u{FFF9}',
+        '\u{FFFB}',
+        '\u{110BD}',
+        '\u{110CD}',
+        '\u{13430}',
+        '\u{1343F}',
+        '\u{1BCA0}',
+        '\u{1BCA3}',
+        '\u{1D173}',
+        '\u{1D17A}',
+        '\u{E0001}',
+        '\u{E0020}',
+        '\u{E007F}',
+    ];
+
+    #[test]
+    fn sc_198_request_ids_refuse_every_format_character_naming_the_field() {
+        for &c in CF_SAMPLES {
+            assert!(is_format_char(c), "U+{:04X}", u32::from(c));
+            let text = format!("order{c}-123");
+            let refused = OperationKey::parse(text.clone()).unwrap_err();
+            assert_eq!(
+                refused,
+                IdError::Format {
+                    field: "operation_key"
+                },
+                "U+{:04X}",
+                u32::from(c)
+            );
+            assert!(!refused.to_string().contains(&text));
+            assert_eq!(
+                ConsumerId::parse(text.clone()).unwrap_err(),
+                IdError::Format { field: "consumer" }
+            );
+            for refused in [
+                Scope::parse(text.clone()).err(),
+                SessionId::parse(text.clone()).err(),
+                InputRevision::parse(text.clone()).err(),
+                Intent::parse(text.clone()).err(),
+                RootKey::parse(text.clone()).err(),
+                VersionId::parse(text.clone()).err(),
+            ] {
+                assert!(
+                    matches!(refused, Some(IdError::Format { .. })),
+                    "{refused:?}"
+                );
+            }
+        }
+        // Neighbours of the ranges and visible non-ASCII text stay identifiers.
+        for c in [
+            '\u{00AC}',
+            '\u{00AE}',
+            '\u{0606}',
+            '\u{200A}',
+            '\u{2010}',
+            '\u{2065}',
+            '\u{2070}',
+            '\u{FEFE}',
+            '\u{FFFC}',
+            '\u{E0080}',
+            'é',
+            '東',
+        ] {
+            assert!(!is_format_char(c), "U+{:04X}", u32::from(c));
+            assert!(OperationKey::parse(format!("order{c}")).is_ok());
+        }
+    }
+
+    #[test]
+    fn sc_198_stored_ids_with_a_format_character_still_read() {
+        let written = "team\u{202E}a".to_string();
+        let stored = ConsumerId::from_stored(written.clone()).unwrap();
+        assert_eq!(stored.as_str(), written);
+        let json = serde_json::to_string(&stored).unwrap();
+        let back: ConsumerId = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, stored);
+        // A control character was never accepted, stored or not.
+        assert!(ConsumerId::from_stored("a\nb").is_err());
+        assert!(ConsumerId::from_stored("").is_err());
     }
 
     #[test]

@@ -92,10 +92,12 @@ impl Message {
             .iter()
             .map(|p| match p {
                 Part::Text { text } => utf16_len(text),
-                Part::ToolCall { name, input, .. } => {
-                    utf16_len(name) + utf16_len(&input.to_string())
+                Part::ToolCall { id, name, input } => {
+                    utf16_len(id) + utf16_len(name) + utf16_len(&input.to_string())
                 }
-                Part::ToolResult { content, .. } => utf16_len(content),
+                Part::ToolResult {
+                    call_id, content, ..
+                } => utf16_len(call_id) + utf16_len(content),
             })
             .sum()
     }

@@ -61,6 +61,28 @@ pub(crate) fn is_unique_violation(error: &sqlx::Error, constraint: Option<&str>)
         && constraint.is_none_or(|c| e.constraint() == Some(c))
 }
 
+/// Whether `error` leaves its connection unusable, so that the connection must be closed rather
+/// than used again: anything but an error the database answered (i/o, protocol, a decoding
+/// failure mid-answer), and the database's errors of the classes `08` (connection exception) and
+/// `57` (operator intervention: the backend was terminated, the server is shutting down or
+/// starting) or of severity `FATAL` or `PANIC`.
+pub(crate) fn ends_connection(error: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(e) = error else {
+        return true;
+    };
+    let class = e.code().map(|c| c.chars().take(2).collect::<String>());
+    if matches!(class.as_deref(), Some("08" | "57")) {
+        return true;
+    }
+    e.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+        .is_some_and(|e| {
+            matches!(
+                e.severity(),
+                sqlx::postgres::PgSeverity::Fatal | sqlx::postgres::PgSeverity::Panic
+            )
+        })
+}
+
 /// The SQLSTATE of a database error, if it is one.
 pub(crate) fn sqlstate(error: &sqlx::Error) -> Option<String> {
     match error {

@@ -2,7 +2,6 @@
 //! are here. Every read is scoped and bounded by an index.
 
 use crate::error::DbResultExt;
-use crate::lane::CallConnection;
 use crate::locks;
 use crate::rows::{execution_columns, ExecutionRow, ReceiptRow, ResultRow, SettlementRow};
 use crate::PgStores;
@@ -112,18 +111,35 @@ pub(crate) async fn view_row(
 /// # Errors
 /// Store failure; a corrupt row.
 pub(crate) async fn view_held(
-    call: &mut CallConnection,
+    stores: &PgStores,
     request: &ClaimRequest,
     held: (&Binding, Digest256),
 ) -> StoreResult<Option<ExecutionView>> {
-    let row = view_row(
-        call.conn()?,
-        &request.scope,
-        &request.operation_key,
-        Some(held.1),
-    )
-    .await;
-    view_of_row(call.check(row).store_err()?, Some(held))
+    let (scope, key) = (&request.scope, &request.operation_key);
+    let row = view_once_more(stores, scope, key, Some(held.1)).await?;
+    view_of_row(row, Some(held))
+}
+
+/// [`view_row`] on a call connection, read once more on a fresh connection when the first
+/// one's was ended by the database (a terminated backend, a restart): a read changes nothing, so
+/// it is safe to repeat (spec/storage.md — Connections the database ends).
+async fn view_once_more(
+    stores: &PgStores,
+    scope: &Scope,
+    key: &OperationKey,
+    digest: Option<Digest256>,
+) -> StoreResult<Option<PgRow>> {
+    let mut call = stores.call_connection().await?;
+    let first = view_row(call.conn()?, scope, key, digest).await;
+    match call.check(first) {
+        Err(e) if crate::error::ends_connection(&e) => {
+            drop(call);
+            let mut call = stores.call_connection().await?;
+            let second = view_row(call.conn()?, scope, key, digest).await;
+            call.check(second).store_err()
+        }
+        result => result.store_err(),
+    }
 }
 
 /// The view a [`view_row`] answer holds (see [`view_by_key`] for `held`).
@@ -257,9 +273,8 @@ impl ExecutionStore for PgStores {
         scope: &Scope,
         key: &OperationKey,
     ) -> StoreResult<Option<ExecutionView>> {
-        let mut call = self.call_connection().await?;
-        let row = view_row(call.conn()?, scope, key, None).await;
-        view_of_row(call.check(row).store_err()?, None)
+        let row = view_once_more(self, scope, key, None).await?;
+        view_of_row(row, None)
     }
 
     async fn execution_by_id(

@@ -253,19 +253,19 @@ impl PgStores {
         lease_ms: u64,
         now: DateTime<Utc>,
     ) -> StoreResult<ExecutionRecord> {
-        let mut conn = self.pool().acquire().await.store_err()?;
-        let row: Option<ExecutionRow> = sqlx::query_as(RENEW_LEASE)
+        // The renewals' own connection: a pool saturated by calls does not starve them.
+        let mut call = self.lease_connection().await?;
+        let row = sqlx::query_as::<_, ExecutionRow>(RENEW_LEASE)
             .bind(fence.execution_id.0)
             .bind(fence.token.0)
             .bind(lease_millis(lease_ms))
             .bind(self.lease_now(now))
             .bind(state_names(&rules::LEASED))
-            .fetch_optional(&mut *conn)
-            .await
-            .store_err()?;
-        match row {
+            .fetch_optional(call.conn()?)
+            .await;
+        match call.check(row).store_err()? {
             Some(row) => row.into_record(),
-            None => Err(refused(&mut conn, fence.execution_id).await),
+            None => Err(refused(call.conn()?, fence.execution_id).await),
         }
     }
 }

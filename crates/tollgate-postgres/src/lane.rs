@@ -7,16 +7,17 @@
 //! cost two round trips. A lane connection goes back to its idle list as it is:
 //!
 //! - it never holds a transaction (only single statements in autocommit run on it);
-//! - an answer left unread (the statement's future was dropped) is read to its end by the next
-//!   statement before it is sent (the driver waits for the pending `ReadyForQuery` first);
-//! - a connection that failed other than with a database error (i/o, protocol) is closed, not
-//!   kept; one idle for [`PING_AFTER_IDLE_MS`](crate::PING_AFTER_IDLE_MS) or more is pinged before
+//! - a connection whose statement's future was dropped before the statement ended (a deadline, a
+//!   caller that left) is closed, never handed to the next statement;
+//! - a connection whose statement failed in a way that ends it (i/o, protocol, a terminated
+//!   backend, a server shutting down: `crate::error::ends_connection`) is closed, not kept; one
+//!   idle for [`PING_AFTER_IDLE_MS`](crate::PING_AFTER_IDLE_MS) or more is pinged before
 //!   use and replaced when it does not answer (as the pool does, H-23).
 //!
 //! The lane's connections count against the stores' `max_connections`: the stores split it
 //! between the pool and the lane ([`split`]).
 
-use crate::error::DbResultExt;
+use crate::error::{ends_connection, DbResultExt};
 use crate::PING_AFTER_IDLE_MS;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgConnectOptions;
@@ -107,6 +108,15 @@ impl Lane {
         Ok(self.hand_out(conn, permit))
     }
 
+    /// Closes every idle connection.
+    fn close_idle(&self) {
+        let idle = match self.idle.lock() {
+            Ok(mut idle) => std::mem::take(&mut *idle),
+            Err(_) => return,
+        };
+        drop(idle);
+    }
+
     fn hand_out(
         self: &Arc<Self>,
         conn: PgConnection,
@@ -135,16 +145,27 @@ pub(crate) struct LaneConnection {
 }
 
 impl LaneConnection {
-    /// Notes how a statement on this connection failed: anything but an error the database
-    /// answered (an i/o or protocol failure, a decoding failure mid-answer) closes it.
-    pub(crate) fn failed(&mut self, error: &sqlx::Error) {
-        if !matches!(error, sqlx::Error::Database(_)) {
-            self.broken = true;
+    /// Notes how the statement on this connection ended: an error that ends the connection
+    /// ([`ends_connection`]: i/o, protocol, a terminated backend, a server shutting down) closes
+    /// it instead of giving it back; an answer or any other error gives it back.
+    ///
+    /// A connection the database ended means the others may be ended too (a terminated set of
+    /// backends, a restart, a failover): the idle ones are closed with it, so the statements
+    /// after it, and a claim sent again at once, open fresh connections instead of finding
+    /// the next dead one (SC-203).
+    pub(crate) fn finished<T>(&mut self, result: &Result<T, sqlx::Error>) {
+        self.broken = matches!(result, Err(e) if ends_connection(e));
+        if self.broken {
+            self.lane.close_idle();
         }
     }
 
-    /// The connection (present from hand-out until drop).
+    /// The connection for a statement (present from hand-out until drop). It counts as broken
+    /// until [`LaneConnection::finished`] notes the statement's end, so a statement whose
+    /// future is dropped mid-way (a deadline, a caller that left) closes its connection rather
+    /// than handing the next user a connection with an answer of unknown length still to come.
     fn conn(&mut self) -> StoreResult<&mut PgConnection> {
+        self.broken = true;
         self.conn.as_mut().ok_or_else(poisoned)
     }
 }
@@ -196,10 +217,10 @@ impl CallConnection {
         }
     }
 
-    /// `result`, having noted its failure ([`LaneConnection::failed`]).
+    /// `result`, having noted how the statement ended ([`LaneConnection::finished`]).
     pub(crate) fn check<T>(&mut self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
-        if let (Self::Lane(conn), Err(error)) = (&mut *self, &result) {
-            conn.failed(error);
+        if let Self::Lane(conn) = self {
+            conn.finished(&result);
         }
         result
     }

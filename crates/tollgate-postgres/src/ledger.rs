@@ -206,14 +206,18 @@ impl ExecutionRow {
         Ok(Some(SettlementFacts {
             id: SettlementId(settlement_id),
             execution_id: id,
-            scope: text_id(self.s_scope.take(), "scope", Scope::parse)?,
+            scope: text_id(self.s_scope.take(), "scope", Scope::from_stored)?,
             operation_key: text_id(
                 self.s_operation_key.take(),
                 "operation_key",
-                OperationKey::parse,
+                OperationKey::from_stored,
             )?,
-            consumer: text_id(self.s_consumer.take(), "consumer", ConsumerId::parse)?,
-            session_id: text_id(self.s_session_id.take(), "session_id", SessionId::parse)?,
+            consumer: text_id(self.s_consumer.take(), "consumer", ConsumerId::from_stored)?,
+            session_id: text_id(
+                self.s_session_id.take(),
+                "session_id",
+                SessionId::from_stored,
+            )?,
             accounting_day: self.s_day.ok_or_else(|| corrupt("accounting_day"))?,
             price_version: self
                 .s_price_version
@@ -246,16 +250,16 @@ impl ExecutionRow {
             operation_key: text_id(
                 Some(self.operation_key),
                 "operation_key",
-                OperationKey::parse,
+                OperationKey::from_stored,
             )?,
             state: state(&self.state)?,
             hold: money(self.hold, "hold")?,
-            consumer: text_id(self.consumer, "binding", ConsumerId::parse)?,
-            session_id: text_id(self.session_id, "binding", SessionId::parse)?,
+            consumer: text_id(self.consumer, "binding", ConsumerId::from_stored)?,
+            session_id: text_id(self.session_id, "binding", SessionId::from_stored)?,
             accounting_day: self.accounting_day,
             root_key: self
                 .root_key
-                .map(|k| text_id(Some(k), "root_key", RootKey::parse))
+                .map(|k| text_id(Some(k), "root_key", RootKey::from_stored))
                 .transpose()?,
             root_id: self.root_id.map(RootId),
             currency: currency(self.currency, "binding")?,
@@ -336,8 +340,8 @@ async fn audit_scope(
         .store_err()?;
     for row in sessions {
         let key = SpendRowKey::Session {
-            consumer: text_id(Some(row.consumer), "consumer", ConsumerId::parse)?,
-            session_id: text_id(Some(row.session_id), "session_id", SessionId::parse)?,
+            consumer: text_id(Some(row.consumer), "consumer", ConsumerId::from_stored)?,
+            session_id: text_id(Some(row.session_id), "session_id", SessionId::from_stored)?,
             currency: currency(Some(row.currency), "currency")?,
         };
         checker.spend_row(key, totals(row.settled, row.held)?);
@@ -349,7 +353,7 @@ async fn audit_scope(
         .store_err()?;
     for row in days {
         let key = SpendRowKey::Day {
-            consumer: text_id(Some(row.consumer), "consumer", ConsumerId::parse)?,
+            consumer: text_id(Some(row.consumer), "consumer", ConsumerId::from_stored)?,
             day: row.day,
             currency: currency(Some(row.currency), "currency")?,
         };
@@ -363,7 +367,7 @@ async fn audit_scope(
     for row in roots {
         checker.root(RootFacts {
             id: RootId(row.id),
-            root_key: text_id(Some(row.root_key), "root_key", RootKey::parse)?,
+            root_key: text_id(Some(row.root_key), "root_key", RootKey::from_stored)?,
             charged: money(row.charged, "charged")?,
             held: money(row.held, "held")?,
         });
@@ -393,13 +397,13 @@ async fn audit_scope(
             let execution_root_key = match (row.in_scope, row.execution_root_key) {
                 (false, _) => None,
                 (true, key) => Some(
-                    key.map(|k| text_id(Some(k), "root_key", RootKey::parse))
+                    key.map(|k| text_id(Some(k), "root_key", RootKey::from_stored))
                         .transpose()?,
                 ),
             };
             checker.receipt(ReceiptFacts {
                 root_id: RootId(row.root_id),
-                root_key: text_id(Some(row.root_key), "root_key", RootKey::parse)?,
+                root_key: text_id(Some(row.root_key), "root_key", RootKey::from_stored)?,
                 execution_id: ExecutionId(row.execution_id),
                 amount: money(row.amount, "amount")?,
                 execution_root_key,
@@ -441,7 +445,7 @@ impl LedgerAudit for PgStores {
             .store_err()?;
         let mut report = LedgerReport::empty(None);
         for name in names {
-            let scope = text_id(Some(name), "scope", Scope::parse)?;
+            let scope = text_id(Some(name), "scope", Scope::from_stored)?;
             report.absorb(self.audit_ledger_scope(&scope, limit).await?, limit);
         }
         Ok(report)

@@ -138,7 +138,22 @@ pub const LOCK_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// Default `idle_in_transaction_session_timeout`.
 pub const IDLE_IN_TRANSACTION_TIMEOUT_MS_DEFAULT: u64 = 60_000;
 
+/// How far past the server's `statement_timeout` the client gives up a statement: the server
+/// ends a statement at its bound, so a statement still unanswered a little later is on a
+/// connection that no longer answers.
+pub const STATEMENT_DEADLINE_SLACK_MS: u64 = 2_000;
+
 impl SessionTimeouts {
+    /// The client-side deadline of a batch statement: the server's `statement_timeout` plus
+    /// [`STATEMENT_DEADLINE_SLACK_MS`] (its default when the server's bound is off).
+    pub fn statement_deadline(self) -> std::time::Duration {
+        let server_ms = match self.statement_timeout_ms {
+            0 => STATEMENT_TIMEOUT_MS_DEFAULT,
+            ms => ms,
+        };
+        std::time::Duration::from_millis(server_ms.saturating_add(STATEMENT_DEADLINE_SLACK_MS))
+    }
+
     /// The options with the bounds as session parameters.
     fn apply(self, options: PgConnectOptions) -> PgConnectOptions {
         options.options([
@@ -169,6 +184,10 @@ pub struct PgStores {
     /// costs two (H-27), when `max_connections` allows
     /// one; without it they take the pool.
     lane: Option<Arc<Lane>>,
+    /// The connection of the lease renewals alone ([`LEASE_CONNECTIONS`]), taken from the
+    /// lane's share, so that a pool or a lane saturated by calls cannot starve the heartbeat
+    /// and let a live call's lease lapse (SC-205); without it renewals take the pool.
+    leases: Option<Arc<Lane>>,
     /// The queues that batch the claims and settlements of calls arriving together into one
     /// statement and one commit (H-32), with
     /// the lane.
@@ -180,6 +199,8 @@ pub struct PgStores {
     reads_first: Arc<AtomicU64>,
     /// Whether leases follow the caller's `now` (tests only) instead of the database's clock.
     caller_lease_clock: bool,
+    /// The client-side deadline of one batch statement ([`SessionTimeouts::statement_deadline`]).
+    statement_deadline: std::time::Duration,
 }
 
 /// The batch queues of a lane (H-32), claims and settlements apart, in [`BATCH_SHARDS`] shards
@@ -194,20 +215,32 @@ pub(crate) struct Batches {
     settles: Vec<Arc<batch::Batcher<settle::SettleCall>>>,
 }
 
+/// Connections a lane gives to the lease renewals alone (SC-205): one statement each, a few per
+/// second per process even with a thousand calls in flight, so one is enough.
+pub(crate) const LEASE_CONNECTIONS: u32 = 1;
+
 /// The shards of a lane's batches (H-34), at most one per lane connection: few, so that each
 /// shard's batches are large, and more than one, so that a second statement is in flight while
 /// the first one's commit is flushed (the runs are in docs/performance-log.md).
 pub(crate) const BATCH_SHARDS: usize = 2;
 
 impl Batches {
-    fn new(connections: u32) -> Self {
+    /// The queues of a lane of `connections` connections, each statement given up after
+    /// `deadline`.
+    fn new(connections: u32, deadline: std::time::Duration) -> Self {
         let shards = usize::try_from(connections)
             .unwrap_or(1)
             .clamp(1, BATCH_SHARDS);
         let gates: Vec<Arc<Semaphore>> = (0..shards).map(|_| Arc::new(Semaphore::new(1))).collect();
         Self {
-            claims: gates.iter().map(batch::Batcher::new).collect(),
-            settles: gates.iter().map(batch::Batcher::new).collect(),
+            claims: gates
+                .iter()
+                .map(|gate| batch::Batcher::new(gate, deadline))
+                .collect(),
+            settles: gates
+                .iter()
+                .map(|gate| batch::Batcher::new(gate, deadline))
+                .collect(),
         }
     }
 
@@ -264,7 +297,11 @@ impl PgStores {
             .connect_with(options.clone())
             .await
             .store_err()?;
-        Ok(Self::new(pool).with_lane(options, lane_connections))
+        let stores = Self {
+            statement_deadline: timeouts.statement_deadline(),
+            ..Self::new(pool)
+        };
+        Ok(stores.with_lane(options, lane_connections))
     }
 
     /// Like [`PgStores::connect`], but opens connections only when first needed.
@@ -286,12 +323,14 @@ impl PgStores {
         Self {
             pool,
             lane: None,
+            leases: None,
             batches: None,
             seen_keys: Arc::new(seen_keys::SeenKeys::new(
                 seen_keys::SEEN_KEYS_PER_GENERATION,
             )),
             reads_first: Arc::new(AtomicU64::new(0)),
             caller_lease_clock: false,
+            statement_deadline: SessionTimeouts::default().statement_deadline(),
         }
     }
 
@@ -305,17 +344,33 @@ impl PgStores {
     /// These stores with a lane of `connections` connections made with `options` for a call's
     /// own single statements; none with zero. Its connections wait for a free one as long
     /// as the pool's acquire does.
+    ///
+    /// A lane of two connections or more gives [`LEASE_CONNECTIONS`] of them to the lease
+    /// renewals alone.
     pub(crate) fn with_lane(self, options: PgConnectOptions, connections: u32) -> Self {
-        let lane = (connections > 0).then(|| {
-            let acquire_timeout = self.pool.options().get_acquire_timeout();
-            Arc::new(Lane::new(options, connections, acquire_timeout))
-        });
-        let batches = lane.as_ref().map(|_| Arc::new(Batches::new(connections)));
+        let acquire_timeout = self.pool.options().get_acquire_timeout();
+        let (calls, leases) = if connections > LEASE_CONNECTIONS {
+            (connections - LEASE_CONNECTIONS, LEASE_CONNECTIONS)
+        } else {
+            (connections, 0)
+        };
+        let lane =
+            (calls > 0).then(|| Arc::new(Lane::new(options.clone(), calls, acquire_timeout)));
+        let leases = (leases > 0).then(|| Arc::new(Lane::new(options, leases, acquire_timeout)));
+        let batches = lane
+            .as_ref()
+            .map(|_| Arc::new(Batches::new(calls, self.statement_deadline)));
         Self {
             lane,
+            leases,
             batches,
             ..self
         }
+    }
+
+    /// A connection for a lease renewal: the renewals' own, else the pool's.
+    pub(crate) async fn lease_connection(&self) -> Result<CallConnection, StoreError> {
+        CallConnection::acquire(self.leases.as_ref(), &self.pool).await
     }
 
     /// A connection for one of a call's own single statements (the lane's, else the pool's).

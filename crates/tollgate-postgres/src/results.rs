@@ -53,7 +53,7 @@ async fn audit_erased(
     // Heads are locked in scope order, so concurrent erasers cannot deadlock.
     erased.sort();
     for (scope, id) in erased {
-        let scope = Scope::parse(scope).map_err(|_| crate::error::corrupt("scope"))?;
+        let scope = Scope::from_stored(scope).map_err(|_| crate::error::corrupt("scope"))?;
         audit::append(conn, rules::erased_event(&scope, ExecutionId(id), now)).await?;
     }
     Ok(())

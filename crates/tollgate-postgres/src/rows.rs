@@ -214,12 +214,16 @@ impl ExecutionRow {
         }
         Ok(ExecutionRecord {
             id: ExecutionId(self.id),
-            scope: id(self.scope, "scope", Scope::parse)?,
-            operation_key: id(self.operation_key, "operation_key", OperationKey::parse)?,
+            scope: id(self.scope, "scope", Scope::from_stored)?,
+            operation_key: id(
+                self.operation_key,
+                "operation_key",
+                OperationKey::from_stored,
+            )?,
             kind: parse(&self.kind, "kind")?,
             root_key: self
                 .root_key
-                .map(|k| id(k, "root_key", RootKey::parse))
+                .map(|k| id(k, "root_key", RootKey::from_stored))
                 .transpose()?,
             binding,
             binding_digest: Digest256::from_hex(&self.binding_digest)
@@ -300,9 +304,13 @@ impl EvidenceRow {
         Ok(Evidence {
             id: EvidenceId(self.id),
             seq: self.seq,
-            scope: id(self.scope, "scope", Scope::parse)?,
+            scope: id(self.scope, "scope", Scope::from_stored)?,
             execution_id: ExecutionId(self.execution_id),
-            operation_key: id(self.operation_key, "operation_key", OperationKey::parse)?,
+            operation_key: id(
+                self.operation_key,
+                "operation_key",
+                OperationKey::from_stored,
+            )?,
             provider_ref: self.provider_ref,
             usage: usage([
                 self.input_tokens,
@@ -352,11 +360,15 @@ impl SettlementRow {
         Ok(SettlementRecord {
             id: SettlementId(self.settlement_id),
             execution_id: ExecutionId(self.execution_id),
-            scope: id(self.scope, "scope", Scope::parse)?,
-            operation_key: id(self.operation_key, "operation_key", OperationKey::parse)?,
+            scope: id(self.scope, "scope", Scope::from_stored)?,
+            operation_key: id(
+                self.operation_key,
+                "operation_key",
+                OperationKey::from_stored,
+            )?,
             kind: parse(&self.kind, "kind")?,
-            consumer: id(self.consumer, "consumer", ConsumerId::parse)?,
-            session_id: id(self.session_id, "session_id", SessionId::parse)?,
+            consumer: id(self.consumer, "consumer", ConsumerId::from_stored)?,
+            session_id: id(self.session_id, "session_id", SessionId::from_stored)?,
             accounting_day: self.accounting_day,
             provider: self.provider,
             model: self.model,
@@ -398,7 +410,7 @@ impl AuditDbRow {
             chain: AuditChain(u16::try_from(self.chain).map_err(|_| corrupt("chain"))?),
             seq: self.seq,
             event: AuditEvent {
-                scope: id(self.scope, "scope", Scope::parse)?,
+                scope: id(self.scope, "scope", Scope::from_stored)?,
                 execution_id: self.execution_id.map(ExecutionId),
                 kind: self.kind,
                 detail: self.detail,
@@ -454,8 +466,8 @@ impl RootRow {
     pub(crate) fn into_record(self) -> StoreResult<RootRecord> {
         Ok(RootRecord {
             id: RootId(self.id),
-            scope: id(self.scope, "scope", Scope::parse)?,
-            root_key: id(self.root_key, "root_key", RootKey::parse)?,
+            scope: id(self.scope, "scope", Scope::from_stored)?,
+            root_key: id(self.root_key, "root_key", RootKey::from_stored)?,
             binding: json(self.binding, "binding")?,
             binding_digest: Digest256::from_hex(&self.binding_digest)
                 .map_err(|_| corrupt("binding_digest"))?,
@@ -510,7 +522,7 @@ impl ApiKeyRow {
     pub(crate) fn into_record(self) -> StoreResult<ApiKeyRecord> {
         Ok(ApiKeyRecord {
             digest: KeyDigest::from_hex(&self.sha256).ok_or_else(|| corrupt("sha256"))?,
-            scope: id(self.scope, "scope", Scope::parse)?,
+            scope: id(self.scope, "scope", Scope::from_stored)?,
             role: parse(&self.role, "role")?,
             created_at: self.created_at,
             expires_at: self.expires_at,

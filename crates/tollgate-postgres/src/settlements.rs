@@ -7,7 +7,7 @@ use crate::PgStores;
 use async_trait::async_trait;
 use chrono::NaiveDate;
 use sqlx::{FromRow, PgConnection};
-use tollgate_core::ids::{ExecutionId, Scope};
+use tollgate_core::ids::{ExecutionId, Scope, SettlementId};
 use tollgate_store::rows::{FeedEntry, FeedPosition, SettlementRecord};
 use tollgate_store::traits::SettlementStore;
 use tollgate_store::{StoreError, StoreResult};
@@ -118,6 +118,44 @@ impl SettlementStore for PgStores {
         rows.into_iter().map(SettlementRow::into_record).collect()
     }
 
+    async fn scope_settlements(
+        &self,
+        scope: &Scope,
+        from: NaiveDate,
+        to: NaiveDate,
+        limit: u32,
+    ) -> StoreResult<Vec<SettlementRecord>> {
+        let rows: Vec<SettlementRow> = sqlx::query_as(SCOPE_SETTLEMENTS)
+            .bind(scope.as_str())
+            .bind(from)
+            .bind(to)
+            .bind(i64::from(limit))
+            .fetch_all(self.pool())
+            .await
+            .store_err()?;
+        rows.into_iter().map(SettlementRow::into_record).collect()
+    }
+
+    async fn feed_position(
+        &self,
+        scope: &Scope,
+        id: SettlementId,
+    ) -> StoreResult<Option<FeedPosition>> {
+        let row: Option<(String, i64, i64, bool)> = sqlx::query_as(FEED_POSITION)
+            .bind(id.0)
+            .fetch_optional(self.pool())
+            .await
+            .store_err()?;
+        let Some((_, txid, seq, _)) =
+            row.filter(|(of, _, _, listed)| *listed && of == scope.as_str())
+        else {
+            return Ok(None);
+        };
+        let txid =
+            u64::try_from(txid).map_err(|_| StoreError::Corrupt(format!("feed txid {txid}")))?;
+        Ok(Some(FeedPosition { txid, seq }))
+    }
+
     async fn settlements_after(
         &self,
         scope: Option<&Scope>,
@@ -139,6 +177,24 @@ impl SettlementStore for PgStores {
         rows.into_iter().map(FeedRow::into_entry).collect()
     }
 }
+
+/// A scope's settlements of a range of accounting days (SC-192), in the order of
+/// `cost_settlements_day_idx (scope, accounting_day, seq)`: the index yields the rows in order,
+/// so the limit ends the scan and no other scope's row is read.
+const SCOPE_SETTLEMENTS: &str = concat!(
+    "SELECT ",
+    settlement_columns!(),
+    " FROM cost_settlements WHERE scope = $1 AND accounting_day BETWEEN $2 AND $3 \
+     ORDER BY accounting_day, seq LIMIT $4"
+);
+
+/// Settlement `$1`'s scope and feed position, and whether the scope's feed lists it (its
+/// transaction is below the horizon of [`FEED`]), by primary key (SC-193). The scope is compared
+/// by the caller: with it in the condition a generic plan on a table without statistics may
+/// take an index led by the scope instead of the key.
+const FEED_POSITION: &str = "SELECT scope, txid::text::bigint, seq, \
+     txid < pg_snapshot_xmin(pg_current_snapshot()) FROM cost_settlements \
+     WHERE settlement_id = $1";
 
 /// The finance feed (SC-141): after `($2, $3)` in `(txid, seq)` order, of scope `$1` (all when
 /// NULL), for one scope only rows inserted by transactions older than the oldest still running

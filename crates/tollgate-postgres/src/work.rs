@@ -87,7 +87,7 @@ impl WorkScan for PgStores {
             .store_err()?;
         names
             .into_iter()
-            .map(|name| Scope::parse(name).map_err(|_| corrupt("scope")))
+            .map(|name| Scope::from_stored(name).map_err(|_| corrupt("scope")))
             .collect()
     }
 }

@@ -4,6 +4,7 @@
 use crate::clock::Clock;
 use crate::error::RunError;
 use crate::outcome::{decide, Decision, OutputPolicy};
+use crate::retry::{Retried, Retry};
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,11 +13,13 @@ use tollgate_core::collector::{Collected, Collector};
 use tollgate_core::event::{error_kind, ProviderEvent};
 use tollgate_core::invalid::InvalidReason;
 use tollgate_core::money::Money;
+use tollgate_core::state::ExecutionState;
 use tollgate_core::state::{Outcome, ReconciliationReason, SettlementSource};
 use tollgate_core::usage::Usage;
 use tollgate_provider::{ProviderClient, ProviderRequest, SendError, StatusClass};
 use tollgate_store::{
-    EvidenceSource, ExecutionRecord, NewEvidence, SettleOutcome, SettleRequest, Stores,
+    EvidenceSource, ExecutionRecord, NewEvidence, SettleOutcome, SettleRequest, StoreError,
+    StoreResult, Stores,
 };
 
 /// What a drive needs.
@@ -25,6 +28,8 @@ pub(crate) struct Ctx {
     pub stores: Arc<dyn Stores>,
     pub client: Arc<dyn ProviderClient>,
     pub clock: Arc<dyn Clock>,
+    /// Longest time a finished call's last write is retried (`crate::retry`).
+    pub settle_retry_ms: u64,
 }
 
 /// How a drive ended: the invalid reason for the run's response and, when the drive's last write
@@ -45,19 +50,25 @@ impl Driven {
     }
 }
 
-/// Sends once and finishes the journal. Returns the invalid reason for the run's response.
+/// Sends once and finishes the journal, retrying its last writes with `retry` while the store is
+/// unavailable. Returns the invalid reason for the run's response.
 pub(crate) async fn drive(
     ctx: Ctx,
     record: ExecutionRecord,
     request: ProviderRequest,
     policy: Arc<dyn OutputPolicy>,
     read_ms: u64,
+    retry: Retry,
 ) -> Result<Driven, RunError> {
+    let ctx = Call {
+        ctx: &ctx,
+        retry: &retry,
+    };
     let limits = record.binding.config.collector_limits();
     let send_cancel = CancellationToken::new();
     let deadline = tokio::time::Instant::now() + Duration::from_millis(read_ms);
     let sent =
-        tokio::time::timeout_at(deadline, ctx.client.send(request, send_cancel.clone())).await;
+        tokio::time::timeout_at(deadline, ctx.ctx.client.send(request, send_cancel.clone())).await;
     let stream = match sent {
         Ok(Ok(stream)) => stream,
         Ok(Err(error)) => {
@@ -99,8 +110,22 @@ pub(crate) async fn drive(
     finish_collected(&ctx, &record, &collected, policy.as_ref()).await
 }
 
+/// One call's drive: the runner's context and the retries of its last writes.
+struct Call<'a> {
+    ctx: &'a Ctx,
+    retry: &'a Retry,
+}
+
+impl std::ops::Deref for Call<'_> {
+    type Target = Ctx;
+
+    fn deref(&self) -> &Ctx {
+        self.ctx
+    }
+}
+
 async fn finish_collected(
-    ctx: &Ctx,
+    ctx: &Call<'_>,
     record: &ExecutionRecord,
     collected: &Collected,
     policy: &dyn OutputPolicy,
@@ -139,23 +164,65 @@ async fn finish_collected(
                 now: ctx.clock.now(),
                 seen: Some(Box::new(record.clone())),
             };
-            let settled = ctx.stores.settle(request).await;
-            if let Err(settle_error) = settled {
-                if let Err(e) = ctx.stores.record_evidence(evidence).await {
-                    tracing::warn!(
-                        scope = %record.scope,
-                        operation_key = %key,
-                        execution_id = %record.id,
-                        error = %e,
-                        "evidence not recorded after a failed settlement"
-                    );
+            // A store that is briefly unavailable does not lose the output: the settlement is
+            // retried while the fence holds (SC-202). After its first failure the evidence is
+            // written alone at once, so that the inbox holds what the provider reported should
+            // this process die or lose its fence while it retries; the retries then name it.
+            let mut request = request;
+            let first = ctx.stores.settle(attempt(ctx, &request)).await;
+            let mut alone = false;
+            let settled = match first {
+                Err(StoreError::Unavailable(_)) => {
+                    if let Ok(recorded) = ctx.stores.record_evidence(evidence.clone()).await {
+                        alone = true;
+                        request.evidence = None;
+                        request.evidence_id = Some(recorded.id);
+                    }
+                    let retried = ctx
+                        .retry
+                        .run(|| ctx.stores.settle(attempt(ctx, &request)))
+                        .await;
+                    Retried {
+                        result: retried.result,
+                        after_unavailable: true,
+                    }
                 }
-                return Err(RunError::store(key, settle_error));
+                result => Retried {
+                    result,
+                    after_unavailable: false,
+                },
+            };
+            match settled.result {
+                Ok(settled) => Ok(Driven {
+                    invalid_reason,
+                    settled: Some(Box::new(settled)),
+                }),
+                Err(StoreError::StaleFence(_))
+                    if settled.after_unavailable
+                        && written_by_this_fence(ctx, record, ExecutionState::Completed).await =>
+                {
+                    // An attempt committed and its answer was lost: the view is read back.
+                    Ok(Driven::of(invalid_reason))
+                }
+                Err(settle_error) => {
+                    if !alone {
+                        let recorded = ctx
+                            .retry
+                            .run(|| ctx.stores.record_evidence(evidence.clone()))
+                            .await;
+                        if let Err(e) = recorded.result {
+                            tracing::warn!(
+                                scope = %record.scope,
+                                operation_key = %key,
+                                execution_id = %record.id,
+                                error = %e,
+                                "evidence not recorded after a failed settlement"
+                            );
+                        }
+                    }
+                    Err(RunError::store(key, settle_error))
+                }
             }
-            Ok(Driven {
-                invalid_reason,
-                settled: settled.ok().map(Box::new),
-            })
         }
         Decision::ZeroSettle { outcome, .. } => {
             let stop = match outcome {
@@ -170,6 +237,55 @@ async fn finish_collected(
             reconcile(ctx, record, reason, provider_ref, collected.usage).await?;
             Ok(Driven::of(invalid_reason))
         }
+    }
+}
+
+/// One attempt of `request`, stamped with the time it is sent.
+fn attempt(ctx: &Call<'_>, request: &SettleRequest) -> SettleRequest {
+    let mut attempt = request.clone();
+    attempt.now = ctx.clock.now();
+    attempt
+}
+
+/// Whether the execution is in `state` under `record`'s fence: a last write of this call
+/// committed although its answer was lost. A recoverer that took over holds a later fence.
+async fn written_by_this_fence(
+    ctx: &Call<'_>,
+    record: &ExecutionRecord,
+    state: ExecutionState,
+) -> bool {
+    let read = ctx
+        .retry
+        .run(|| ctx.stores.execution(&record.scope, &record.operation_key))
+        .await;
+    matches!(
+        read.result,
+        Ok(Some(row)) if row.state == state && row.fence() == record.fence()
+    )
+}
+
+/// Runs one of the call's last fenced writes, which leaves the execution in `state`, with its
+/// retries; a refusal that follows an unavailable attempt means that attempt committed when the
+/// execution is in `state` under this fence.
+async fn last_write<T, F, Fut>(
+    ctx: &Call<'_>,
+    record: &ExecutionRecord,
+    state: ExecutionState,
+    write: F,
+) -> StoreResult<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = StoreResult<T>>,
+{
+    let written = ctx.retry.run(write).await;
+    match written.result {
+        Ok(_) => Ok(()),
+        Err(StoreError::StaleFence(_))
+            if written.after_unavailable && written_by_this_fence(ctx, record, state).await =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -194,16 +310,17 @@ fn stream_evidence(
 }
 
 async fn record_evidence(
-    ctx: &Ctx,
+    ctx: &Call<'_>,
     record: &ExecutionRecord,
     provider_ref: Option<String>,
     usage: Usage,
     exact: bool,
 ) -> Result<tollgate_core::ids::EvidenceId, RunError> {
     let evidence = stream_evidence(ctx, record, provider_ref, usage, exact);
-    ctx.stores
-        .record_evidence(evidence)
+    ctx.retry
+        .run(|| ctx.stores.record_evidence(evidence.clone()))
         .await
+        .result
         .map(|e| e.id)
         .map_err(|e| RunError::store(&record.operation_key, e))
 }
@@ -211,7 +328,7 @@ async fn record_evidence(
 /// Zero settlement: a verified refusal proof, or a provider that provably did not take the
 /// request (HTTP error status, connection never established).
 async fn settle_zero(
-    ctx: &Ctx,
+    ctx: &Call<'_>,
     record: &ExecutionRecord,
     outcome: Outcome,
     stop: Option<String>,
@@ -232,16 +349,16 @@ async fn settle_zero(
         now: ctx.clock.now(),
         seen: Some(Box::new(record.clone())),
     };
-    ctx.stores
-        .settle(request)
-        .await
-        .map(|_| ())
-        .map_err(|e| RunError::store(&record.operation_key, e))
+    last_write(ctx, record, ExecutionState::Completed, || {
+        ctx.stores.settle(attempt(ctx, &request))
+    })
+    .await
+    .map_err(|e| RunError::store(&record.operation_key, e))
 }
 
 /// Cost unknown: keep any partial usage as inexact evidence and hand the call to an operator.
 async fn reconcile(
-    ctx: &Ctx,
+    ctx: &Call<'_>,
     record: &ExecutionRecord,
     reason: ReconciliationReason,
     provider_ref: Option<String>,
@@ -250,15 +367,20 @@ async fn reconcile(
     if let Some(usage) = partial {
         record_evidence(ctx, record, provider_ref.clone(), usage, false).await?;
     }
-    ctx.stores
-        .mark_reconciliation_required(record.fence(), reason, provider_ref, ctx.clock.now())
-        .await
-        .map(|_| ())
-        .map_err(|e| RunError::store(&record.operation_key, e))
+    last_write(ctx, record, ExecutionState::ReconciliationRequired, || {
+        ctx.stores.mark_reconciliation_required(
+            record.fence(),
+            reason,
+            provider_ref.clone(),
+            ctx.clock.now(),
+        )
+    })
+    .await
+    .map_err(|e| RunError::store(&record.operation_key, e))
 }
 
 async fn finish_send_error(
-    ctx: &Ctx,
+    ctx: &Call<'_>,
     record: &ExecutionRecord,
     error: SendError,
 ) -> Result<Option<InvalidReason>, RunError> {

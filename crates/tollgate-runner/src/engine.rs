@@ -6,6 +6,7 @@ use crate::error::{Interruption, RunError};
 use crate::input::{check_input, probe_request, provider_request};
 use crate::lease::Heartbeat;
 use crate::outcome::OutputPolicy;
+use crate::retry::Retry;
 use crate::settings::{BackgroundErrorFn, BackgroundFailure, InputLoader, RunnerSettings};
 use crate::views;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tollgate_core::config::CallConfig;
 use tollgate_core::digest::{canonical_json, Binding, Digest256};
-use tollgate_core::hold::fitted_hold;
+use tollgate_core::hold::{fitted_hold, HoldError};
 use tollgate_core::ids::{OperationKey, RootKey, Scope};
 use tollgate_core::message::Message;
 use tollgate_core::money::Money;
@@ -27,11 +28,6 @@ use tollgate_store::{
 
 /// Slack the caller waits past the read bound for the drive to record its outcome.
 const FINISH_SLACK_MS: u64 = 5_000;
-/// Slack of a claim's lease past the run timeout, for the evidence and settlement writes. A live
-/// call's lease does not have to outlive the run: the heartbeat (`crate::lease`) renews it from
-/// the claim to the call's last write. The slack only sets how long a call whose process died
-/// keeps its lease.
-pub const LEASE_SLACK_MS: u64 = 1_000;
 
 /// Same binding: a replay; another: a conflict naming the differing fields (SC-13, SC-14).
 fn check_binding(
@@ -92,6 +88,7 @@ impl Engine {
                 stores,
                 client,
                 clock: settings.clock,
+                settle_retry_ms: settings.settle_retry_ms,
             },
             config_canonical: canonical_json(&serde_json::to_value(&config).map_err(|e| {
                 RunError::InvalidConfig(format!("the snapshot does not serialize: {e}"))
@@ -128,9 +125,12 @@ impl Engine {
         inline: Option<&[Message]>,
         dispatch: bool,
     ) -> Result<ClaimOutcome, RunError> {
-        let hold = match inline {
-            Some(messages) => fitted_hold(&self.config, messages),
-            None => self.config.worst_case_hold(),
+        // Input in hand whose bound the profile does not cover is claimed at the profile's worst
+        // case and refused before any send, as a loaded input would be (SC-207).
+        let hold = match inline.map(|messages| fitted_hold(&self.config, messages)) {
+            Some(Ok(hold)) => Ok(hold),
+            Some(Err(HoldError::Money(e))) => Err(e),
+            Some(Err(HoldError::AboveProfile)) | None => self.config.worst_case_hold(),
         }
         .map_err(|e| RunError::InvalidConfig(e.to_string()))?;
         let lease_ms = self.claim_lease_ms();
@@ -162,11 +162,12 @@ impl Engine {
         Some(request)
     }
 
-    /// The lease a claim takes and every renewal extends it by: the runner's `lease_ms`, at
-    /// least the run timeout plus [`LEASE_SLACK_MS`].
+    /// The lease a claim takes and every renewal extends it by: the runner's `lease_ms`. It
+    /// does not depend on the run timeout: the heartbeat (`crate::lease`) renews it from the
+    /// claim to the call's last write, so a live call keeps it however long it runs, and a dead
+    /// process's calls are free after one lease (SC-205).
     fn claim_lease_ms(&self) -> u64 {
         self.lease_ms
-            .max(self.config.run_timeout_ms.saturating_add(LEASE_SLACK_MS))
     }
 
     /// Starts renewing a fresh claim's lease, so that recovery takes the fence only once this
@@ -391,8 +392,9 @@ impl Engine {
         let ctx = self.ctx.clone();
         let mut task = self.drives.spawn(async move {
             // Renewing until the drive's last write, even when the caller stops waiting.
+            let retry = Retry::new(ctx.settle_retry_ms, heartbeat.lost());
             let _heartbeat = heartbeat;
-            drive(ctx, record, request, policy, read_ms).await
+            drive(ctx, record, request, policy, read_ms, retry).await
         });
         let interrupted = |cause| RunError::Interrupted {
             operation_key: key.clone(),

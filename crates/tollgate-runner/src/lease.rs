@@ -20,12 +20,20 @@ pub fn renew_every_ms(lease_ms: u64) -> u64 {
     (lease_ms / LEASE_RENEWALS_PER_LEASE).max(1)
 }
 
+/// How long one renewal attempt of a `lease_ms` lease may take before it is given up: three
+/// quarters of the renewal period (at least 1 ms), so that a renewal stuck on a dead connection
+/// never delays the next one (SC-205).
+pub fn renewal_deadline_ms(lease_ms: u64) -> u64 {
+    (renew_every_ms(lease_ms) * 3 / 4).max(1)
+}
+
 /// Renews one execution's lease while it lives; dropping it stops the renewals at once (the
 /// task ends at its next await, also in the middle of a renewal). Held by the call from its
 /// claim, then moved into the drive task, so a drive that outlives its caller (SC-60) keeps its
 /// lease until its own last write.
 pub(crate) struct Heartbeat {
     _stop: DropGuard,
+    lost: CancellationToken,
 }
 
 impl Heartbeat {
@@ -45,16 +53,27 @@ impl Heartbeat {
     ) -> Self {
         let stop = CancellationToken::new();
         let stopped = stop.clone();
+        let lost = CancellationToken::new();
+        let lose = lost.clone();
         let every = Duration::from_millis(renew_every_ms(lease_ms));
         tokio::spawn(async move {
             tokio::select! {
                 _ = stopped.cancelled() => {}
-                _ = renew(stores.as_ref(), clock.as_ref(), fence, lease_ms, every, &key) => {}
+                _ = renew(stores.as_ref(), clock.as_ref(), fence, lease_ms, every, &key) => {
+                    lose.cancel();
+                }
             }
         });
         Self {
             _stop: stop.drop_guard(),
+            lost,
         }
+    }
+
+    /// Cancelled once a renewal has found the fence gone (`StaleFence`, `NotFound`): the call's
+    /// later fenced writes cannot succeed, so their retries stop (`crate::retry`).
+    pub fn lost(&self) -> CancellationToken {
+        self.lost.clone()
     }
 }
 
@@ -66,9 +85,23 @@ async fn renew(
     every: Duration,
     key: &OperationKey,
 ) {
+    let deadline = Duration::from_millis(renewal_deadline_ms(lease_ms));
+    // Renewals start on a fixed schedule: one that fails or is given up at its deadline does
+    // not push the next one back.
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::time::sleep(every).await;
-        match ExecutionStore::renew_lease(stores, fence, lease_ms, clock.now()).await {
+        ticks.tick().await;
+        let renewal = ExecutionStore::renew_lease(stores, fence, lease_ms, clock.now());
+        let Ok(renewed) = tokio::time::timeout(deadline, renewal).await else {
+            tracing::warn!(
+                operation_key = %key,
+                execution_id = %fence.execution_id,
+                "lease renewal given up at its deadline; retrying"
+            );
+            continue;
+        };
+        match renewed {
             Ok(_) => {}
             Err(e @ (StoreError::StaleFence(_) | StoreError::NotFound(_))) => {
                 // Ids only: never content.
@@ -102,5 +135,12 @@ mod tests {
         assert_eq!(renew_every_ms(30_000), 10_000);
         assert_eq!(renew_every_ms(300), 100);
         assert_eq!(renew_every_ms(1), 1);
+    }
+
+    #[test]
+    fn sc_205_a_renewal_is_given_up_before_the_next_is_due() {
+        assert_eq!(renewal_deadline_ms(3_000), 750);
+        assert!(renewal_deadline_ms(300) < renew_every_ms(300));
+        assert_eq!(renewal_deadline_ms(1), 1);
     }
 }

@@ -16,6 +16,7 @@ pub mod input;
 pub mod lease;
 pub mod outcome;
 pub mod recovery;
+pub mod retry;
 pub mod settings;
 pub mod single;
 pub mod stated;

@@ -22,8 +22,14 @@ pub struct BackgroundFailure {
 /// The host's `backgroundError` callback.
 pub type BackgroundErrorFn = Arc<dyn Fn(BackgroundFailure) + Send + Sync>;
 
-/// Default fence lease of a claimed execution.
-pub const LEASE_MS_DEFAULT: u64 = 30_000;
+/// Default fence lease of a claimed execution: a few seconds, renewed every third of it while
+/// the call lives, so that a dead process's calls are taken over (and their holds released)
+/// within the lease and a scheduler pass (SC-205).
+pub const LEASE_MS_DEFAULT: u64 = 3_000;
+
+/// Default longest time a finished call's last write (its settlement, its reconciliation mark,
+/// the evidence written alone) is retried while the store is unavailable (SC-202).
+pub const SETTLE_RETRY_MS_DEFAULT: u64 = 60_000;
 
 /// The host's synchronous JSON validator (SC-4).
 pub type JsonValidator = Arc<dyn Fn(&serde_json::Value) -> bool + Send + Sync>;
@@ -37,6 +43,9 @@ pub struct RunnerSettings {
     pub config: CallConfig,
     /// Fence lease.
     pub lease_ms: u64,
+    /// Longest time a finished call's last write is retried while the store is unavailable
+    /// (`crate::retry`); the retries also end when the fence is lost.
+    pub settle_retry_ms: u64,
     /// Host validator for JSON output (json calls).
     pub validate: Option<JsonValidator>,
     /// Metadata-only failures of background work.
@@ -55,6 +64,7 @@ impl RunnerSettings {
         Self {
             config,
             lease_ms: LEASE_MS_DEFAULT,
+            settle_retry_ms: SETTLE_RETRY_MS_DEFAULT,
             validate: None,
             background_error: None,
             clock: Arc::new(SystemClock),

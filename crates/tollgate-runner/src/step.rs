@@ -415,9 +415,10 @@ impl GovernedStepRunner {
     }
 }
 
-/// A store failure on a root, reported under the root key (root keys are valid operation keys).
+/// A store failure on a root, reported under the root key (root keys are valid operation keys;
+/// read as stored, since the key may come from a row written under an older identifier rule).
 fn root_error(root_key: &RootKey, error: tollgate_store::StoreError) -> RunError {
-    match OperationKey::parse(root_key.as_str()) {
+    match OperationKey::from_stored(root_key.as_str()) {
         Ok(key) => RunError::store(&key, error),
         Err(_) => RunError::InvalidRequest(format!("root {root_key}: {error}")),
     }

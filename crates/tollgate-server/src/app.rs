@@ -65,6 +65,9 @@ pub struct AppState {
     pub shutdown_drain_ms: u64,
     /// Concurrency limit and request timeout of the HTTP layer.
     pub limits: crate::limits::Limits,
+    /// The console's chain verifications and ledger audits, per scope, served from memory for
+    /// a short time after they ran (SC-194).
+    pub audit_checks: crate::audit_checks::AuditChecks,
 }
 
 /// Longest wait for a fetch's response headers and for each body chunk.
@@ -145,6 +148,7 @@ fn runner(
     let client = Arc::new(client(provider, config)?);
     let mut runner_settings = RunnerSettings::new(config.clone());
     runner_settings.lease_ms = settings.lease_ms;
+    runner_settings.settle_retry_ms = settings.settle_retry_ms;
     runner_settings.drives = drives.clone();
     log_background(&mut runner_settings.background_error);
     let stores = backend.stores();
@@ -196,6 +200,7 @@ impl App {
             drives,
             shutdown_drain_ms: settings.shutdown_drain_ms,
             limits: settings.limits,
+            audit_checks: crate::audit_checks::AuditChecks::default(),
         })))
     }
 }

@@ -216,8 +216,11 @@ pub struct KeyStore {
 
 /// Store reads of keys in flight at once: a key not in memory is read from the store before
 /// any permit of the concurrency limit is taken, so this bounds what unauthenticated requests
-/// can ask of the database (more are answered 503 at once).
+/// can ask of the database. A request beyond it waits up to [`KEY_LOOKUP_WAIT_MS`] for a read to
+/// finish (the key it needs may be read meanwhile by another request), then is answered 503.
 pub const KEY_LOOKUPS_IN_FLIGHT_MAX: usize = 64;
+/// Longest a request waits for one of the [`KEY_LOOKUPS_IN_FLIGHT_MAX`] reads, in milliseconds.
+pub const KEY_LOOKUP_WAIT_MS: u64 = 5_000;
 
 /// Whether `key` has the form of a generated key ([`generate_key`]): the prefix and 64
 /// lower-case hex digits. Stored keys are only ever generated, so a token of any other form
@@ -295,6 +298,27 @@ impl KeyStore {
     }
 
     /// Records a use of `digest`; a failure is logged and never fails the request.
+    /// The answer the cache holds for `digest` at `at`, if it holds a fresh one: the principal
+    /// of a usable key (its `last_used_at` touched when due), or `unauthenticated`.
+    async fn cached(
+        &self,
+        digest: &KeyDigest,
+        at: Instant,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Option<Result<Principal, ApiError>> {
+        let lookup = self.lock().lookup(digest, at, self.ttl, now);
+        match lookup {
+            Lookup::Usable { principal, touch } => {
+                if touch {
+                    self.touch(digest, now).await;
+                }
+                Some(Ok(principal))
+            }
+            Lookup::Refused => Some(Err(ApiError::Unauthenticated)),
+            Lookup::Read { .. } => None,
+        }
+    }
+
     async fn touch(&self, digest: &KeyDigest, now: chrono::DateTime<chrono::Utc>) {
         if let Err(e) = self.store.touch_key(digest, now).await {
             tracing::warn!(error = %e, "api key last-use update failed");
@@ -365,21 +389,27 @@ impl KeyStore {
             return Err(ApiError::Unauthenticated);
         }
         let now = chrono::Utc::now();
+        if let Some(cached) = self.cached(&digest, Instant::now(), now).await {
+            return cached;
+        }
+        // A burst of requests with one key not yet in memory waits for a few reads, not one
+        // each: once a read is done, the waiting requests find the key in memory.
+        let wait = Duration::from_millis(KEY_LOOKUP_WAIT_MS);
+        let Ok(Ok(_lookup)) = tokio::time::timeout(wait, self.lookups.acquire()).await else {
+            tracing::warn!("over the key lookups in flight");
+            return Err(ApiError::Overloaded);
+        };
         let started = Instant::now();
         let lookup = self.lock().lookup(&digest, started, self.ttl, now);
         let generation = match lookup {
-            Lookup::Usable { principal, touch } => {
-                if touch {
-                    self.touch(&digest, now).await;
-                }
-                return Ok(principal);
-            }
-            Lookup::Refused => return Err(ApiError::Unauthenticated),
             Lookup::Read { generation } => generation,
-        };
-        let Ok(_lookup) = self.lookups.try_acquire() else {
-            tracing::warn!("over the key lookups in flight");
-            return Err(ApiError::Overloaded);
+            _ => {
+                // Read by another request while this one waited.
+                return self
+                    .cached(&digest, started, now)
+                    .await
+                    .unwrap_or(Err(ApiError::Unauthenticated));
+            }
         };
         let stored = self.store.key_by_digest(&digest).await.map_err(|e| {
             tracing::warn!(error = %e, "api key lookup failed");
@@ -520,6 +550,26 @@ mod tests {
         insert_bounded(&mut map, digest(5), false, 2, |stale| *stale);
         assert_eq!(map.len(), 1);
         assert!(map.contains_key(&digest(5)));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sc_181_a_burst_with_one_new_key_waits_for_its_read_instead_of_503() {
+        let faulty = Arc::new(FaultyStores::with_service(Arc::new(MemoryStores::new())));
+        let keys = Arc::new(KeyStore::new(&[], faulty.clone()));
+        let scope = Scope::parse("acme").unwrap();
+        let key = keys.create(&scope, KeyRole::Caller).await.unwrap();
+        // Every read is slow: more requests than reads in flight arrive while the first read runs.
+        faulty.delay(tollgate_store::fault::StoreOp::KeyByDigest, 300);
+        let header = format!("Bearer {}", key.expose());
+        let burst: Vec<_> = (0..KEY_LOOKUPS_IN_FLIGHT_MAX * 2)
+            .map(|_| {
+                let (keys, header) = (keys.clone(), header.clone());
+                tokio::spawn(async move { keys.authenticate(Some(&header)).await })
+            })
+            .collect();
+        for request in burst {
+            assert_eq!(request.await.unwrap().unwrap().scope, scope);
+        }
     }
 
     #[tokio::test]

@@ -55,6 +55,8 @@ pub const LEDGER_AUDIT_INTERVAL_MS_MAX: u64 = 86_400_000;
 pub const LEASE_MS_MIN: u64 = 100;
 /// Longest fence lease.
 pub const LEASE_MS_MAX: u64 = 3_600_000;
+/// Longest retry window of a finished call's last write (an hour).
+pub const SETTLE_RETRY_MS_MAX: u64 = 3_600_000;
 /// Default bound of the shutdown's wait for background drives.
 pub const SHUTDOWN_DRAIN_MS_DEFAULT: u64 = 30_000;
 /// Longest bound of the shutdown's wait for background drives (0 = do not wait).
@@ -238,6 +240,9 @@ fn connection_limits(
 pub struct Settings {
     /// Listen address.
     pub listen: SocketAddr,
+    /// A second address serving `GET /metrics` alone, without a key (`[server] metrics_listen`);
+    /// `None` → no second listener.
+    pub metrics_listen: Option<SocketAddr>,
     /// On shutdown, the longest wait for background drives.
     pub shutdown_drain_ms: u64,
     /// Longest a stored API key is served from memory after it was read; 0 = no cache.
@@ -259,6 +264,9 @@ pub struct Settings {
     pub fetch_evidence: bool,
     /// Fence lease.
     pub lease_ms: u64,
+    /// Longest time a finished call's last write is retried while the database is unavailable
+    /// (`[runner] settle_retry_ms`; SC-202).
+    pub settle_retry_ms: u64,
     /// Providers by name.
     pub providers: BTreeMap<String, ProviderSettings>,
     /// Profiles, by name.
@@ -336,6 +344,15 @@ impl FileConfig {
         let listen: SocketAddr = listen_text
             .parse()
             .map_err(|_| err(format!("server.listen {listen_text:?} is not host:port")))?;
+        let metrics_listen = self
+            .server
+            .metrics_listen
+            .as_deref()
+            .map(|text| {
+                text.parse::<SocketAddr>()
+                    .map_err(|_| err(format!("server.metrics_listen {text:?} is not host:port")))
+            })
+            .transpose()?;
         let shutdown_drain_ms = self
             .server
             .shutdown_drain_ms
@@ -378,7 +395,7 @@ impl FileConfig {
                 crate::limits::BODY_READ_TIMEOUT_MS_MIN,
                 crate::limits::BODY_READ_TIMEOUT_MS_MAX,
             )?,
-            metrics_public: self.server.metrics_public.unwrap_or(true),
+            metrics_public: self.server.metrics_public.unwrap_or(false),
             connections: connection_limits(&self.server)?,
         };
         let interval_ms = self.scheduler.interval_ms.unwrap_or(INTERVAL_MS_DEFAULT);
@@ -407,6 +424,16 @@ impl FileConfig {
             .lease_ms
             .unwrap_or(tollgate_runner::settings::LEASE_MS_DEFAULT);
         range("runner.lease_ms", lease_ms, LEASE_MS_MIN, LEASE_MS_MAX)?;
+        let settle_retry_ms = self
+            .runner
+            .settle_retry_ms
+            .unwrap_or(tollgate_runner::settings::SETTLE_RETRY_MS_DEFAULT);
+        range(
+            "runner.settle_retry_ms",
+            settle_retry_ms,
+            0,
+            SETTLE_RETRY_MS_MAX,
+        )?;
         let max_connections = self
             .database
             .max_connections
@@ -419,6 +446,7 @@ impl FileConfig {
         let keys = keys(&self.keys)?;
         Ok(Settings {
             listen,
+            metrics_listen,
             shutdown_drain_ms,
             key_cache_ms,
             limits,
@@ -429,6 +457,7 @@ impl FileConfig {
             ledger_audit_interval_ms,
             fetch_evidence: self.scheduler.fetch_evidence.unwrap_or(false),
             lease_ms,
+            settle_retry_ms,
             providers,
             profiles,
             keys,
@@ -617,6 +646,21 @@ mod tests {
             .validate(&over)
             .unwrap();
         assert_eq!(from_env.ledger_audit_interval_ms, 60_000);
+    }
+
+    #[test]
+    fn sc_197_metrics_need_a_key_by_default_and_a_metrics_address_is_optional() {
+        let e = Env::new();
+        let settings = |text: &str| FileConfig::from_toml(text, &e).unwrap().validate(&e);
+        let default = settings("").unwrap();
+        assert!(!default.limits.metrics_public);
+        assert_eq!(default.metrics_listen, None);
+        let open = settings("[server]\nmetrics_public = true\n").unwrap();
+        assert!(open.limits.metrics_public);
+        let scrape = settings("[server]\nmetrics_listen = \"127.0.0.1:9464\"\n").unwrap();
+        assert_eq!(scrape.metrics_listen, Some(([127, 0, 0, 1], 9464).into()));
+        let bad = settings("[server]\nmetrics_listen = \"nowhere\"\n").unwrap_err();
+        assert!(bad.0.contains("server.metrics_listen"), "{bad}");
     }
 
     #[test]

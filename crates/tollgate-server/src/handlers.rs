@@ -575,17 +575,33 @@ pub async fn readyz(State(app): State<App>) -> Result<Json<Value>, ApiError> {
     crate::service::ready(&app).await.map(Json)
 }
 
-/// `GET /metrics`: Prometheus text.
+/// `GET /metrics`: Prometheus text, an operator's read.
+///
+/// The counters span every scope (spend totals included), so the route takes an operator key
+/// unless `[server] metrics_public = true`; `[server] metrics_listen` serves it without a key on
+/// an address of its own.
 #[utoipa::path(
     get,
     path = "/metrics",
     tag = "health",
     responses(
-        (status = 200, description = "Prometheus text", content_type = "text/plain", body = String)
-    ),
-    security(())
+        (status = 200, description = "Prometheus text", content_type = "text/plain", body = String),
+        (status = 401, description = "unauthenticated (not with `[server] metrics_public = true`)", body = ErrorBody),
+        (status = 403, description = "forbidden: not an operator key", body = ErrorBody),
+        (status = 503, description = "unavailable: too many key reads in flight", body = ErrorBody)
+    )
 )]
-pub async fn metrics(State(app): State<App>) -> Response {
+pub async fn metrics(State(app): State<App>, mut parts: Parts) -> Result<Response, ApiError> {
+    if !app.limits.metrics_public {
+        // The authentication layer has put the principal in, or answered 401 already.
+        let who = Principal::from_request_parts(&mut parts, &app).await?;
+        who.require(&[tollgate_store::KeyRole::Operator])?;
+    }
+    Ok(prometheus_text(&app))
+}
+
+/// The metrics as a Prometheus text answer, whoever asked.
+pub fn prometheus_text(app: &App) -> Response {
     let content_type = [(header::CONTENT_TYPE, "text/plain; version=0.0.4")];
     (content_type, app.metrics.render()).into_response()
 }

@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 pub mod app;
+pub mod audit_checks;
 pub mod auth;
 pub mod backend;
 pub mod config;
@@ -24,6 +25,7 @@ pub mod profiles;
 pub mod routes;
 pub mod scheduler;
 pub mod schemas;
+pub mod scrape;
 pub mod secret;
 pub mod sections;
 pub mod service;

@@ -35,8 +35,8 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Paths served without a key: probes, the API document, the console's page and assets (which
 /// hold no data; the console's reads are under `/v1/console/` and need a key), and `/metrics`
-/// when `[server] metrics_public` allows it. Every other route is answered 401 without a valid
-/// key before its body is read; a path no route serves is 404 for everyone.
+/// when `[server] metrics_public = true` opts out of its key. Every other route is answered 401
+/// without a valid key before its body is read; a path no route serves is 404 for everyone.
 pub const PUBLIC_PATHS: &[&str] = &[
     "/healthz",
     "/readyz",
@@ -55,7 +55,8 @@ pub struct Limits {
     pub request_timeout_ms: u64,
     /// Longest a request's whole body may take to arrive, in milliseconds.
     pub body_read_timeout_ms: u64,
-    /// Whether `GET /metrics` answers without a key.
+    /// Whether `GET /metrics` answers without a key on the main listener. `false` (the default)
+    /// makes it an operator's route: its counters span every scope (spend totals included).
     pub metrics_public: bool,
     /// Connection bounds (`crate::connections`).
     pub connections: ConnectionLimits,
@@ -67,7 +68,7 @@ impl Default for Limits {
             concurrency_limit: usize::try_from(CONCURRENCY_LIMIT_DEFAULT).unwrap_or(usize::MAX),
             request_timeout_ms: REQUEST_TIMEOUT_MS_DEFAULT,
             body_read_timeout_ms: BODY_READ_TIMEOUT_MS_DEFAULT,
-            metrics_public: true,
+            metrics_public: false,
             connections: ConnectionLimits::default(),
         }
     }

@@ -37,8 +37,10 @@ pub struct ServerSection {
     pub connections_max: Option<u64>,
     /// On shutdown, the longest wait for open connections to finish their answers.
     pub http_drain_ms: Option<u64>,
-    /// Whether `GET /metrics` answers without a key.
+    /// Whether `GET /metrics` answers without a key on `listen` (default false: an operator key).
     pub metrics_public: Option<bool>,
+    /// A second address on which `GET /metrics` alone is served without a key (none by default).
+    pub metrics_listen: Option<String>,
 }
 
 /// `[database]`.
@@ -77,6 +79,8 @@ pub struct SchedulerSection {
 pub struct RunnerSection {
     /// Fence lease of a claimed execution.
     pub lease_ms: Option<u64>,
+    /// Longest time a finished call's last write is retried while the database is unavailable.
+    pub settle_retry_ms: Option<u64>,
 }
 
 /// `[[providers]]`.

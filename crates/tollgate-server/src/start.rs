@@ -142,10 +142,32 @@ async fn serve_app(
         .await
         .map_err(|e| StartError(format!("cannot listen on {}: {e}", settings.listen)))?;
     let addr = listener.local_addr().map_err(start_error)?;
+    let metrics_listener = match settings.metrics_listen {
+        Some(at) => Some(
+            tokio::net::TcpListener::bind(at)
+                .await
+                .map_err(|e| StartError(format!("cannot listen on {at} for metrics: {e}")))?,
+        ),
+        None => None,
+    };
     notice(&format!(
         "tollgate: listening on http://{addr} (stores: {})",
         backend.name()
     ));
+    // The metrics address stops accepting with the main listener; its notice does not say
+    // "listening on", which names the main address to whoever reads these lines.
+    let scrape = match metrics_listener {
+        Some(listener) => {
+            let at = listener.local_addr().map_err(start_error)?;
+            notice(&format!(
+                "tollgate: metrics without a key at http://{at}{}",
+                crate::scrape::METRICS_PATH
+            ));
+            let run = crate::scrape::run(listener, app.clone(), shutdown.clone().cancelled_owned());
+            Some(tokio::spawn(run))
+        }
+        None => None,
+    };
     let fetch = settings.fetch_evidence.then(|| app.fetchers.clone());
     let scheduler = Scheduler::new(backend, settings.scheduler, settings.lease_ms, metrics)
         .with_ledger_audit_interval(settings.ledger_audit_interval_ms)
@@ -153,6 +175,11 @@ async fn serve_app(
     let stop_scheduler = shutdown.child_token();
     let scheduler = tokio::spawn(scheduler.run(stop_scheduler.clone()));
     let served = crate::run(listener, app, shutdown.cancelled_owned()).await;
+    if let Some(scrape) = scrape {
+        if let Ok(Err(e)) = scrape.await {
+            tracing::warn!(error = %e, "the metrics listener failed");
+        }
+    }
     stop_scheduler.cancel();
     let _ = scheduler.await;
     served.map_err(|e| StartError(format!("server failed: {e}")))

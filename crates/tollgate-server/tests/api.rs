@@ -534,7 +534,8 @@ async fn health_readiness_and_metrics_carry_no_content() {
         &call("summarize", "m-1", "r2", SECRET),
     )
     .await;
-    let (status, _, text) = s.send(reqwest::Method::GET, "/metrics", None, None).await;
+    // The counters span every scope: an operator's read (SC-197).
+    let (status, _, text) = s.get("/metrics", &s.operator).await;
     assert_eq!(status, StatusCode::OK);
     assert!(
         text.contains("tollgate_calls_total{outcome=\"success\"} 1"),
@@ -550,7 +551,7 @@ async fn health_readiness_and_metrics_carry_no_content() {
     );
     assert!(text.contains("tollgate_scheduler_passes_total"), "{text}");
     assert!(
-        !text.contains(SECRET) && !text.contains(&s.caller),
+        !text.contains(SECRET) && !text.contains(&s.caller) && !text.contains(&s.operator),
         "{text}"
     );
     let (status, body, _) = s

@@ -818,13 +818,17 @@ async fn sc_154_a_quote_writes_nothing_and_needs_an_execution_awaiting_an_operat
     s.stop().await;
 }
 
+/// The audit page names the first violation of the chain and of the ledger. A server serves its
+/// checks of a scope for `AUDIT_CHECK_CACHE_MS` (SC-194), so the damage is read by a second
+/// server on the database, which has not checked the scope yet.
 #[tokio::test]
 async fn console_audit_page_names_the_first_violation_of_chain_and_ledger() {
     let db = TestDatabase::create(&admin_url()).await.unwrap();
     let stores = db.stores(4).await.unwrap();
     stores.migrate().await.unwrap();
-    let s = Server::start(Backend::Postgres(Arc::new(stores))).await;
-    let operator = key(&s, KeyRole::Operator).await;
+    let first = Server::start(Backend::Postgres(Arc::new(stores))).await;
+    let operator = key(&first, KeyRole::Operator).await;
+    let s = &first;
     for n in 0..2 {
         let body = call("summarize", &format!("a-{n}"), "r", "hi");
         let (status, _, _) = s.post("/v1/calls", &s.caller, &body).await;
@@ -838,6 +842,10 @@ async fn console_audit_page_names_the_first_violation_of_chain_and_ledger() {
 
     let (chain, seq) = db.delete_last_audit_row("acme").await.unwrap();
     db.shift_session_spend("team-a", "0.5").await.unwrap();
+    let (_, cached, _) = s.get("/v1/console/audit", &operator).await;
+    assert_eq!(cached["chain"]["cached"], true, "{cached}");
+    let second = Server::start(Backend::Postgres(Arc::new(db.stores(4).await.unwrap()))).await;
+    let s = &second;
     let (status, broken, _) = s.get("/v1/console/audit", &operator).await;
     assert_eq!(status, StatusCode::OK, "{broken}");
     assert_eq!(broken["chain"]["ok"], false);
@@ -851,7 +859,8 @@ async fn console_audit_page_names_the_first_violation_of_chain_and_ledger() {
     let (_, overview, _) = s.get("/v1/console/overview", &operator).await;
     assert_eq!(overview["ledger"]["ok"], false);
     assert!(overview["ledger"]["first_violation"].is_string());
-    s.stop().await;
+    second.stop().await;
+    first.stop().await;
 }
 
 /// SC-147: the console's backlog read is the reconciler's backlog: the same items, evidence
@@ -884,5 +893,124 @@ async fn sc_147_the_console_backlog_shows_the_admin_backlogs_evidence_status() {
     assert_eq!(item["exact_usage"], entry["usage"]);
     assert_eq!(item["hold"], entry["held"]);
     assert_eq!(item["provider_ref"], entry["provider_ref"]);
+    s.stop().await;
+}
+
+/// An SVG a chart must never carry into the page: handlers, script and data links, animations
+/// that set handlers or links, script elements, embedded documents and styles that load URLs.
+const HOSTILE_SVG: &str = r##"<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" width="100" height="100" onload="window.fired='svg'">
+  <rect id="bar" x="1" y="1" width="10" height="10" fill="#123456" onclick="window.fired='rect'" ONMOUSEOVER="window.fired='over'"/>
+  <a id="link" href="javascript:window.fired='a'"><text id="label" x="1" y="20">&lt;script&gt;team-a</text></a>
+  <a id="xlink" xlink:href=" JaVa&#x09;Script:window.fired='xa'"><text>x</text></a>
+  <image id="img" href="javascript:window.fired='img'" width="5" height="5"/>
+  <image id="data-svg" href="data:image/svg+xml;base64,PHN2Zy8+" width="5" height="5"/>
+  <image id="data-png" href="data:image/png;base64,iVBORw0KGgo=" width="5" height="5"/>
+  <use id="use" href="data:text/html,hi"/>
+  <set attributeName="onload" to="window.fired='set'"/>
+  <animate attributeName="href" to="javascript:window.fired='animate'" begin="0s"/>
+  <rect id="styled" style="fill: url(javascript:window.fired='style')" width="1" height="1"/>
+  <script>window.fired='script'</script>
+  <foreignObject><div xmlns="http://www.w3.org/1999/xhtml">x</div></foreignObject>
+  <html:iframe xmlns:html="http://www.w3.org/1999/xhtml" src="javascript:window.fired='iframe'"/>
+</svg>"##;
+
+/// SC-199: the console's chart path (`window.tollgateConsole.chart`, the function every chart
+/// goes through) keeps an SVG's shapes and text and drops every event handler, every script,
+/// `javascript:` or non-image `data:` link, animations, script and embedded documents, whatever
+/// the server sent.
+#[tokio::test]
+async fn sc_199_the_console_strips_handlers_script_links_and_animations_from_charts() {
+    let driver = start_driver().await;
+    let s = Server::memory().await;
+    let downloads = std::env::temp_dir().join(format!("tollgate-svg-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&downloads).unwrap();
+    let client = browser(&driver, &downloads).await;
+    client.goto(&format!("{}/console", s.base)).await.unwrap();
+    let kept = client
+        .execute(
+            r##"const node = window.tollgateConsole.chart(arguments[0]);
+               document.body.append(node);
+               for (const target of node.querySelectorAll("*")) {
+                 target.dispatchEvent(new MouseEvent("click", { bubbles: true }));
+                 target.dispatchEvent(new MouseEvent("mouseover", { bubbles: true }));
+               }
+               return {
+                 elements: [...node.querySelectorAll("*")].map((e) => ({
+                   tag: e.localName,
+                   id: e.getAttribute("id"),
+                   attrs: [...e.attributes].map((a) => [a.name, a.value]),
+                 })),
+                 label: node.querySelector("#label") ? node.querySelector("#label").textContent : null,
+               };"##,
+            vec![json!(HOSTILE_SVG)],
+        )
+        .await
+        .unwrap();
+    let elements = kept["elements"].as_array().unwrap();
+    let tags: BTreeSet<&str> = elements
+        .iter()
+        .map(|e| e["tag"].as_str().unwrap())
+        .collect();
+    for dropped in ["script", "foreignObject", "set", "animate", "iframe", "div"] {
+        assert!(!tags.contains(dropped), "{dropped} kept: {kept}");
+    }
+    for element in elements {
+        for attr in element["attrs"].as_array().unwrap() {
+            let name = attr[0].as_str().unwrap().to_ascii_lowercase();
+            let value: String = attr[1]
+                .as_str()
+                .unwrap()
+                .chars()
+                .filter(|c| !c.is_whitespace())
+                .collect::<String>()
+                .to_ascii_lowercase();
+            assert!(!name.starts_with("on"), "handler kept: {element}");
+            assert!(
+                !value.contains("javascript:"),
+                "script link kept: {element}"
+            );
+            assert!(
+                !value.starts_with("data:") || value.starts_with("data:image/png"),
+                "data link kept: {element}"
+            );
+            assert!(!value.contains("url("), "style URL kept: {element}");
+        }
+    }
+    let by_id = |id: &str| {
+        elements
+            .iter()
+            .find(|e| e["id"] == id)
+            .unwrap_or_else(|| panic!("#{id} is gone: {kept}"))
+    };
+    let has = |id: &str, name: &str| {
+        by_id(id)["attrs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a[0] == name)
+    };
+    // The shapes and their text stay; only what was dangerous goes.
+    assert!(tags.contains("svg") && has("bar", "fill"), "{kept}");
+    assert!(
+        !has("link", "href") && !has("xlink", "xlink:href"),
+        "{kept}"
+    );
+    assert!(
+        !has("img", "href") && !has("data-svg", "href") && !has("use", "href"),
+        "{kept}"
+    );
+    assert!(
+        has("data-png", "href"),
+        "a raster image's data URL stays: {kept}"
+    );
+    assert!(!has("styled", "style"), "{kept}");
+    assert_eq!(kept["label"], "<script>team-a");
+    let fired = client
+        .execute("return window.fired || null;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(fired, Value::Null, "something ran");
+    client.close().await.unwrap();
+    let _ = std::fs::remove_dir_all(&downloads);
     s.stop().await;
 }

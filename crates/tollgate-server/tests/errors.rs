@@ -41,6 +41,101 @@ async fn sc_190_an_unknown_profile_is_refused_without_echoing_its_name() {
     assert!(!text.contains(SECRET), "{text}");
 }
 
+/// SC-198: an identifier holding an invisible format character (a right-to-left override, a
+/// zero-width space) is refused 422 `invalid_request` naming the field, never the value, on
+/// `/v1/calls` and `/v1/roots`; nothing is claimed, audited or sent.
+#[tokio::test]
+async fn sc_198_identifiers_with_format_characters_are_refused_and_write_nothing() {
+    let s = Server::memory().await;
+    let rlo = "order-\u{202E}1gnp.exe";
+    let zwsp = "s\u{200B}1";
+    let mut bodies = Vec::new();
+    bodies.push(("operation_key", call("summarize", rlo, "r-1", "hello")));
+    for field in ["session_id", "intent", "input_revision"] {
+        let mut body = call("summarize", "fmt-1", "r-1", "hello");
+        body[field] = json!(zwsp);
+        bodies.push((field, body));
+    }
+    for (field, body) in bodies {
+        let (status, answer, text) = s.post("/v1/calls", &s.caller, &body).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{field}: {text}");
+        assert_eq!(answer["error"]["code"], "invalid_request", "{text}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains(field), "{message}");
+        assert!(!text.contains(rlo) && !text.contains(zwsp), "{text}");
+    }
+    let root = json!({"profile": "agent-step", "root_key": rlo, "session_id": "s",
+        "intent": "i", "input_revision": "r", "deadline_ms": 60000});
+    let (status, answer, text) = s.post("/v1/roots", &s.caller, &root).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+    assert_eq!(answer["error"]["code"], "invalid_request", "{text}");
+    assert!(!text.contains(rlo), "{text}");
+    // Nothing was claimed: the scope's audit log has no row, and nothing reached the provider.
+    let scope = tollgate_core::ids::Scope::parse("acme").unwrap();
+    let heads = tollgate_store::AuditLog::audit_heads(&*s.backend.stores(), &scope)
+        .await
+        .unwrap();
+    assert!(heads.is_empty(), "{heads:?}");
+    assert_eq!(s.mock.request_count(), 0);
+    // The same call without the override runs.
+    let (status, _, text) = s
+        .post(
+            "/v1/calls",
+            &s.caller,
+            &call("summarize", "order-1", "r-1", "hello"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    s.stop().await;
+}
+
+/// SC-198: a profile whose consumer holds a format character stops start-up, naming the field
+/// and never the value.
+#[test]
+fn sc_198_a_consumer_with_a_format_character_is_refused_at_start_up() {
+    use tollgate_server::config::{Env, FileConfig};
+    let consumer = "team-\u{202E}a";
+    let text = format!(
+        r#"
+[[providers]]
+name = "mock"
+kind = "openai-chat"
+base_url = "http://127.0.0.1:9"
+
+[[prices]]
+version = "prices-t"
+currency = "USD"
+[prices.models."mock-echo"]
+input = "1.00"
+output = "2.00"
+cache_read = "0.10"
+cache_write = "1.25"
+reasoning = "2.00"
+
+[[profiles]]
+name = "summarize"
+kind = "text"
+provider = "mock"
+model = "mock-echo"
+policy_version = "policy-1"
+price_version = "prices-t"
+consumer = "{consumer}"
+"#
+    );
+    let env = Env::new();
+    let refused = FileConfig::from_toml(&text, &env)
+        .unwrap()
+        .validate(&env)
+        .unwrap_err();
+    assert!(refused.0.contains("consumer"), "{refused}");
+    assert!(refused.0.contains("format character"), "{refused}");
+    assert!(!refused.0.contains(consumer), "{refused}");
+    let fine = FileConfig::from_toml(&text.replace(consumer, "team-a"), &env)
+        .unwrap()
+        .validate(&env);
+    assert!(fine.is_ok(), "{fine:?}");
+}
+
 #[tokio::test]
 async fn sc_135_body_errors_name_the_path_and_the_expectation_never_the_value() {
     let s = Server::memory().await;

@@ -528,6 +528,14 @@ fault_wrapper! {
         read Settlement = fn settlement(execution_id: ExecutionId) -> Option<SettlementRecord>;
         read Settlements = fn settlements(from: NaiveDate, to: NaiveDate, limit: u32)
             -> Vec<SettlementRecord>;
+        read ScopeSettlements = fn scope_settlements(
+            scope: &Scope,
+            from: NaiveDate,
+            to: NaiveDate,
+            limit: u32,
+        ) -> Vec<SettlementRecord>;
+        read FeedPositionOf = fn feed_position(scope: &Scope, id: SettlementId)
+            -> Option<FeedPosition>;
         read SettlementsAfter = fn settlements_after(
             scope: Option<&Scope>,
             after: FeedPosition,

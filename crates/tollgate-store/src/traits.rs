@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use tollgate_core::caps::SpendTotals;
 use tollgate_core::ids::{
-    ConsumerId, EvidenceId, ExecutionId, OperationKey, RootKey, Scope, SessionId,
+    ConsumerId, EvidenceId, ExecutionId, OperationKey, RootKey, Scope, SessionId, SettlementId,
 };
 use tollgate_core::money::Currency;
 use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
@@ -277,6 +277,35 @@ pub trait SettlementStore: Send + Sync {
         to: NaiveDate,
         limit: u32,
     ) -> StoreResult<Vec<SettlementRecord>>;
+
+    /// Settlements of `scope` with `from ≤ accounting_day ≤ to`, by accounting day and then
+    /// settlement order, at most `limit`. Another scope's settlements are neither listed nor
+    /// read, so how many there are changes nothing of the answer or its cost (SC-192); on
+    /// Postgres the index `(scope, accounting_day, seq)` yields the scope's rows of the range in
+    /// this order, so a scan in it ends at the limit.
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn scope_settlements(
+        &self,
+        scope: &Scope,
+        from: NaiveDate,
+        to: NaiveDate,
+        limit: u32,
+    ) -> StoreResult<Vec<SettlementRecord>>;
+
+    /// The feed position of settlement `id` when it is `scope`'s and the scope's feed
+    /// ([`SettlementStore::settlements_after`]) lists it; `None` for another scope's settlement,
+    /// one the feed does not list yet, or an unknown id. The HTTP feed's cursor is a
+    /// settlement's id, resolved to its position here, so no cursor shows a position (SC-193).
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn feed_position(
+        &self,
+        scope: &Scope,
+        id: SettlementId,
+    ) -> StoreResult<Option<FeedPosition>>;
 
     /// The finance feed: up to `limit` settlements of `scope` (all scopes when `None`) after
     /// `after`, in feed order ([`FeedPosition`]). For a scope, only settlements that no running

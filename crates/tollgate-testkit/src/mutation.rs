@@ -171,6 +171,9 @@ forward! {
     SettlementStore {
         fn settlement(execution_id: ExecutionId) -> Option<SettlementRecord>;
         fn settlements(from: NaiveDate, to: NaiveDate, limit: u32) -> Vec<SettlementRecord>;
+        fn scope_settlements(scope: &Scope, from: NaiveDate, to: NaiveDate, limit: u32)
+            -> Vec<SettlementRecord>;
+        fn feed_position(scope: &Scope, id: SettlementId) -> Option<FeedPosition>;
         fn settlements_after(scope: Option<&Scope>, after: FeedPosition, limit: u32)
             -> Vec<FeedEntry>;
     }

@@ -90,6 +90,10 @@ impl Tour {
     fn runner(&self, config: CallConfig) -> Result<SingleCallRunner, CommandError> {
         let mut settings = RunnerSettings::new(config);
         settings.lease_ms = DEMO_LEASE_MS;
+        // The tour's scripted store failure stands for a store that stays down: the settlement
+        // is tried once, and the call is left to recovery (a live server retries it for
+        // `[runner] settle_retry_ms`).
+        settings.settle_retry_ms = 0;
         let stores: Arc<dyn Stores> = self.stores.clone();
         Ok(SingleCallRunner::new(
             stores,
@@ -274,9 +278,8 @@ async fn tour_recovery(tour: &mut Tour) -> Result<(), CommandError> {
         .await;
     tour.stores.disarm(FaultPoint::Settle);
     tour.report("store failure", &crashed);
-    // The claim's lease covers the run timeout; wait it out, as a crashed process would.
-    let lease_ms = DEMO_LEASE_MS.max(DEMO_RUN_TIMEOUT_MS + tollgate_runner::engine::LEASE_SLACK_MS);
-    tokio::time::sleep(Duration::from_millis(lease_ms + 100)).await;
+    // The call's lease ends once nothing renews it; wait it out, as after a crashed process.
+    tokio::time::sleep(Duration::from_millis(DEMO_LEASE_MS + 100)).await;
     let stores: Arc<dyn Stores> = tour.stores.clone();
     let reconciler = Reconciler::new(stores, Arc::new(SystemClock));
     let scope = id(Scope::parse, "demo")?;

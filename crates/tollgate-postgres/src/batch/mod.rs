@@ -16,6 +16,7 @@
 //! answers every call [`Answer::Failed`] with the error the single statement would have given,
 //! whose commit is as unknown as that statement's would be.
 
+use crate::error::ends_connection;
 use crate::PgStores;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
@@ -23,6 +24,7 @@ use sqlx::Postgres;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::{oneshot, Semaphore};
 use tollgate_store::{StoreError, StoreResult};
 
@@ -45,6 +47,9 @@ pub(crate) enum Answer {
     Alone,
     /// The batch statement failed as a whole.
     Failed(StoreError),
+    /// The batch statement failed with an error that ended its connection
+    /// (`crate::error::ends_connection`): whether it committed is unknown.
+    Lost(StoreError),
 }
 
 impl Answer {
@@ -59,7 +64,16 @@ impl Answer {
             Self::Row(row) => Ok(Some(Ok(Some(row)))),
             Self::NoRow => Ok(Some(Ok(None))),
             Self::Alone => Ok(None),
-            Self::Failed(e) => Err(e),
+            Self::Failed(e) | Self::Lost(e) => Err(e),
+        }
+    }
+
+    /// Whether the statement failed with an error that ended its connection.
+    pub(crate) fn lost_its_connection(&self) -> bool {
+        match self {
+            Self::Single(Err(e)) => ends_connection(e),
+            Self::Lost(_) => true,
+            _ => false,
         }
     }
 }
@@ -78,7 +92,17 @@ pub(crate) struct Batcher<C> {
     /// never wait for each other's locks. The runner takes its place at the gate before it
     /// takes its calls, so the calls that arrive while it waits join its batch.
     gate: Arc<Semaphore>,
+    /// The longest one statement may hold the gate: past it the statement is given up (its
+    /// connection closed, its calls answered `Unavailable`, their outcome unknown) and the gate
+    /// goes to the next, so a connection that stopped answering (a half-open route, a failover)
+    /// cannot stop the shard (SC-206).
+    deadline: Duration,
 }
+
+/// Calls one queue holds waiting at most; a call beyond them is refused at once with
+/// `Unavailable`, nothing written, instead of queueing without bound behind a slow database
+/// (SC-206).
+pub(crate) const BATCH_QUEUE_CALLS_MAX: usize = 1_024;
 
 struct Queue<C> {
     waiting: VecDeque<(C, oneshot::Sender<(Answer, C)>)>,
@@ -129,14 +153,15 @@ fn lost() -> StoreError {
 
 impl<C: Send + 'static> Batcher<C> {
     /// A batcher whose statements take `gate` (one permit): one statement in flight among this
-    /// batcher and every other one given the same gate.
-    pub(crate) fn new(gate: &Arc<Semaphore>) -> Arc<Self> {
+    /// batcher and every other one given the same gate, each for at most `deadline`.
+    pub(crate) fn new(gate: &Arc<Semaphore>, deadline: Duration) -> Arc<Self> {
         Arc::new(Self {
             queue: Mutex::new(Queue {
                 waiting: VecDeque::new(),
                 running: 0,
             }),
             gate: Arc::clone(gate),
+            deadline,
         })
     }
 
@@ -145,7 +170,8 @@ impl<C: Send + 'static> Batcher<C> {
     /// their order, with the calls.
     ///
     /// # Errors
-    /// [`StoreError::Unavailable`] when the runner that took the call ended without answering it.
+    /// [`StoreError::Unavailable`] when the queue is full ([`BATCH_QUEUE_CALLS_MAX`]), or the
+    /// runner that took the call ended without answering it (its statement passed the deadline).
     pub(crate) async fn submit<S, F>(self: &Arc<Self>, call: C, send: S) -> StoreResult<(Answer, C)>
     where
         S: Fn(Vec<C>) -> F + Send + Sync + 'static,
@@ -154,6 +180,9 @@ impl<C: Send + 'static> Batcher<C> {
         let (tx, rx) = oneshot::channel();
         let start = {
             let mut queue = self.queue.lock().map_err(|_| lost())?;
+            if queue.waiting.len() >= BATCH_QUEUE_CALLS_MAX {
+                return Err(StoreError::Unavailable("database batch queue full".into()));
+            }
             queue.waiting.push_back((call, tx));
             let start = queue.running == 0;
             if start {
@@ -200,8 +229,18 @@ impl<C: Send + 'static> Batcher<C> {
             };
             let (calls, senders): (Vec<C>, Vec<oneshot::Sender<(Answer, C)>>) =
                 taken.into_iter().unzip();
-            let (answers, calls) = send(calls).await;
+            let sent = tokio::time::timeout(self.deadline, send(calls)).await;
             drop(permit);
+            let Ok((answers, calls)) = sent else {
+                // Given up at the deadline: the statement's connection is closed with its
+                // future, and the callers, whose senders drop here, answer `Unavailable`.
+                tracing::warn!(
+                    deadline_ms = self.deadline.as_millis(),
+                    calls = senders.len(),
+                    "database batch given up at its deadline"
+                );
+                continue;
+            };
             for ((answer, call), to) in answers.into_iter().zip(calls).zip(senders) {
                 // The caller may have gone (its future dropped): its call was sent all the same.
                 let _ = to.send((answer, call));
@@ -267,6 +306,15 @@ impl PgStores {
         let rows = query.fetch_all(on).await;
         let rows = conn.check(rows);
         drop(conn);
+        if let Err(e) = &rows {
+            if ends_connection(e) {
+                let lost = StoreError::Unavailable("database connection lost mid-batch".into());
+                let answers = (0..calls.len())
+                    .map(|_| Answer::Lost(lost.clone()))
+                    .collect();
+                return (answers, calls);
+            }
+        }
         (answers(rows, calls.len()), calls)
     }
 }
@@ -366,7 +414,73 @@ pub(crate) fn answers(rows: Result<Vec<PgRow>, sqlx::Error>, calls: usize) -> Ve
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::time::Duration;
+
+    /// A deadline no statement of these tests reaches.
+    const TEST_DEADLINE: Duration = Duration::from_secs(60);
+
+    #[tokio::test]
+    async fn sc_206_a_statement_past_its_deadline_gives_the_gate_to_the_next() {
+        let gate = Arc::new(Semaphore::new(1));
+        let claims = Batcher::<usize>::new(&gate, Duration::from_millis(100));
+        let settles = Batcher::<usize>::new(&gate, Duration::from_millis(100));
+        // A statement on a connection that never answers.
+        let stuck = {
+            let claims = Arc::clone(&claims);
+            tokio::spawn(async move {
+                claims
+                    .submit(1, |batch: Vec<usize>| async move {
+                        std::future::pending::<()>().await;
+                        (batch.iter().map(|_| Answer::NoRow).collect(), batch)
+                    })
+                    .await
+            })
+        };
+        let stuck = tokio::time::timeout(Duration::from_secs(5), stuck)
+            .await
+            .expect("the stuck statement held the gate past its deadline")
+            .unwrap();
+        assert!(matches!(stuck, Err(StoreError::Unavailable(_))));
+        // The shard goes on: the other queue of the gate, and the same queue, answer.
+        for queue in [&settles, &claims] {
+            let answered = tokio::time::timeout(
+                Duration::from_secs(5),
+                queue.submit(2, |batch: Vec<usize>| async move {
+                    (batch.iter().map(|_| Answer::NoRow).collect(), batch)
+                }),
+            )
+            .await
+            .expect("the shard stayed stopped");
+            assert!(matches!(answered, Ok((Answer::NoRow, 2))));
+        }
+    }
+
+    #[tokio::test]
+    async fn sc_206_a_full_queue_refuses_at_once() {
+        let gate = Arc::new(Semaphore::new(1));
+        // The gate is held elsewhere, so nothing leaves the queue.
+        let held = Arc::clone(&gate).acquire_owned().await.unwrap();
+        let queue = Batcher::<usize>::new(&gate, TEST_DEADLINE);
+        let send = |batch: Vec<usize>| async move {
+            (batch.iter().map(|_| Answer::NoRow).collect(), batch)
+        };
+        let mut waiting = Vec::new();
+        for i in 0..BATCH_QUEUE_CALLS_MAX {
+            let queue = Arc::clone(&queue);
+            waiting.push(tokio::spawn(async move { queue.submit(i, send).await }));
+        }
+        // Every one of them queued (polled), then one more is refused without waiting.
+        while queue.queue.lock().unwrap().waiting.len() < BATCH_QUEUE_CALLS_MAX {
+            tokio::task::yield_now().await;
+        }
+        let refused = tokio::time::timeout(Duration::from_secs(1), queue.submit(0, send))
+            .await
+            .expect("a full queue made its caller wait");
+        assert!(matches!(refused, Err(StoreError::Unavailable(_))));
+        drop(held);
+        for call in waiting {
+            assert!(call.await.unwrap().is_ok());
+        }
+    }
 
     #[test]
     fn h_32_a_batch_statement_casts_every_call_s_parameters_in_order() {
@@ -381,7 +495,7 @@ mod tests {
 
     #[tokio::test]
     async fn h_32_calls_queued_while_the_runner_is_busy_go_in_one_batch() {
-        let batcher = Batcher::<usize>::new(&Arc::new(Semaphore::new(1)));
+        let batcher = Batcher::<usize>::new(&Arc::new(Semaphore::new(1)), TEST_DEADLINE);
         let sizes = Arc::new(Mutex::new(Vec::new()));
         let in_flight = Arc::new(AtomicUsize::new(0));
         let mut calls = Vec::new();
@@ -425,8 +539,8 @@ mod tests {
         // one statement is in flight at a time, and the calls that arrive meanwhile on both
         // queues are carried by the next statements of each.
         let gate = Arc::new(Semaphore::new(1));
-        let claims = Batcher::<usize>::new(&gate);
-        let settles = Batcher::<usize>::new(&gate);
+        let claims = Batcher::<usize>::new(&gate, TEST_DEADLINE);
+        let settles = Batcher::<usize>::new(&gate, TEST_DEADLINE);
         let in_flight = Arc::new(AtomicUsize::new(0));
         let statements = Arc::new(AtomicUsize::new(0));
         let send = {
@@ -467,7 +581,7 @@ mod tests {
 
     #[tokio::test]
     async fn h_32_a_runner_that_panics_fails_its_calls_and_the_waiting_ones_instead_of_hanging() {
-        let batcher = Batcher::<usize>::new(&Arc::new(Semaphore::new(1)));
+        let batcher = Batcher::<usize>::new(&Arc::new(Semaphore::new(1)), TEST_DEADLINE);
         let send = |batch: Vec<usize>| async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
             assert!(batch.is_empty(), "a runner that panics");
@@ -494,7 +608,7 @@ mod tests {
 
     #[tokio::test]
     async fn h_32_a_runner_that_ends_without_answering_fails_its_calls_and_gives_its_place_back() {
-        let batcher = Batcher::<usize>::new(&Arc::new(Semaphore::new(1)));
+        let batcher = Batcher::<usize>::new(&Arc::new(Semaphore::new(1)), TEST_DEADLINE);
         let answered = batcher
             .submit(1, |batch: Vec<usize>| async move { (Vec::new(), batch) })
             .await;

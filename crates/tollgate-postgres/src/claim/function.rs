@@ -251,6 +251,15 @@ impl PgStores {
             }
             None => (self.send_alone(CLAIM, &call).await, call),
         };
+        // A statement that lost its connection (a terminated backend, a restarted server, a
+        // stale pooled connection) is sent once more, alone, on a fresh connection. That is safe
+        // for a claim: if the first one committed, the second finds the row it inserted, by its
+        // execution id (below), and claims nothing twice.
+        let answer = if answer.lost_its_connection() {
+            self.send_alone(CLAIM, &call).await
+        } else {
+            answer
+        };
         let row = match answer.single()? {
             Some(row) => row,
             // Left out of its batch: nothing of it was written; it goes alone.
@@ -270,10 +279,14 @@ impl PgStores {
             )),
             Ok(None) => {
                 let held = (&record.binding, record.binding_digest);
-                let mut conn = self.call_connection().await?;
-                let existing = executions::view_held(&mut conn, request, held)
+                let existing = executions::view_held(self, request, held)
                     .await?
                     .ok_or_else(|| StoreError::Corrupt("key without row".into()))?;
+                // The row this claim's own earlier attempt inserted (its answer was lost with
+                // its connection): the claim is this one's.
+                if existing.execution.id.0 == call.id {
+                    return Ok(ClaimOutcome::Claimed(existing.execution));
+                }
                 Ok(ClaimOutcome::Existing(Box::new(existing)))
             }
             Err(e) if sqlstate(&e).as_deref() == Some(CAP_REFUSED) => {

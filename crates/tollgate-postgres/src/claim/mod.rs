@@ -38,9 +38,8 @@ impl PgStores {
             .contains(&request.scope, &request.operation_key);
         if seen || request.root_key.is_some() {
             self.reads_first.fetch_add(1, Ordering::Relaxed);
-            let mut call = self.call_connection().await?;
             let held = (&request.binding, request.digest());
-            let existing = executions::view_held(&mut call, &request, held).await?;
+            let existing = executions::view_held(self, &request, held).await?;
             if let Some(existing) = existing {
                 self.seen_keys
                     .insert(&request.scope, &request.operation_key);

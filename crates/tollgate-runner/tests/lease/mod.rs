@@ -17,7 +17,6 @@ use tollgate_core::state::ExecutionState;
 use tollgate_core::usage::Usage;
 use tollgate_core::view::{View, ViewState};
 use tollgate_provider::scripted::{ScriptedClient, ScriptedReply};
-use tollgate_runner::engine::LEASE_SLACK_MS;
 use tollgate_runner::recovery::{ExpiredCounts, Reconciler};
 use tollgate_runner::{Clock, RunError, RunRequest, RunnerSettings, SingleCallRunner, SystemClock};
 use tollgate_store::fault::{FaultyStores, StoreOp};
@@ -28,12 +27,8 @@ use tollgate_testkit::conformance::{scope, text_config};
 pub const LEASE_MS: u64 = 300;
 /// The run timeout of these calls.
 pub const RUN_TIMEOUT_MS: u64 = 200;
-/// The lease a claim takes without renewals (what expired under a slow store before).
-pub const CLAIM_LEASE_MS: u64 = if LEASE_MS > RUN_TIMEOUT_MS + LEASE_SLACK_MS {
-    LEASE_MS
-} else {
-    RUN_TIMEOUT_MS + LEASE_SLACK_MS
-};
+/// The lease a claim takes: the runner's, whatever the run timeout.
+pub const CLAIM_LEASE_MS: u64 = LEASE_MS;
 /// How long the dispatch mark waits for the store: two claim leases.
 pub const MARK_DELAY_MS: u64 = 2 * CLAIM_LEASE_MS;
 /// How often the recoverer below runs a pass (a scheduler's tick).

@@ -307,6 +307,22 @@ impl SettlementStore for SimStores {
     ) -> StoreResult<Vec<SettlementRecord>> {
         read!(self, self.inner().settlements(from, to, limit))
     }
+    async fn scope_settlements(
+        &self,
+        scope: &Scope,
+        from: NaiveDate,
+        to: NaiveDate,
+        limit: u32,
+    ) -> StoreResult<Vec<SettlementRecord>> {
+        read!(self, self.inner().scope_settlements(scope, from, to, limit))
+    }
+    async fn feed_position(
+        &self,
+        scope: &Scope,
+        id: SettlementId,
+    ) -> StoreResult<Option<FeedPosition>> {
+        read!(self, self.inner().feed_position(scope, id))
+    }
     async fn settlements_after(
         &self,
         scope: Option<&Scope>,

@@ -126,6 +126,18 @@ impl H {
         GovernedStepRunner::new(self.stores.clone(), client.clone(), self.settings(config)).unwrap()
     }
 
+    /// A step runner whose last writes are retried for `settle_retry_ms` while the store fails.
+    pub fn steps_retrying(
+        &self,
+        config: CallConfig,
+        client: &Arc<ScriptedClient>,
+        settle_retry_ms: u64,
+    ) -> GovernedStepRunner {
+        let mut settings = self.settings(config);
+        settings.settle_retry_ms = settle_retry_ms;
+        GovernedStepRunner::new(self.stores.clone(), client.clone(), settings).unwrap()
+    }
+
     pub fn structured(&self, client: &Arc<ScriptedClient>) -> StructuredCallRunner {
         StructuredCallRunner::new(
             self.stores.clone(),
@@ -865,7 +877,8 @@ pub async fn st_31_completed_requires_both_receipts(h: H) {
 
 pub async fn st_32_st_4_recovery_sends_nothing_and_keeps_the_original_snapshot(h: H) {
     let c = client(vec![tool_reply("{}")]);
-    let runner = h.steps(step_config(), &c);
+    // A store that stays down past the retry window (SC-202).
+    let runner = h.steps_retrying(step_config(), &c, 300);
     h.open(&runner, "turn-1", 600_000).await;
     h.faults.arm(FaultPoint::Settle);
     assert!(runner.run_step(h.step("turn-1", "s1")).await.is_err());

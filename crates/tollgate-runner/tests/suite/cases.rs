@@ -180,7 +180,8 @@ pub async fn sc_17_dispatch_mark_failure_sends_nothing(h: Harness) {
 pub async fn sc_17_settle_failure_rejects_and_recovery_settles_without_resend(h: Harness) {
     h.faults.arm(FaultPoint::Settle);
     let c = client(vec![ok_reply("lost")]);
-    let runner = h.runner(text_config(), &c);
+    // A store that stays down past the retry window (SC-202).
+    let runner = h.runner_retrying(text_config(), &c, 300);
     let err = runner.run(h.request("k1", "x")).await.unwrap_err();
     assert!(matches!(err, RunError::Store { .. }));
     h.faults.disarm(FaultPoint::Settle);
@@ -217,7 +218,11 @@ pub async fn sc_17_h_1_lost_settle_acknowledgement_is_read_back(h: Harness) {
     h.faults.arm(FaultPoint::SettleAfterCommit);
     let c = client(vec![ok_reply("done")]);
     let runner = h.runner(text_config(), &c);
-    assert!(runner.run(h.request("k1", "x")).await.is_err());
+    // The retry is refused (the row is completed) and finds the settlement under its own fence
+    // (SC-202): the call answers what was committed.
+    let answered = runner.run(h.request("k1", "x")).await.unwrap();
+    assert_eq!(answered.outcome, Some(Outcome::Success));
+    assert_eq!(answered.output.unwrap().text.as_deref(), Some("done"));
     h.faults.disarm(FaultPoint::SettleAfterCommit);
     let view = runner
         .read(&scope("acme"), &key("k1"))
@@ -226,6 +231,34 @@ pub async fn sc_17_h_1_lost_settle_acknowledgement_is_read_back(h: Harness) {
         .unwrap();
     assert_eq!(view.outcome, Some(Outcome::Success));
     assert_eq!(c.sends(), 1);
+}
+
+pub async fn sc_202_a_settlement_outlives_a_store_outage_shorter_than_its_retries(h: Harness) {
+    h.faults.arm(FaultPoint::Settle);
+    h.faults.arm(FaultPoint::RecordEvidence);
+    let c = client(vec![ok_reply("kept")]);
+    let runner = h.runner(text_config(), &c);
+    let faults = h.faults.clone();
+    let outage = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        faults.disarm(FaultPoint::Settle);
+        faults.disarm(FaultPoint::RecordEvidence);
+    });
+    let view = runner.run(h.request("k1", "x")).await.unwrap();
+    outage.await.unwrap();
+    // The output and the usage the provider answered were kept through the outage: one send,
+    // one settlement from the stream, the output stored.
+    assert_eq!(view.state, ViewState::Completed);
+    assert_eq!(view.outcome, Some(Outcome::Success));
+    assert_eq!(view.output.unwrap().text.as_deref(), Some("kept"));
+    assert_eq!(c.sends(), 1);
+    let id = view.execution_id.unwrap();
+    let settled = h.stores.settlement(id).await.unwrap().unwrap();
+    assert_eq!(
+        settled.source,
+        tollgate_core::state::SettlementSource::Stream
+    );
+    assert!(h.faults.calls()[&tollgate_store::fault::StoreOp::Settle] >= 2);
 }
 
 pub async fn sc_20_read_reports_each_state(h: Harness) {

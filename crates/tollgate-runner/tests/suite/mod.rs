@@ -62,8 +62,23 @@ impl Harness {
     }
 
     pub fn runner(&self, config: CallConfig, client: &Arc<ScriptedClient>) -> SingleCallRunner {
+        self.runner_retrying(
+            config,
+            client,
+            RunnerSettings::new(text_config()).settle_retry_ms,
+        )
+    }
+
+    /// A runner whose last writes are retried for `settle_retry_ms` while the store fails.
+    pub fn runner_retrying(
+        &self,
+        config: CallConfig,
+        client: &Arc<ScriptedClient>,
+        settle_retry_ms: u64,
+    ) -> SingleCallRunner {
         let mut settings = RunnerSettings::new(config);
         settings.clock = self.clock.clone();
+        settings.settle_retry_ms = settle_retry_ms;
         SingleCallRunner::new(self.stores.clone(), client.clone(), settings).unwrap()
     }
 

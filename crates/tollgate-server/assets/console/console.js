@@ -38,6 +38,13 @@
     return el("table", attrs || {}, el("thead", {}, head), el("tbody", {}, rows));
   }
 
+  // When an audit check ran, and whether this answer is the server's last check of the scope
+  // (checks of a scope run at most once per cache_ms on one server).
+  function checkedHint(check, id) {
+    return el("p", { id: id, class: "hint" }, "Checked " + check.checked_at +
+      (check.cached ? " (this server's last check; checks run at most every " + Math.round(check.cache_ms / 1000) + " s)" : ""));
+  }
+
   function kv(pairs) {
     return el("table", { class: "kv" }, el("tbody", {}, pairs.map(([k, v]) =>
       el("tr", {}, el("th", {}, k), el("td", {}, v instanceof Node ? v : text(v))))));
@@ -47,12 +54,45 @@
     return el("section", { class: "card" }, el("h2", {}, title), children);
   }
 
+  // What a chart may not carry, whatever the server sent (defence in depth under the CSP, which
+  // already refuses inline script): elements that run script, embed documents or change
+  // attributes over time, elements outside the SVG namespace, event handler attributes, and
+  // attribute values that are script or data URLs (data URLs of raster images excepted) or
+  // styles that load URLs.
+  const SVG_DROPPED = new Set(["script", "foreignobject", "iframe", "embed", "object", "set",
+    "animate", "animatemotion", "animatetransform", "discard", "handler", "listener"]);
+  const RASTER_DATA = /^data:image\/(png|gif|jpeg|webp)[;,]/;
+
+  function unsafeValue(name, value) {
+    // Browsers skip whitespace and control characters inside a URL's scheme.
+    const v = String(value).replace(/[\u0000-\u0020\u007f]+/g, "").toLowerCase();
+    if (v.includes("javascript:") || v.includes("vbscript:")) return true;
+    if (v.startsWith("data:") && !RASTER_DATA.test(v)) return true;
+    if (name === "style" && (v.includes("url(") || v.includes("expression("))) return true;
+    return false;
+  }
+
+  function sanitizeSvg(root) {
+    for (const node of [root, ...root.querySelectorAll("*")]) {
+      if (node !== root && (!(node instanceof SVGElement) || SVG_DROPPED.has(node.localName.toLowerCase()))) {
+        node.remove();
+        continue;
+      }
+      for (const attr of [...node.attributes]) {
+        const name = attr.localName.toLowerCase();
+        if (name.startsWith("on") || unsafeValue(name, attr.value)) {
+          node.removeAttributeNode(attr);
+        }
+      }
+    }
+    return root;
+  }
+
   function svg(source) {
     const doc = new DOMParser().parseFromString(source, "image/svg+xml");
     const root = doc.documentElement;
-    if (!root || root.nodeName !== "svg") return el("p", {}, "chart unavailable");
-    root.querySelectorAll("script, foreignObject").forEach((n) => n.remove());
-    return el("div", { class: "chart" }, document.importNode(root, true));
+    if (!(root instanceof SVGSVGElement)) return el("p", {}, "chart unavailable");
+    return el("div", { class: "chart" }, document.importNode(sanitizeSvg(root), true));
   }
 
   function showError(message) {
@@ -163,10 +203,11 @@
           ["last pass", text(sched.last_pass_at) + (sched.last_pass_at ? " (" + sched.last_pass_ms + " ms)" : "")],
           ["scheduled ledger audits", sched.ledger_audit_runs + " (last found " + sched.ledger_violations_last + " violations)"],
         ])),
-      card("Ledger audit (run now)",
+      card("Ledger audit",
         el("p", { id: "ledger-status", class: o.ledger.ok ? "status-ok" : "status-bad" },
           o.ledger.ok ? "clean" : o.ledger.violations_total + " violations"),
-        o.ledger.first_violation ? el("p", {}, "First: ", el("code", {}, o.ledger.first_violation)) : null));
+        o.ledger.first_violation ? el("p", {}, "First: ", el("code", {}, o.ledger.first_violation)) : null,
+        checkedHint(o.ledger, "ledger-checked")));
   }
 
   // ---- backlog -----------------------------------------------------------------------------
@@ -472,12 +513,14 @@
       card("Audit chain",
         el("p", { id: "chain-status", class: chain.ok ? "status-ok" : "status-bad" },
           chain.ok ? "verified: " + chain.rows_verified + " rows, every chain ends at its head (" + chain.head_seq + " rows)"
-            : "chain " + chain.first_violation.chain + " broken at seq " + chain.first_violation.seq + ": " + chain.first_violation.reason)),
+            : "chain " + chain.first_violation.chain + " broken at seq " + chain.first_violation.seq + ": " + chain.first_violation.reason),
+        checkedHint(chain, "chain-checked")),
       card("Ledger audit",
         el("p", { id: "ledger-audit-status", class: ledger.ok ? "status-ok" : "status-bad" },
           ledger.ok ? "clean" : ledger.violations_total + " violations"),
         kv(Object.entries(ledger.checked).map(([k, v]) => [k.replaceAll("_", " "), v])),
-        first ? el("p", {}, "First violation: ", el("code", { id: "first-violation" }, JSON.stringify(first))) : null));
+        first ? el("p", {}, "First violation: ", el("code", { id: "first-violation" }, JSON.stringify(first))) : null,
+        checkedHint(ledger, "ledger-audit-checked")));
   }
 
   // ---- keys --------------------------------------------------------------------------------
@@ -569,6 +612,10 @@
     window.addEventListener("hashchange", () => { if (session) render(); });
     open();
   }
+
+  // The chart path, reachable from outside this closure so that the browser test can hand it a
+  // hostile SVG (the server draws none) and read what it keeps; it reads and sends nothing.
+  window.tollgateConsole = Object.freeze({ chart: svg });
 
   start();
 })();

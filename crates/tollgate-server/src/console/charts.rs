@@ -217,4 +217,38 @@ mod tests {
         assert!(rects >= empty.matches("<rect").count() + 2, "{rects}");
         assert!(!bars.contains("style="));
     }
+
+    /// SC-199: legend labels (consumer and model names, outcomes) and the currency are text in
+    /// the SVG, escaped as markup, so a name cannot add an element or an attribute.
+    #[test]
+    fn sc_199_names_in_charts_are_escaped_text() {
+        let hostile = "<script>alert(1)</script>\" onload=\"x";
+        let day = NaiveDate::from_ymd_opt(2026, 12, 1).unwrap();
+        let bars = settlements_by_day(
+            &[day],
+            &[Series {
+                label: format!("{hostile} / <img src=x onerror=y>"),
+                values: vec![Decimal::new(5, 5)],
+            }],
+            "<b>USD</b>",
+        )
+        .unwrap();
+        let lines = calls_per_minute(
+            &[Series {
+                label: hostile.into(),
+                values: vec![1, 2],
+            }],
+            2,
+        )
+        .unwrap();
+        for svg in [&bars, &lines] {
+            assert!(!svg.contains("<script") && !svg.contains("<img"), "{svg}");
+            assert!(!svg.contains("<b>") && !svg.contains("\" onload="), "{svg}");
+            assert!(
+                svg.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+                "{svg}"
+            );
+        }
+        assert!(bars.contains("&lt;img src=x onerror=y&gt;"), "{bars}");
+    }
 }

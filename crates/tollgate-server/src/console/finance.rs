@@ -12,11 +12,12 @@ use chrono::{Days, NaiveDate, Utc};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use tollgate_core::ids::Scope;
 use tollgate_core::money::{Money, TokenPrices};
-use tollgate_store::SettlementRecord;
+use tollgate_store::{ServiceStores, SettlementRecord};
 
-/// Settlements of one range read at most (across scopes, as the store reads them); a larger
-/// range is refused, never cut short.
+/// Settlements of the scope in one range read at most; a larger range is refused, never cut
+/// short. Other scopes' settlements are not read and do not count (SC-192).
 pub const FINANCE_ROWS_MAX: u32 = 100_000;
 /// Longest range, in days.
 pub const RANGE_DAYS_MAX: u64 = 366;
@@ -139,24 +140,29 @@ pub fn range(query: &FinanceQuery) -> Result<(NaiveDate, NaiveDate), ApiError> {
     Ok((from, to))
 }
 
-/// The scope's settlements in the range, in settlement order.
-async fn scope_settlements(
-    app: &App,
-    who: &Principal,
+/// `scope`'s settlements in the range, by day and then settlement order, when there are at
+/// most `rows_max` of them. The store reads the scope's rows only, at most `rows_max + 1`, so
+/// whether a range is refused depends on this scope's settlements alone, and the refusal names
+/// the bound, never a count (SC-192).
+///
+/// # Errors
+/// `invalid_request` (more than `rows_max`), `unavailable`.
+pub async fn scope_settlements(
+    stores: &dyn ServiceStores,
+    scope: &Scope,
     from: NaiveDate,
     to: NaiveDate,
+    rows_max: u32,
 ) -> Result<Vec<SettlementRecord>, ApiError> {
-    let rows = app
-        .backend
-        .stores()
-        .settlements(from, to, FINANCE_ROWS_MAX + 1)
+    let rows = stores
+        .scope_settlements(scope, from, to, rows_max.saturating_add(1))
         .await?;
-    if rows.len() > FINANCE_ROWS_MAX as usize {
+    if rows.len() > rows_max as usize {
         return Err(ApiError::Invalid(format!(
-            "the range holds more than {FINANCE_ROWS_MAX} settlements: choose a shorter one"
+            "the range holds more than {rows_max} settlements: choose a shorter one"
         )));
     }
-    Ok(rows.into_iter().filter(|r| r.scope == who.scope).collect())
+    Ok(rows)
 }
 
 fn add(sum: &mut Money, amount: Money) -> Result<(), ApiError> {
@@ -266,7 +272,9 @@ pub async fn finance(
         .unwrap_or(PAGE_ROWS_DEFAULT)
         .clamp(1, PAGE_ROWS_MAX);
     let page = query.page.unwrap_or(1).max(1);
-    let settlements = scope_settlements(app, who, from, to).await?;
+    let stores = app.backend.stores();
+    let settlements =
+        scope_settlements(stores.as_ref(), &who.scope, from, to, FINANCE_ROWS_MAX).await?;
     let rows = day_rows(&settlements)?;
     let mut currencies: Vec<&str> = rows.iter().map(|r| r.currency.as_str()).collect();
     currencies.sort_unstable();
@@ -294,7 +302,7 @@ pub async fn finance(
 }
 
 /// `GET /v1/console/finance/settlements.csv?from=&to=`: the scope's settlements of the range in
-/// the finance view's columns, in settlement order. Returns the file name and the text.
+/// the finance view's columns, by day and then settlement order. Returns the file name and the text.
 ///
 /// # Errors
 /// As [`finance`].
@@ -305,7 +313,8 @@ pub async fn csv(
 ) -> Result<(String, String), ApiError> {
     allow(who, Page::Finance)?;
     let (from, to) = range(&query)?;
-    let rows = scope_settlements(app, who, from, to).await?;
+    let stores = app.backend.stores();
+    let rows = scope_settlements(stores.as_ref(), &who.scope, from, to, FINANCE_ROWS_MAX).await?;
     Ok((
         format!("settlements-{}-{from}-{to}.csv", who.scope),
         settlements_csv(&rows),

@@ -1,6 +1,7 @@
 //! The overview page (operators and finance): calls per minute by outcome, today's spend per
 //! consumer against its daily caps (settled and held apart), open holds, the backlog, the
-//! scheduler's health and the ledger audit of the scope.
+//! scheduler's health and the ledger audit of the scope (from this process's last audit of the
+//! scope when it began less than `AUDIT_CHECK_CACHE_MS` ago, SC-194).
 
 use super::audit::walk;
 use super::charts::{self, Series};
@@ -90,6 +91,12 @@ pub struct LedgerBrief {
     pub violations_total: u64,
     /// The first one, as text.
     pub first_violation: Option<String>,
+    /// When the audit began.
+    pub checked_at: DateTime<Utc>,
+    /// Whether it is this process's last audit of the scope rather than one of this request.
+    pub cached: bool,
+    /// How long an audit is served from memory.
+    pub cache_ms: u64,
 }
 
 /// `GET /v1/console/overview` answer.
@@ -113,7 +120,7 @@ pub struct OverviewView {
     pub backlog_truncated: bool,
     /// The scheduler of this process.
     pub scheduler: SchedulerHealth,
-    /// The ledger audit of the scope, run now.
+    /// The ledger audit of the scope, run now or at most `cache_ms` before.
     pub ledger: LedgerBrief,
 }
 
@@ -260,7 +267,7 @@ pub async fn overview(app: &App, who: &Principal) -> Result<OverviewView, ApiErr
             daily_block: caps.daily_block,
         });
     }
-    let report = stores.audit_ledger(Some(scope), 1).await?;
+    let ledger = app.audit_checks.ledger(stores.as_ref(), scope).await?;
     Ok(OverviewView {
         scope: scope.to_string(),
         day,
@@ -276,10 +283,13 @@ pub async fn overview(app: &App, who: &Principal) -> Result<OverviewView, ApiErr
         backlog_truncated: backlog >= OPEN_ROWS_MAX as usize,
         scheduler: app.metrics.scheduler_health(),
         ledger: LedgerBrief {
-            ok: report.ok,
-            first_violation: report.first().map(ToString::to_string),
-            checked: report.checked,
-            violations_total: report.violations_total,
+            ok: ledger.report.ok,
+            first_violation: ledger.report.first().map(ToString::to_string),
+            checked: ledger.report.checked,
+            violations_total: ledger.report.violations_total,
+            checked_at: ledger.checked_at,
+            cached: ledger.cached,
+            cache_ms: ledger.cache_ms,
         },
     })
 }

@@ -675,6 +675,44 @@ impl SettlementStore for MemoryStores {
             .collect())
     }
 
+    async fn scope_settlements(
+        &self,
+        scope: &Scope,
+        from: NaiveDate,
+        to: NaiveDate,
+        limit: u32,
+    ) -> StoreResult<Vec<SettlementRecord>> {
+        let mut rows: Vec<SettlementRecord> = self
+            .lock()?
+            .settlements
+            .iter()
+            .filter(|s| &s.scope == scope && s.accounting_day >= from && s.accounting_day <= to)
+            .cloned()
+            .collect();
+        // Insert order is settlement order; a stable sort by day keeps it within a day.
+        rows.sort_by_key(|s| s.accounting_day);
+        rows.truncate(limit as usize);
+        Ok(rows)
+    }
+
+    async fn feed_position(
+        &self,
+        scope: &Scope,
+        id: SettlementId,
+    ) -> StoreResult<Option<FeedPosition>> {
+        // The n-th settlement (from 1) sits at (n, n), as in `settlements_after`.
+        Ok(self
+            .lock()?
+            .settlements
+            .iter()
+            .zip(1u64..)
+            .find(|(s, _)| s.id == id && &s.scope == scope)
+            .map(|(_, n)| FeedPosition {
+                txid: n,
+                seq: i64::try_from(n).unwrap_or(i64::MAX),
+            }))
+    }
+
     async fn settlements_after(
         &self,
         scope: Option<&Scope>,

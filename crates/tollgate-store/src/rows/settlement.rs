@@ -107,7 +107,8 @@ pub struct SettleOutcome {
 
 /// A position in the finance feed (spec/service.md — Finance feed): the inserting transaction's
 /// id, then the settlement's insert sequence. Feed order is the order of these pairs; a position
-/// once handed out is never preceded by a row that commits later (SC-141).
+/// once handed out is never preceded by a row that commits later (SC-141). The HTTP feed hands
+/// out no position: its cursor is a settlement's id (SC-193).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct FeedPosition {
     /// The inserting transaction (on Postgres the `xid8`; in memory the insert number).
@@ -119,28 +120,6 @@ pub struct FeedPosition {
 impl FeedPosition {
     /// Before every settlement.
     pub const START: FeedPosition = FeedPosition { txid: 0, seq: 0 };
-
-    /// The position as the feed's cursor text: `<txid>.<seq>`.
-    #[must_use]
-    pub fn cursor(&self) -> String {
-        format!("{}.{}", self.txid, self.seq)
-    }
-
-    /// Parses a cursor made by [`FeedPosition::cursor`]; `None` for anything else.
-    #[must_use]
-    pub fn parse(text: &str) -> Option<FeedPosition> {
-        let (txid, seq) = text.split_once('.')?;
-        if txid.is_empty()
-            || seq.is_empty()
-            || !(txid.bytes().chain(seq.bytes())).all(|b| b.is_ascii_digit())
-        {
-            return None;
-        }
-        Some(FeedPosition {
-            txid: txid.parse().ok()?,
-            seq: seq.parse().ok()?,
-        })
-    }
 }
 
 /// One settlement of the finance feed with its position.
@@ -150,32 +129,4 @@ pub struct FeedEntry {
     pub position: FeedPosition,
     /// The settlement.
     pub settlement: SettlementRecord,
-}
-
-#[cfg(test)]
-mod feed_tests {
-    use super::FeedPosition;
-
-    #[test]
-    fn cursors_round_trip_and_junk_is_refused() {
-        let p = FeedPosition {
-            txid: 7_123,
-            seq: 42,
-        };
-        assert_eq!(FeedPosition::parse(&p.cursor()), Some(p));
-        assert_eq!(FeedPosition::parse("0.0"), Some(FeedPosition::START));
-        for junk in [
-            "",
-            "1",
-            "1.",
-            ".1",
-            "-1.2",
-            "1.-2",
-            "a.b",
-            "1.2.3",
-            "99999999999999999999.1",
-        ] {
-            assert_eq!(FeedPosition::parse(junk), None, "{junk:?}");
-        }
-    }
 }

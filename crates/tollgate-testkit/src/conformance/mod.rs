@@ -54,11 +54,13 @@ macro_rules! store_conformance {
             sc_98_audit_chains_page_and_end_at_their_heads,
             h_33_a_consumer_s_rows_append_to_its_group_s_chains,
             settlements_by_day,
+            sc_192_scope_settlements_read_one_scope_by_day_within_the_limit,
             sc_10_scopes_are_isolated,
             no_overspend_under_concurrent_claims,
             h_13_one_consumers_transactions_in_parallel_never_deadlock,
             concurrent_claims_of_one_key_insert_once,
             sc_141_feed_pages_without_gaps_or_duplicates_under_concurrent_settles,
+            sc_193_a_feed_position_is_found_for_a_settlement_of_its_own_scope_only,
         );
         $crate::ledger_conformance!($factory);
         $crate::money_conformance!($factory);
@@ -1060,6 +1062,76 @@ pub async fn settlements_by_day<S: Stores>(s: Arc<S>) {
     assert!(s.settlements(next, next, 10).await.unwrap().is_empty());
 }
 
+/// SC-192: a scope's settlements of a range come by day, then settlement order, and the limit
+/// counts that scope's rows only: another scope's settlements, made before and between them,
+/// neither appear nor use up the limit.
+pub async fn sc_192_scope_settlements_read_one_scope_by_day_within_the_limit<S: Stores>(s: Arc<S>) {
+    let day0 = t0().date_naive();
+    let day1 = day0.succ_opt().unwrap();
+    let settle_at = |scope_: &str, key_: &str, at: DateTime<Utc>| {
+        let s = Arc::clone(&s);
+        let (scope_, key_) = (scope_.to_string(), key_.to_string());
+        async move {
+            let mut req = claim_req(&scope_, &key_, text_config(), "0.5");
+            req.binding.session_id = SessionId::parse(format!("s-{key_}")).unwrap();
+            req.now = at;
+            let r = claimed(&*s, req).await;
+            let r = s.mark_dispatched(r.fence(), at).await.unwrap();
+            let mut settle = settle_req(&r, "0.01", "x");
+            settle.now = at;
+            s.settle(settle).await.unwrap().settlement.id
+        }
+    };
+    for i in 0..5 {
+        settle_at("b", &format!("b{i}"), t0()).await;
+    }
+    // The later day settles first: the order is by day before settlement order.
+    let late = settle_at("a", "a-late", t0() + Duration::days(1)).await;
+    settle_at("b", "b5", t0()).await;
+    let early = settle_at("a", "a-early", t0()).await;
+    settle_at("b", "b6", t0() + Duration::days(1)).await;
+
+    let ids = |rows: Vec<SettlementRecord>| -> Vec<SettlementId> {
+        assert!(rows.iter().all(|r| r.scope == scope("a")), "{rows:?}");
+        rows.into_iter().map(|r| r.id).collect()
+    };
+    let both = s
+        .scope_settlements(&scope("a"), day0, day1, 10)
+        .await
+        .unwrap();
+    assert_eq!(ids(both), [early, late], "the scope's rows only, by day");
+    let limited = s
+        .scope_settlements(&scope("a"), day0, day1, 2)
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(limited),
+        [early, late],
+        "other scopes' rows use none of the limit"
+    );
+    let first = s
+        .scope_settlements(&scope("a"), day0, day1, 1)
+        .await
+        .unwrap();
+    assert_eq!(ids(first), [early]);
+    let second_day = s
+        .scope_settlements(&scope("a"), day1, day1, 10)
+        .await
+        .unwrap();
+    assert_eq!(ids(second_day), [late]);
+    let b = s
+        .scope_settlements(&scope("b"), day0, day0, 100)
+        .await
+        .unwrap();
+    assert_eq!(b.len(), 6);
+    assert!(b.iter().all(|r| r.scope == scope("b")));
+    assert!(s
+        .scope_settlements(&scope("c"), day0, day1, 10)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
 pub async fn sc_10_scopes_are_isolated<S: Stores>(s: Arc<S>) {
     let a = claimed(&*s, claim_req("a", "k1", text_config(), "0.5")).await;
     let b = claimed(&*s, claim_req("b", "k1", text_config(), "0.5")).await;
@@ -1352,4 +1424,60 @@ pub async fn sc_141_feed_pages_without_gaps_or_duplicates_under_concurrent_settl
     }
     assert_eq!(all.len(), CALLS, "across scopes");
     assert!(all.windows(2).all(|w| w[0].position < w[1].position));
+}
+
+/// SC-193: a settlement's feed position is found by its id within its own scope only, and it is
+/// the position the scope's feed lists the settlement at.
+pub async fn sc_193_a_feed_position_is_found_for_a_settlement_of_its_own_scope_only<S: Stores>(
+    s: Arc<S>,
+) {
+    let mut ids = Vec::new();
+    for (scope_, key_) in [("a", "k1"), ("b", "k1"), ("a", "k2")] {
+        let mut req = claim_req(scope_, key_, text_config(), "0.5");
+        req.binding.session_id = SessionId::parse(format!("s-{key_}")).unwrap();
+        let r = dispatched(&*s, req).await;
+        ids.push(
+            s.settle(settle_req(&r, "0.01", "x"))
+                .await
+                .unwrap()
+                .settlement
+                .id,
+        );
+    }
+    // The feed lists a row once every older transaction has ended (on Postgres, in the whole
+    // cluster): wait for both of scope a's, within a bound.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut feed = Vec::new();
+    while feed.len() < 2 && std::time::Instant::now() < deadline {
+        feed = s
+            .settlements_after(Some(&scope("a")), FeedPosition::START, 10)
+            .await
+            .unwrap();
+        if feed.len() < 2 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    assert_eq!(feed.len(), 2, "{feed:?}");
+    for entry in &feed {
+        assert_eq!(
+            s.feed_position(&scope("a"), entry.settlement.id)
+                .await
+                .unwrap(),
+            Some(entry.position)
+        );
+        assert_eq!(
+            s.feed_position(&scope("b"), entry.settlement.id)
+                .await
+                .unwrap(),
+            None,
+            "another scope's settlement"
+        );
+    }
+    assert_eq!(s.feed_position(&scope("a"), ids[1]).await.unwrap(), None);
+    assert_eq!(
+        s.feed_position(&scope("a"), SettlementId::new())
+            .await
+            .unwrap(),
+        None
+    );
 }

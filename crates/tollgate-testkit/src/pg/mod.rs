@@ -563,6 +563,44 @@ impl TestDatabase {
     }
 }
 
+impl TestDatabase {
+    /// Terminates every backend connected to this database, as an operator's
+    /// `pg_terminate_backend` or a failover ends them (each gets `FATAL 57P01`), and waits until
+    /// the server lists none. Answers how many were terminated.
+    ///
+    /// # Errors
+    /// The server cannot be reached, or the backends are still listed after ten seconds.
+    pub async fn terminate_backends(&self) -> Result<u64, StoreError> {
+        let mut admin = admin(&self.admin_url).await?;
+        let terminated: i64 = sqlx::query_scalar(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind(&self.name)
+        .fetch_one(&mut admin)
+        .await
+        .store_err()?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let left: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = $1")
+                    .bind(&self.name)
+                    .fetch_one(&mut admin)
+                    .await
+                    .store_err()?;
+            if left == 0 {
+                return Ok(u64::try_from(terminated).unwrap_or(0));
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(StoreError::Unavailable(format!(
+                    "{left} backends still listed after termination"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
 /// A connection whose open transaction blocks writes of `executions` (see
 /// [`TestDatabase::block_execution_writes`]); dropping it closes the connection and the lock.
 pub struct ExecutionWritesBlocked {

@@ -1,0 +1,95 @@
+//! What the stores do when the database ends their connections (SC-203): a terminated backend
+//! (`pg_terminate_backend`, a failover, a restart) leaves no connection behind that fails the
+//! next call, and a claim whose statement lost its connection is sent once more, alone, on a
+//! fresh one.
+#![cfg(test)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use tollgate_postgres::PgStores;
+use tollgate_store::{ClaimOutcome, ExecutionStore};
+use tollgate_testkit::conformance::{claim_req, text_config};
+use tollgate_testkit::pg::{test_admin_url, TestDatabase};
+
+/// A migrated database of its own and stores with a lane (eight connections: four on the lane).
+async fn fresh() -> (TestDatabase, PgStores) {
+    let database = TestDatabase::create(&test_admin_url()).await.unwrap();
+    let stores = database.stores(8).await.unwrap();
+    stores.migrate().await.unwrap();
+    (database, stores.with_caller_lease_clock())
+}
+
+async fn claim(s: &PgStores, key: &str) -> ClaimOutcome {
+    let mut request = claim_req("a", key, text_config(), "0.01");
+    request.dispatch = true;
+    s.claim(request).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_203_calls_after_terminated_backends_succeed() {
+    let (database, s) = fresh().await;
+    // Warm every connection a call's own statements take: claims at once open several.
+    for warm in 0..3 {
+        let claims: Vec<_> = (0..8)
+            .map(|n| {
+                let s = s.clone();
+                tokio::spawn(async move { claim(&s, &format!("warm-{warm}-{n}")).await })
+            })
+            .collect();
+        for claimed in claims {
+            assert!(matches!(claimed.await.unwrap(), ClaimOutcome::Claimed(_)));
+        }
+        // Reads of a call's view take the same connections, one each, all at once.
+        let reads: Vec<_> = (0..8)
+            .map(|n| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let key = tollgate_testkit::conformance::key(&format!("warm-{warm}-{n}"));
+                    s.execution_view(&tollgate_testkit::conformance::scope("a"), &key)
+                        .await
+                })
+            })
+            .collect();
+        for read in reads {
+            assert!(read.await.unwrap().unwrap().is_some());
+        }
+    }
+    assert!(matches!(claim(&s, "k1").await, ClaimOutcome::Claimed(_)));
+    for round in 0..3 {
+        let terminated = database.terminate_backends().await.unwrap();
+        assert!(terminated > 0, "round {round}: nothing was connected");
+        // At once (well within the idle time after which a connection is pinged before use):
+        // the connections the stores hold are all dead, and the next claims still succeed.
+        for n in 0..4 {
+            let key = format!("after-{round}-{n}");
+            match claim(&s, &key).await {
+                ClaimOutcome::Claimed(record) => assert_eq!(record.operation_key.as_str(), key),
+                other => panic!("round {round}: {key} was not claimed: {other:?}"),
+            }
+        }
+    }
+    // A replay of a key claimed before the terminations is still a replay.
+    assert!(matches!(claim(&s, "k1").await, ClaimOutcome::Existing(_)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_205_lease_renewals_are_not_starved_by_a_saturated_pool() {
+    let (_database, s) = fresh().await;
+    let record = match claim(&s, "renewed").await {
+        ClaimOutcome::Claimed(record) => record,
+        other => panic!("expected a claim, got {other:?}"),
+    };
+    // Every connection of the pool taken, as by calls that wait on a slow database.
+    let (pool_connections, _) = tollgate_postgres::test_support::split_connections(8);
+    let mut held = Vec::new();
+    for _ in 0..pool_connections {
+        held.push(s.pool().acquire().await.unwrap());
+    }
+    let renewed = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        s.renew_lease(record.fence(), 3_000, chrono::Utc::now()),
+    )
+    .await
+    .expect("a renewal waited for the saturated pool");
+    assert_eq!(renewed.unwrap().fence(), record.fence());
+    drop(held);
+}
