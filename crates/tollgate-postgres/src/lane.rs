@@ -96,15 +96,25 @@ impl Lane {
                 break;
             };
             if since.elapsed() < Duration::from_millis(PING_AFTER_IDLE_MS)
-                || conn.ping().await.is_ok()
+                || matches!(
+                    tokio::time::timeout(self.acquire_timeout, conn.ping()).await,
+                    Ok(Ok(()))
+                )
             {
                 return Ok(self.hand_out(conn, permit));
             }
-            // It no longer answers: dropped, and the next idle one (or a new one) is tried.
+            // It no longer answers (or not within the acquire timeout): dropped, and the next
+            // idle one (or a new one) is tried.
         }
-        let conn = PgConnection::connect_with(&self.options)
-            .await
-            .store_err()?;
+        // A connect to a server that does not answer (a dropped route) ends at the acquire
+        // timeout too, so no wait on the lane is unbounded (SC-206).
+        let conn = tokio::time::timeout(
+            self.acquire_timeout,
+            PgConnection::connect_with(&self.options),
+        )
+        .await
+        .map_err(|_| StoreError::Unavailable("database connect timed out".into()))?
+        .store_err()?;
         Ok(self.hand_out(conn, permit))
     }
 

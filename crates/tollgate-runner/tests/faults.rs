@@ -56,12 +56,12 @@ async fn sc_17_sc_61_h_4_every_store_fault_point_on_postgres() {
     let reports = futures::future::join_all(Case::ALL.into_iter().map(|case| {
         let url = url.clone();
         async move {
-            let stores: Arc<dyn ServiceStores> = Arc::new(
-                tollgate_testkit::pg::fresh_test_database(&url)
-                    .await
-                    .unwrap(),
-            );
-            run_case(case, Base::Postgres(stores), KNOWN_FAILURES).await
+            let (first, second) = tollgate_testkit::pg::fresh_test_database_pair(&url)
+                .await
+                .unwrap();
+            let (first, second): (Arc<dyn ServiceStores>, Arc<dyn ServiceStores>) =
+                (Arc::new(first), Arc::new(second));
+            run_case(case, Base::Postgres(first, second), KNOWN_FAILURES).await
         }
     }))
     .await;

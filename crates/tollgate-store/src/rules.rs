@@ -333,12 +333,15 @@ impl SettledEvidence {
 }
 
 /// Audit event of a settlement; its detail names the evidence (`evidence_id`, `null` when none)
-/// and whether the settlement acknowledged it (`evidence_acknowledged`).
+/// and whether the settlement acknowledged it (`evidence_acknowledged`), the hold the settlement
+/// released (`hold`) and whether the charge is above it (`above_hold`): a provider that billed
+/// more than the worst case held is recorded, never silent (SC-207).
 pub fn settled_event(
     record: &ExecutionRecord,
     settlement: &SettlementRecord,
     result: &ResultRecord,
     evidence: SettledEvidence,
+    hold: Money,
 ) -> AuditEvent {
     AuditEvent {
         scope: record.scope.clone(),
@@ -354,6 +357,8 @@ pub fn settled_event(
             "fence": record.fence.0,
             "evidence_id": evidence.id.map(|id| id.to_string()),
             "evidence_acknowledged": evidence.acknowledged,
+            "hold": hold.to_string(),
+            "above_hold": settlement.amount > hold,
         }),
         at: settlement.settled_at,
     }

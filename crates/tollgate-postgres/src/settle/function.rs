@@ -235,6 +235,7 @@ impl PgStores {
                     ..planned.clone()
                 },
                 named,
+                seen.hold,
             );
             event.at = audit_time(event.at);
             let frame = row_hash_frame(chain, &event);

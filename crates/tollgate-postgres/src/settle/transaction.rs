@@ -242,7 +242,7 @@ impl PgStores {
         }
         let done = rules::completed(&record, &request, result.outcome);
         let audit = audit::prepare(
-            rules::settled_event(&done, &settlement, &result, named),
+            rules::settled_event(&done, &settlement, &result, named, record.hold),
             head,
         )?;
         let finished = finish(

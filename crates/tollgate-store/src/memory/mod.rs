@@ -409,7 +409,13 @@ impl ExecutionStore for MemoryStores {
         t.push_settlement(settlement.clone());
         t.results.insert(record.id, result.clone());
         t.executions.insert(record.id, done.clone());
-        t.append(rules::settled_event(&done, &settlement, &result, named));
+        t.append(rules::settled_event(
+            &done,
+            &settlement,
+            &result,
+            named,
+            record.hold,
+        ));
         Ok(SettleOutcome {
             record: done,
             settlement,

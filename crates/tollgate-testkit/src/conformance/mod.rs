@@ -55,6 +55,7 @@ macro_rules! store_conformance {
             h_33_a_consumer_s_rows_append_to_its_group_s_chains,
             settlements_by_day,
             sc_192_scope_settlements_read_one_scope_by_day_within_the_limit,
+            sc_207_a_charge_above_its_hold_is_recorded_on_its_audit_row,
             sc_10_scopes_are_isolated,
             no_overspend_under_concurrent_claims,
             h_13_one_consumers_transactions_in_parallel_never_deadlock,
@@ -1060,6 +1061,30 @@ pub async fn settlements_by_day<S: Stores>(s: Arc<S>) {
     assert_eq!(s.settlements(day, day, 10).await.unwrap().len(), 1);
     let next = day.succ_opt().unwrap();
     assert!(s.settlements(next, next, 10).await.unwrap().is_empty());
+}
+
+/// SC-207: a settlement's `settled` audit row names the hold it released and says when the
+/// charge is above it, on every settlement path of the store.
+pub async fn sc_207_a_charge_above_its_hold_is_recorded_on_its_audit_row<S: Stores>(s: Arc<S>) {
+    for (k, amount, above) in [("within", "0.004", false), ("above", "0.03", true)] {
+        let r = claimed(&*s, claim_req("a", k, text_config(), "0.005")).await;
+        let r = s.mark_dispatched(r.fence(), t0()).await.unwrap();
+        s.settle(settle_req(&r, amount, "x")).await.unwrap();
+        let trail = s
+            .audit_rows(&scope("a"), AuditPosition::START, 100)
+            .await
+            .unwrap();
+        let settled = trail
+            .iter()
+            .find(|row| row.event.kind == "settled" && row.event.execution_id == Some(r.id))
+            .unwrap();
+        assert_eq!(settled.event.detail["above_hold"], above, "{k}");
+        assert_eq!(
+            settled.event.detail["hold"],
+            money("0.005").to_string(),
+            "{k}"
+        );
+    }
 }
 
 /// SC-192: a scope's settlements of a range come by day, then settlement order, and the limit

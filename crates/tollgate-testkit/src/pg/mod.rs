@@ -342,6 +342,23 @@ pub async fn fresh_test_database(admin_url: &str) -> Result<PgStores, StoreError
     Ok(stores.with_caller_lease_clock())
 }
 
+/// Like [`fresh_test_database`], with two stores over the one database that share nothing but
+/// it (each its own pool, lane, batch queues and known keys), as two processes have: for
+/// suites whose second process must not inherit what the first one left in memory.
+///
+/// # Errors
+/// As [`fresh_test_database`].
+pub async fn fresh_test_database_pair(admin_url: &str) -> Result<(PgStores, PgStores), StoreError> {
+    let database = TestDatabase::create(admin_url).await?;
+    let first = database.stores(TEST_POOL_CONNECTIONS).await?;
+    first.migrate().await?;
+    let second = database.stores(TEST_POOL_CONNECTIONS).await?;
+    Ok((
+        first.with_caller_lease_clock(),
+        second.with_caller_lease_clock(),
+    ))
+}
+
 /// What black-box tests read from, and break in, a test database: each query is here, so no test
 /// writes SQL of its own. The damaging ones bypass the stores on purpose, as an attacker or a
 /// broken tool with the table owner's rights would.
