@@ -406,6 +406,7 @@ pub async fn run_combination(case: Case, base: &Base, scope: &str, fault: Option
         violations.push(format!("recovery failed: {e}"));
     }
     violations.extend(check(case, &world).await);
+    violations.extend(check_transient(case, &world, fault).await);
     violations.extend(replay(case, &world, &process_2).await);
     let mut seen = std::collections::BTreeSet::new();
     violations.retain(|v| seen.insert(v.clone()));
@@ -524,6 +525,47 @@ pub async fn check(case: Case, world: &World) -> Vec<String> {
         out.extend(ledger::root_finished(stores, scope, &root_key).await);
     }
     out.extend(ledger::violations(stores, scope, &case.roots(world)).await);
+    out
+}
+
+/// A call whose process lived through one failed store write (kind `fail`, the store briefly
+/// unavailable) keeps what the provider answered (SC-202): every key of a call case that was
+/// sent ends settled by its own drive (source `stream`), never handed to recovery, which cannot
+/// regenerate the output, or to an operator. Removing the settlement's retry breaks this.
+async fn check_transient(case: Case, world: &World, fault: Option<Fault>) -> Vec<String> {
+    let mut out = Vec::new();
+    let transient = fault.is_some_and(|f| f.kind == tollgate_store::fault::FaultKind::Fail);
+    let calls = matches!(
+        case,
+        Case::Text | Case::TextLoaded | Case::Json | Case::Structured | Case::Step
+    );
+    if !transient || !calls {
+        return out;
+    }
+    let stores = world.inner.as_ref();
+    for key in case.keys() {
+        let name = key.name;
+        if world.sends(name) != 1 {
+            continue;
+        }
+        let Some(row) = stores
+            .execution(&world.scope, &world.journal_key(&key))
+            .await
+            .unwrap()
+        else {
+            continue;
+        };
+        let settlement = stores.settlement(row.id).await.unwrap();
+        match (row.state, settlement) {
+            (ExecutionState::Completed, Some(s))
+                if s.source == tollgate_core::state::SettlementSource::Stream => {}
+            (state, s) => out.push(format!(
+                "{name}: sent, and one failed store write left it {state} (settlement source \
+                 {:?}): its output was not kept",
+                s.map(|s| s.source.as_str())
+            )),
+        }
+    }
     out
 }
 
