@@ -22,6 +22,7 @@
 #![cfg(test)]
 
 mod support;
+use support::{env_u64, Rng, TempDir};
 
 use chrono::{Days, Utc};
 use serde_json::{json, Value};
@@ -96,40 +97,8 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 // ---- seeded randomness --------------------------------------------------------------------------
 
-/// splitmix64: small, deterministic, good enough to spread fault moments and client choices.
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, (lo, hi): (u64, u64)) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-
-    fn shuffle<T>(&mut self, items: &mut [T]) {
-        for i in (1..items.len()).rev() {
-            let j = (self.next() % (i as u64 + 1)) as usize;
-            items.swap(i, j);
-        }
-    }
-}
-
 fn seed() -> u64 {
-    let Ok(value) = std::env::var("TOLLGATE_DB_FAULTS_SEED") else {
-        return DEFAULT_SEED;
-    };
-    value
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("TOLLGATE_DB_FAULTS_SEED={value:?} is not a number"))
+    env_u64("TOLLGATE_DB_FAULTS_SEED").unwrap_or(DEFAULT_SEED)
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -434,26 +403,6 @@ struct Struck {
 }
 
 // ---- the configuration and the servers ----------------------------------------------------------
-
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        let path = std::env::temp_dir().join(format!(
-            "tollgate-db-faults-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        std::fs::create_dir_all(&path).unwrap();
-        Self(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// `(profile, provider, model, consumer)`: a quick chat model, and a slow one on the Anthropic
 /// protocol whose sends are in flight for 300 ms, so faults land before, during and after sends.
@@ -979,7 +928,7 @@ async fn run_case(case: &str, mut plan: Vec<Fault>) {
 
     // 3. Two servers whose database is the proxy.
     let caller = generate_key().expose().to_string();
-    let dir = TempDir::new();
+    let dir = TempDir::new("tollgate-db-faults");
     let config = dir.0.join("tollgate.toml");
     std::fs::write(
         &config,

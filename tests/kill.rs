@@ -16,6 +16,9 @@
 //! `postgres://postgres@127.0.0.1:5432/postgres`). Run with `--nocapture` to see the summary.
 #![cfg(test)]
 
+mod support;
+use support::{env_u64, Rng, TempDir};
+
 use chrono::{Days, NaiveDate, Utc};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -72,58 +75,11 @@ const READ_LIMIT: u32 = 1_000_000;
 
 // ---- seeded randomness --------------------------------------------------------------------------
 
-/// splitmix64: small, deterministic, good enough to spread kill moments and client choices.
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, (lo, hi): (u64, u64)) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    let value = std::env::var(name).ok()?;
-    Some(
-        value
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={value:?} is not a number")),
-    )
-}
-
 fn seed() -> u64 {
     env_u64("TOLLGATE_KILL_SEED").unwrap_or(DEFAULT_SEED)
 }
 
 // ---- the configuration --------------------------------------------------------------------------
-
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        let path =
-            std::env::temp_dir().join(format!("tollgate-kill-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&path).unwrap();
-        Self(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// `(profile, provider, model, consumer)` of the two profiles: a slow chat model, and a less
 /// slow one on the Anthropic protocol, so kills land before, during and after sends.
@@ -1052,7 +1008,7 @@ async fn sc_13_sc_14_sc_41_sc_61_h_3_h_4_killed_servers_never_send_or_charge_twi
     // 3. The configuration and two servers.
     let caller = generate_key().expose().to_string();
     let operator = generate_key().expose().to_string();
-    let dir = TempDir::new();
+    let dir = TempDir::new("tollgate-kill");
     let config = dir.0.join("tollgate.toml");
     std::fs::write(
         &config,

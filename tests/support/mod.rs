@@ -1,6 +1,7 @@
 //! Helpers shared by the black-box tests of the built `tollgate` binary (`tests/cli.rs`,
-//! `tests/service.rs`): running it, reading its output, temporary files, a fresh Postgres
-//! database per test and a `tollgate serve` child on it.
+//! `tests/service.rs`, `tests/kill.rs`, `tests/db_faults.rs`, …): running it, reading its
+//! output, temporary files and directories, a fresh Postgres database per test, a `tollgate
+//! serve` child on it, and seeded randomness.
 #![allow(dead_code)]
 
 use serde_json::Value;
@@ -141,4 +142,63 @@ pub fn normalized(amount: &str) -> String {
     } else {
         amount.to_string()
     }
+}
+
+/// splitmix64: small, deterministic, good enough to spread fault moments and client choices from
+/// one printed seed.
+#[derive(Debug, Clone)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 bits.
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn range(&mut self, (lo, hi): (u64, u64)) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+
+    /// Shuffles `items` in place (Fisher–Yates).
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            let j = (self.next() % (i as u64 + 1)) as usize;
+            items.swap(i, j);
+        }
+    }
+}
+
+/// A temporary directory, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// A new, empty directory named after `prefix`.
+    pub fn new(prefix: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The number in the environment variable `name`, if it is set; panics, naming it, when it is
+/// not a number.
+pub fn env_u64(name: &str) -> Option<u64> {
+    let value = std::env::var(name).ok()?;
+    Some(
+        value
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={value:?} is not a number")),
+    )
 }
