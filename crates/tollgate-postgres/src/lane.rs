@@ -90,6 +90,25 @@ impl Lane {
         .await
         .map_err(|_| StoreError::Unavailable("database lane timed out".into()))?
         .map_err(|_| StoreError::Unavailable("database lane closed".into()))?;
+        self.connect_for(permit).await
+    }
+
+    /// A connection when one of the lane's is free now, else `None` (nothing waited for).
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the database cannot be reached.
+    pub(crate) async fn try_acquire(self: &Arc<Self>) -> StoreResult<Option<LaneConnection>> {
+        match Arc::clone(&self.permits).try_acquire_owned() {
+            Ok(permit) => self.connect_for(permit).await.map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// An idle connection or a new one, under `permit`.
+    async fn connect_for(
+        self: &Arc<Self>,
+        permit: OwnedSemaphorePermit,
+    ) -> StoreResult<LaneConnection> {
         loop {
             let next = self.idle.lock().map_err(|_| poisoned())?.pop();
             let Some((mut conn, since)) = next else {

@@ -369,8 +369,16 @@ impl PgStores {
     }
 
     /// A connection for a lease renewal: the renewals' own, else the pool's.
+    ///
+    /// When the renewals' own connection is busy with another renewal, the pool's is taken,
+    /// so that many calls' renewals due at once do not queue behind one connection.
     pub(crate) async fn lease_connection(&self) -> Result<CallConnection, StoreError> {
-        CallConnection::acquire(self.leases.as_ref(), &self.pool).await
+        if let Some(leases) = &self.leases {
+            if let Some(conn) = leases.try_acquire().await? {
+                return Ok(CallConnection::Lane(conn));
+            }
+        }
+        CallConnection::acquire(None, &self.pool).await
     }
 
     /// A connection for one of a call's own single statements (the lane's, else the pool's).
