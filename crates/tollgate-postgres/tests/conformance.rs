@@ -424,7 +424,8 @@ async fn st_31_missing_root_receipt_is_repaired_once() {
 }
 
 /// SC-91 on Postgres: rows damaged with raw SQL are named by the ledger audit, by invariant and
-/// row id — a spend row's settled total, a settlement's amount, a deleted root receipt.
+/// row id — a spend row's settled total, a settlement's amount, a deleted root receipt — and
+/// every invariant fires on the rows the Postgres audit reads.
 mod ledger_damage {
     use super::*;
     use tollgate_store::{LedgerAudit, LedgerInvariant, LedgerReport, SpendRowKey};
@@ -542,6 +543,97 @@ mod ledger_damage {
         let all = s.audit_ledger(None, 100).await.unwrap();
         assert_eq!(all.violations_total, 2);
         assert_eq!(all.checked.scopes, 1);
+    }
+
+    /// A call settled with its own exact evidence (acknowledged by the settlement, H-28).
+    async fn with_evidence(s: &PgStores, key_: &str) -> ExecutionRecord {
+        let req = claim_req("a", key_, text_config(), "0.5");
+        let ClaimOutcome::Claimed(r) = s.claim(req).await.unwrap() else {
+            panic!("expected a claim");
+        };
+        let d = s.mark_dispatched(r.fence(), t0()).await.unwrap();
+        let mut settle = settle_req(&d, "0.00002", "x");
+        settle.evidence = Some(tollgate_store::NewEvidence {
+            scope: d.scope.clone(),
+            execution_id: d.id,
+            operation_key: d.operation_key.clone(),
+            provider_ref: Some("req-1".into()),
+            usage: settle.usage,
+            exact: true,
+            source: tollgate_store::EvidenceSource::Stream,
+            now: t0(),
+        });
+        s.settle(settle).await.unwrap();
+        d
+    }
+
+    /// The damage that breaks `invariant` alone (or first), as raw SQL over one execution's
+    /// rows (`$1`: its id). The match is exhaustive: a new invariant does not compile until it
+    /// has a damage here.
+    fn damage(invariant: LedgerInvariant) -> (bool, &'static str) {
+        use LedgerInvariant as I;
+        // (under a root?, statement)
+        match invariant {
+            I::SpendSettled => (false, "UPDATE spend_sessions SET settled = settled + 0.01"),
+            I::SpendHeld => (false, "UPDATE spend_days SET held = held + 0.01"),
+            I::FinalHoldsNothing => (false, "UPDATE executions SET hold = 0.01 WHERE id = $1"),
+            I::SettledExactlyOnce => (
+                false,
+                "UPDATE executions SET state = 'reconciliation_required', outcome = NULL \
+                 WHERE id = $1",
+            ),
+            I::SettlementMatchesExecution => (
+                false,
+                "UPDATE cost_settlements SET operation_key = 'another' WHERE execution_id = $1",
+            ),
+            I::SettlementPriced => (
+                false,
+                "UPDATE cost_settlements SET amount = amount + 0.01 WHERE execution_id = $1",
+            ),
+            I::EvidenceAcknowledged => (
+                false,
+                "UPDATE usage_inbox SET output_tokens = output_tokens + 1 WHERE execution_id = $1",
+            ),
+            I::RootCharged => (true, "UPDATE roots SET charged = charged + 0.01"),
+            I::RootHeld => (true, "UPDATE roots SET held = held + 0.01"),
+            I::RootReceipt => (
+                true,
+                "UPDATE root_receipts SET amount = amount + 0.01 WHERE execution_id = $1",
+            ),
+        }
+    }
+
+    /// Every invariant of the ledger audit fires on rows the Postgres audit reads: for each, a
+    /// clean database, one settled call (with its own evidence, or under a root), a damage that
+    /// breaks that invariant, and the audit naming it on that call's rows.
+    #[tokio::test]
+    async fn sc_91_every_ledger_invariant_fires_on_postgres_rows() {
+        let cases = LedgerInvariant::ALL.map(|invariant| async move {
+            let s = fresh().await;
+            let (root, statement) = damage(invariant);
+            let r = if root {
+                priced(&s, "c1", true).await
+            } else {
+                with_evidence(&s, "k1").await
+            };
+            let clean = audit(&s).await;
+            assert!(clean.ok, "{invariant}: {:?}", clean.violations);
+            sqlx::query(statement)
+                .bind(r.id.0)
+                .execute(s.pool())
+                .await
+                .unwrap();
+            let report = audit(&s).await;
+            let named = report.violations.iter().find(|v| v.invariant == invariant);
+            assert!(
+                named.is_some(),
+                "{invariant} did not fire after `{statement}`: {:?}",
+                report.violations
+            );
+            invariant
+        });
+        let fired = futures::future::join_all(cases).await;
+        assert_eq!(fired, LedgerInvariant::ALL);
     }
 }
 
