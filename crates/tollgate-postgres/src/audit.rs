@@ -138,7 +138,7 @@ pub(crate) async fn append_at(
 #[async_trait]
 impl AuditLog for PgStores {
     async fn append_audit(&self, event: AuditEvent) -> StoreResult<AuditRow> {
-        let mut tx = self.pool().begin().await.store_err()?;
+        let mut tx = self.begin().await?;
         let row = append(&mut tx, event).await?;
         tx.commit().await.store_err()?;
         Ok(row)

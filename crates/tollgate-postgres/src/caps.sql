@@ -27,19 +27,19 @@ DECLARE
 BEGIN
     IF tollgate_cap_crossed('warn', session_settled, session_warn) THEN
         crossed := crossed || jsonb_build_object('cap', 'session', 'level', 'warn',
-            'limit', session_warn::text, 'spent', session_settled::text);
+            'limit', session_warn::text, 'spent', trim_scale(session_settled)::text);
     END IF;
     IF tollgate_cap_crossed('block', session_settled, session_block) THEN
         crossed := crossed || jsonb_build_object('cap', 'session', 'level', 'block',
-            'limit', session_block::text, 'spent', session_settled::text);
+            'limit', session_block::text, 'spent', trim_scale(session_settled)::text);
     END IF;
     IF tollgate_cap_crossed('warn', day_settled, daily_warn) THEN
         crossed := crossed || jsonb_build_object('cap', 'daily', 'level', 'warn',
-            'limit', daily_warn::text, 'spent', day_settled::text);
+            'limit', daily_warn::text, 'spent', trim_scale(day_settled)::text);
     END IF;
     IF tollgate_cap_crossed('block', day_settled, daily_block) THEN
         crossed := crossed || jsonb_build_object('cap', 'daily', 'level', 'block',
-            'limit', daily_block::text, 'spent', day_settled::text);
+            'limit', daily_block::text, 'spent', trim_scale(day_settled)::text);
     END IF;
     RETURN crossed;
 END

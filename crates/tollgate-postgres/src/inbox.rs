@@ -128,7 +128,7 @@ impl UsageInbox for PgStores {
         id: EvidenceId,
         now: DateTime<Utc>,
     ) -> StoreResult<bool> {
-        let mut tx = self.pool().begin().await.store_err()?;
+        let mut tx = self.begin().await?;
         let acknowledged: Option<EvidenceRow> = sqlx::query_as(ACKNOWLEDGE)
             .bind(id.0)
             .bind(scope.as_str())

@@ -94,7 +94,7 @@ impl PgStores {
         kind: &str,
         now: DateTime<Utc>,
     ) -> StoreResult<ExecutionRecord> {
-        let mut tx = self.pool().begin().await.store_err()?;
+        let mut tx = self.begin().await?;
         let chain = AuditChain::of_execution(fence.execution_id);
         let chain_number =
             i16::try_from(chain.0).map_err(|_| StoreError::Corrupt("audit chain".into()))?;
@@ -137,7 +137,7 @@ impl PgStores {
         cause: NotDispatchedCause,
         now: DateTime<Utc>,
     ) -> StoreResult<ExecutionRecord> {
-        let mut tx = self.pool().begin().await.store_err()?;
+        let mut tx = self.begin().await?;
         let before = locks::lock_execution(&mut tx, fence.execution_id).await?;
         rules::check_fence(&before, fence, &[ExecutionState::Prepared])?;
         if let Some(root_key) = &before.root_key {
@@ -181,7 +181,7 @@ impl PgStores {
         hold: tollgate_core::money::Money,
         now: DateTime<Utc>,
     ) -> StoreResult<ExecutionRecord> {
-        let mut tx = self.pool().begin().await.store_err()?;
+        let mut tx = self.begin().await?;
         let before = locks::lock_execution(&mut tx, fence.execution_id).await?;
         rules::check_fence(&before, fence, &[ExecutionState::Prepared])?;
         let shrink = rules::hold_shrink(&before, hold)?;
@@ -220,7 +220,7 @@ impl PgStores {
         lease_ms: u64,
         now: DateTime<Utc>,
     ) -> StoreResult<Option<ExecutionRecord>> {
-        let mut tx = self.pool().begin().await.store_err()?;
+        let mut tx = self.begin().await?;
         let row: Option<ExecutionRow> = sqlx::query_as(TAKE_FENCE)
             .bind(scope.as_str())
             .bind(key.as_str())

@@ -146,6 +146,13 @@ impl Lane {
         drop(idle);
     }
 
+    /// Closes every idle connection and opens no more: a later acquire fails.
+    #[cfg(feature = "test-support")]
+    pub(crate) fn close(&self) {
+        self.permits.close();
+        self.close_idle();
+    }
+
     fn hand_out(
         self: &Arc<Self>,
         conn: PgConnection,

@@ -424,7 +424,7 @@ async fn audit_scope(
 impl PgStores {
     /// One scope's audit in its own read-only snapshot.
     async fn audit_ledger_scope(&self, scope: &Scope, limit: u32) -> StoreResult<LedgerReport> {
-        let mut tx = self.pool().begin().await.store_err()?;
+        let mut tx = self.begin().await?;
         sqlx::query(SNAPSHOT).execute(&mut *tx).await.store_err()?;
         let report = audit_scope(&mut tx, scope, limit).await?;
         tx.rollback().await.store_err()?;

@@ -201,6 +201,26 @@ pub struct PgStores {
     caller_lease_clock: bool,
     /// The client-side deadline of one batch statement ([`SessionTimeouts::statement_deadline`]).
     statement_deadline: std::time::Duration,
+    /// Every claim and settlement by the general transaction (tests only).
+    #[cfg(feature = "test-support")]
+    general_only: bool,
+}
+
+/// A transaction on a connection of `pool`, its `BEGIN` sent by a task of its own.
+///
+/// sqlx counts a transaction only once `BEGIN`'s answer is in: a caller dropped while `BEGIN` is
+/// in flight (a deadline, a client that left) would hand the connection back to the pool inside
+/// a transaction the server has open and sqlx does not know of, and the next single statements
+/// on it would run inside that transaction, never committed. The task finishes the `BEGIN`; a
+/// transaction its caller no longer awaits is then dropped, and rolled back, as any other.
+pub(crate) async fn begin(
+    pool: &PgPool,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+    let pool = pool.clone();
+    tokio::spawn(async move { pool.begin().await })
+        .await
+        .map_err(|_| StoreError::Unavailable("database transaction lost".into()))?
+        .store_err()
 }
 
 /// The batch queues of a lane (H-32), claims and settlements apart, in [`BATCH_SHARDS`] shards
@@ -240,6 +260,30 @@ impl Batches {
             settles: gates
                 .iter()
                 .map(|gate| batch::Batcher::new(gate, deadline))
+                .collect(),
+        }
+    }
+
+    /// Queues like `self`'s (as many shards, the same deadline) whose statements go through
+    /// the fault matrix's `hook`.
+    #[cfg(feature = "test-support")]
+    fn hooked(
+        &self,
+        deadline: std::time::Duration,
+        hook: &Arc<batch::faults::BatchFaults>,
+    ) -> Self {
+        use batch::faults::BatchPoint;
+        let gates: Vec<Arc<Semaphore>> = (0..self.claims.len())
+            .map(|_| Arc::new(Semaphore::new(1)))
+            .collect();
+        Self {
+            claims: gates
+                .iter()
+                .map(|gate| batch::Batcher::hooked(gate, deadline, BatchPoint::Claim, hook))
+                .collect(),
+            settles: gates
+                .iter()
+                .map(|gate| batch::Batcher::hooked(gate, deadline, BatchPoint::Settle, hook))
                 .collect(),
         }
     }
@@ -331,6 +375,8 @@ impl PgStores {
             reads_first: Arc::new(AtomicU64::new(0)),
             caller_lease_clock: false,
             statement_deadline: SessionTimeouts::default().statement_deadline(),
+            #[cfg(feature = "test-support")]
+            general_only: false,
         }
     }
 
@@ -394,6 +440,46 @@ impl PgStores {
         self.batches.as_ref().map(|b| b.shard(scope, consumer))
     }
 
+    /// These stores with batch queues of their own whose statements go through `hook` (the
+    /// fault matrix's batch points: gathered batches, planned faults). Stores without batches
+    /// stay without.
+    #[cfg(feature = "test-support")]
+    pub fn with_batch_faults(self, hook: &Arc<batch::faults::BatchFaults>) -> Self {
+        let batches = self
+            .batches
+            .as_ref()
+            .map(|b| Arc::new(b.hooked(self.statement_deadline, hook)));
+        Self { batches, ..self }
+    }
+
+    /// These stores claiming and settling every call by the general transaction (no claim or
+    /// settlement function, no batches), for the test that compares the paths' rows.
+    #[cfg(feature = "test-support")]
+    pub fn with_general_transactions(self) -> Self {
+        Self {
+            general_only: true,
+            ..self
+        }
+    }
+
+    /// Closes the pool and the lanes' idle connections (a test's stores, once it is done with
+    /// them).
+    #[cfg(feature = "test-support")]
+    pub async fn close(&self) {
+        for lane in [&self.lane, &self.leases].into_iter().flatten() {
+            lane.close();
+        }
+        self.pool.close().await;
+    }
+
+    /// Whether every claim and settlement takes the general transaction (tests only).
+    pub(crate) fn general_only(&self) -> bool {
+        #[cfg(feature = "test-support")]
+        return self.general_only;
+        #[cfg(not(feature = "test-support"))]
+        false
+    }
+
     /// These stores with leases computed from the caller's `now` instead of the database's
     /// clock, for test suites that move a manual clock past leases. Never in production.
     #[cfg(feature = "test-support")]
@@ -411,6 +497,13 @@ impl PgStores {
         now: chrono::DateTime<chrono::Utc>,
     ) -> Option<chrono::DateTime<chrono::Utc>> {
         self.caller_lease_clock.then_some(now)
+    }
+
+    /// A transaction on a connection of the pool ([`begin`]).
+    pub(crate) async fn begin(
+        &self,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+        begin(&self.pool).await
     }
 
     /// The connection pool every store transaction begins on; the server's key store shares it.

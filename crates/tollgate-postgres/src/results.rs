@@ -76,7 +76,7 @@ impl ResultStore for PgStores {
         execution_id: ExecutionId,
         now: DateTime<Utc>,
     ) -> StoreResult<()> {
-        let mut tx = self.pool().begin().await.store_err()?;
+        let mut tx = self.begin().await?;
         let erased: Option<Uuid> = sqlx::query_scalar(ERASE)
             .bind(execution_id.0)
             .bind(scope.as_str())
@@ -104,7 +104,7 @@ impl ResultStore for PgStores {
     }
 
     async fn erase_expired(&self, now: DateTime<Utc>, limit: u32) -> StoreResult<u64> {
-        let mut tx = self.pool().begin().await.store_err()?;
+        let mut tx = self.begin().await?;
         let erased: Vec<(String, Uuid)> = sqlx::query_as(ERASE_EXPIRED)
             .bind(now)
             .bind(i64::from(limit))

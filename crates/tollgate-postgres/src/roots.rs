@@ -193,7 +193,7 @@ async fn calls_final(
 #[async_trait]
 impl RootStore for PgStores {
     async fn open_root(&self, request: OpenRootRequest) -> StoreResult<RootOpen> {
-        let mut tx = self.pool().begin().await.store_err()?;
+        let mut tx = self.begin().await?;
         let Some(root) = insert(&mut tx, &rules::new_root(&request)).await? else {
             // The insert waited for any concurrent opener of the key, so the row is committed.
             let row: Option<RootRow> = sqlx::query_as(BY_KEY)
@@ -222,7 +222,7 @@ impl RootStore for PgStores {
         root_key: &RootKey,
         now: DateTime<Utc>,
     ) -> StoreResult<Reservation> {
-        let mut tx = self.pool().begin().await.store_err()?;
+        let mut tx = self.begin().await?;
         let Some(root) = locks::lock_root(&mut tx, scope, root_key).await? else {
             tx.rollback().await.store_err()?;
             return Ok(Reservation::Missing);
@@ -249,7 +249,7 @@ impl RootStore for PgStores {
         root_key: &RootKey,
         now: DateTime<Utc>,
     ) -> StoreResult<()> {
-        let mut tx = self.pool().begin().await.store_err()?;
+        let mut tx = self.begin().await?;
         let row: Option<RootRow> = sqlx::query_as(RELEASE)
             .bind(scope.as_str())
             .bind(root_key.as_str())
@@ -272,7 +272,7 @@ impl RootStore for PgStores {
         root_key: &RootKey,
         now: DateTime<Utc>,
     ) -> StoreResult<Option<RootRecord>> {
-        let mut tx = self.pool().begin().await.store_err()?;
+        let mut tx = self.begin().await?;
         let Some(root) = locks::lock_root(&mut tx, scope, root_key).await? else {
             tx.rollback().await.store_err()?;
             return Ok(None);
@@ -288,7 +288,7 @@ impl RootStore for PgStores {
     }
 
     async fn root(&self, scope: &Scope, root_key: &RootKey) -> StoreResult<Option<RootRecord>> {
-        let mut tx = self.pool().begin().await.store_err()?;
+        let mut tx = self.begin().await?;
         let row: Option<RootRow> = sqlx::query_as(SHARE)
             .bind(scope.as_str())
             .bind(root_key.as_str())
@@ -305,7 +305,7 @@ impl RootStore for PgStores {
         execution_id: ExecutionId,
         now: DateTime<Utc>,
     ) -> StoreResult<Option<RootReceipt>> {
-        let mut tx = self.pool().begin().await.store_err()?;
+        let mut tx = self.begin().await?;
         let record = match crate::locks::lock_execution(&mut tx, execution_id).await {
             Ok(r) => r,
             Err(StoreError::NotFound(_)) => return Ok(None),
@@ -394,7 +394,7 @@ impl RootStore for PgStores {
             .filter(|s| s.is_final())
             .map(ExecutionState::as_str)
             .collect();
-        let mut tx = self.pool().begin().await.store_err()?;
+        let mut tx = self.begin().await?;
         let rows: Vec<RootRow> = sqlx::query_as(CANDIDATES)
             .bind(scope.as_str())
             .bind(RootState::Active.as_str())

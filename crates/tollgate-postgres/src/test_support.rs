@@ -4,6 +4,10 @@
 //! kit holds the test SQL itself; the product's statements stay here and are only named.
 
 use crate::PgStores;
+
+pub use crate::batch::faults::{
+    BatchFault, BatchFaultKind, BatchFaults, BatchPoint, GATHER_QUIET_MS, GATHER_WAIT_MAX_MS,
+};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tollgate_store::rows::SettlementRecord;
 use tollgate_store::{StoreError, StoreResult};

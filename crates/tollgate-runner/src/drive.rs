@@ -171,8 +171,11 @@ async fn finish_collected(
             let mut request = request;
             let first = ctx.stores.settle(attempt(ctx, &request)).await;
             let mut alone = false;
+            // The deliberate defect of feature `mutation-no-settle-retry`: the first failure
+            // is the answer.
+            let retries = !cfg!(feature = "mutation-no-settle-retry");
             let settled = match first {
-                Err(StoreError::Unavailable(_)) => {
+                Err(StoreError::Unavailable(_)) if retries => {
                     if let Ok(recorded) = ctx.stores.record_evidence(evidence.clone()).await {
                         alone = true;
                         request.evidence = None;

@@ -5,11 +5,14 @@
 //! `cargo test -p tollgate-runner --test faults -- --nocapture`.
 //!
 //! The Postgres run uses one fresh database per case (each combination in a scope of its own);
-//! `TOLLGATE_TEST_DATABASE_URL` names the server (default: the local trust-auth server).
+//! `TOLLGATE_TEST_DATABASE_URL` names the server (default: the local trust-auth server). The
+//! batch points (the claim and settlement batches of one shard, SC-203, H-32) are faulted on
+//! Postgres only, where the batches are: `sc_17_sc_203_every_batch_point_on_postgres`.
 #![cfg(test)]
 
 mod fault_matrix;
 
+use fault_matrix::batches::{print_batch_case, run_batch_case};
 use fault_matrix::cases::Case;
 use fault_matrix::matrix::{print_case, run_case, totals, CaseReport, Known};
 use fault_matrix::Base;
@@ -24,6 +27,10 @@ use tollgate_store::ServiceStores;
 /// died between `reserve_slot` and the claim, or whose give-back failed) no longer holds its root:
 /// past its deadline a root takes no claim and is reconciled on the calls it has (ST-36).
 const KNOWN_FAILURES: &[Known] = &[];
+
+/// The two Postgres runs take turns: each opens pools of its own per case or combination, and
+/// together they would pass the server's `max_connections`.
+static POSTGRES_RUNS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn report(store: &str, reports: &[CaseReport], started: Instant) {
     for r in reports {
@@ -50,6 +57,7 @@ async fn sc_17_sc_61_h_4_every_store_fault_point_on_memory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sc_17_sc_61_h_4_every_store_fault_point_on_postgres() {
+    let _turn = POSTGRES_RUNS.lock().await;
     let started = Instant::now();
     let url = tollgate_testkit::pg::test_admin_url();
     // The cases run concurrently, each on a database of its own.
@@ -66,4 +74,39 @@ async fn sc_17_sc_61_h_4_every_store_fault_point_on_postgres() {
     }))
     .await;
     report("postgres", &reports, started);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_17_sc_203_every_batch_point_on_postgres() {
+    let _turn = POSTGRES_RUNS.lock().await;
+    let started = Instant::now();
+    let url = tollgate_testkit::pg::test_admin_url();
+    // One case at a time, each on a database of its own; its combinations run concurrently.
+    let mut reports = Vec::new();
+    for case in Case::BATCHES {
+        let database = tollgate_testkit::pg::TestDatabase::create(&url)
+            .await
+            .unwrap();
+        let stores = database.stores(1).await.unwrap();
+        stores.migrate().await.unwrap();
+        stores.close().await;
+        reports.push(run_batch_case(case, Arc::new(database)).await);
+    }
+    let mut failures = Vec::new();
+    for r in &reports {
+        failures.extend(print_batch_case(r));
+    }
+    let cells: usize = reports.iter().map(|r| r.cells.len()).sum();
+    eprintln!(
+        "\n== batch points on postgres ({:.1} s): cases {}, combinations {cells}, failed {} ==",
+        started.elapsed().as_secs_f64(),
+        reports.len(),
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failure(s) at the batch points:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

@@ -272,6 +272,13 @@ impl FaultyStores {
         let _ = dead.wait_for(|d| *d).await;
     }
 
+    /// Kills the process from outside the wrapper (a fault inside the inner stores, such as a
+    /// batch point of Postgres): as a `Die*` fault does, every later call pends forever, a call
+    /// now inside the inner store pends once it returns, and [`FaultyStores::died`] resolves.
+    pub fn kill(&self) {
+        self.die();
+    }
+
     fn lock(&self) -> MutexGuard<'_, FaultState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }

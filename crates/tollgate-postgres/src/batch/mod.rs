@@ -16,6 +16,9 @@
 //! answers every call [`Answer::Failed`] with the error the single statement would have given,
 //! whose commit is as unknown as that statement's would be.
 
+#[cfg(feature = "test-support")]
+pub mod faults;
+
 use crate::error::ends_connection;
 use crate::PgStores;
 use sqlx::postgres::{PgArguments, PgRow};
@@ -97,6 +100,9 @@ pub(crate) struct Batcher<C> {
     /// goes to the next, so a connection that stopped answering (a half-open route, a failover)
     /// cannot stop the shard (SC-206).
     deadline: Duration,
+    /// The fault matrix's hook and this queue's batch point (feature `test-support`).
+    #[cfg(feature = "test-support")]
+    hook: Option<(faults::BatchPoint, Arc<faults::BatchFaults>)>,
 }
 
 /// Calls one queue holds waiting at most; a call beyond them is refused at once with
@@ -162,7 +168,47 @@ impl<C: Send + 'static> Batcher<C> {
             }),
             gate: Arc::clone(gate),
             deadline,
+            #[cfg(feature = "test-support")]
+            hook: None,
         })
+    }
+
+    /// A batcher like [`Batcher::new`] whose statements at `point` go through `hook`.
+    #[cfg(feature = "test-support")]
+    pub(crate) fn hooked(
+        gate: &Arc<Semaphore>,
+        deadline: Duration,
+        point: faults::BatchPoint,
+        hook: &Arc<faults::BatchFaults>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            queue: Mutex::new(Queue {
+                waiting: VecDeque::new(),
+                running: 0,
+            }),
+            gate: Arc::clone(gate),
+            deadline,
+            hook: Some((point, Arc::clone(hook))),
+        })
+    }
+
+    /// One statement of `calls`, given up at the deadline (`None`); with the fault hook, `Err`
+    /// when the process died.
+    async fn sent<S, F>(&self, send: &S, calls: Vec<C>) -> Result<Option<(Vec<Answer>, Vec<C>)>, ()>
+    where
+        S: Fn(Vec<C>) -> F,
+        F: Future<Output = (Vec<Answer>, Vec<C>)>,
+    {
+        #[cfg(feature = "test-support")]
+        let calls = match &self.hook {
+            Some((point, hook)) => match hook.apply(*point, calls, send).await {
+                faults::Applied::Pass(calls) => calls,
+                faults::Applied::Answered(answered) => return Ok(Some(answered)),
+                faults::Applied::Died => return Err(()),
+            },
+            None => calls,
+        };
+        Ok(tokio::time::timeout(self.deadline, send(calls)).await.ok())
     }
 
     /// Sends `call` in the next statement a runner sends, and answers how it went, with the
@@ -213,6 +259,11 @@ impl<C: Send + 'static> Batcher<C> {
             let Ok(permit) = self.gate.acquire().await else {
                 return;
             };
+            #[cfg(feature = "test-support")]
+            if let Some((_, hook)) = &self.hook {
+                hook.gather(|| self.queue.lock().map_or(0, |q| q.waiting.len()))
+                    .await;
+            }
             let taken: Vec<(C, oneshot::Sender<(Answer, C)>)> = {
                 let Ok(mut queue) = self.queue.lock() else {
                     return;
@@ -229,9 +280,13 @@ impl<C: Send + 'static> Batcher<C> {
             };
             let (calls, senders): (Vec<C>, Vec<oneshot::Sender<(Answer, C)>>) =
                 taken.into_iter().unzip();
-            let sent = tokio::time::timeout(self.deadline, send(calls)).await;
+            // A process that died (the fault matrix) answers nothing: its place is given back
+            // and every call still waiting fails with it.
+            let Ok(sent) = self.sent(&send, calls).await else {
+                return;
+            };
             drop(permit);
-            let Ok((answers, calls)) = sent else {
+            let Some((answers, calls)) = sent else {
                 // Given up at the deadline: the statement's connection is closed with its
                 // future, and the callers, whose senders drop here, answer `Unavailable`.
                 tracing::warn!(

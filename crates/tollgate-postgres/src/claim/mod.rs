@@ -47,7 +47,7 @@ impl PgStores {
             }
         }
         let record = rules::new_execution(&request);
-        if request.root_key.is_none() {
+        if request.root_key.is_none() && !self.general_only() {
             let outcome = self.claim_call(&request, &record).await?;
             if matches!(
                 outcome,

@@ -194,7 +194,7 @@ impl PgStores {
         request: ClaimRequest,
         record: ExecutionRecord,
     ) -> StoreResult<ClaimOutcome> {
-        let mut tx = self.pool().begin().await.store_err()?;
+        let mut tx = self.begin().await?;
         let lease_now = self.lease_now(request.now);
         let Some((record, head)) = insert(&mut tx, &record, lease_now, request.lease_ms).await?
         else {

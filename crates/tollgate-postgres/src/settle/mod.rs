@@ -35,7 +35,11 @@ impl PgStores {
     /// the settler read the row and it is outside a root, else (or when the function hands the
     /// settlement back, having written nothing) by the general transaction.
     pub(crate) async fn settle_tx(&self, request: SettleRequest) -> StoreResult<SettleOutcome> {
-        if let Some(seen) = request.seen.as_deref().filter(|s| s.root_key.is_none()) {
+        let function = request
+            .seen
+            .as_deref()
+            .filter(|s| s.root_key.is_none() && !self.general_only());
+        if let Some(seen) = function {
             if let Some(outcome) = self.settle_call(&request, seen).await? {
                 return Ok(outcome);
             }

@@ -184,7 +184,7 @@ impl PgStores {
         &self,
         request: SettleRequest,
     ) -> StoreResult<SettleOutcome> {
-        let mut tx = self.pool().begin().await.store_err()?;
+        let mut tx = self.begin().await?;
         let chain = AuditChain::of_execution(request.fence.execution_id);
         // The crate's lock order: the execution, its root, the audit head, the spend rows. Outside
         // a root the execution and the head are locked by one statement.

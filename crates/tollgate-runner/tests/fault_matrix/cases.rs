@@ -84,10 +84,22 @@ pub enum Case {
     /// The lease heartbeat (SC-100): a live claim's lease renewed with its fence, then a
     /// `reconcile_expired` pass that must leave it alone.
     Heartbeat,
+    /// Three text calls of one consumer at once, their input in hand: on Postgres their claims
+    /// (which are also their dispatch marks) share one batch, and so do their settlements.
+    BatchText,
+    /// Three text calls of one consumer at once whose input is loaded after the claim: a claim
+    /// batch, each call's own dispatch mark, a settlement batch.
+    BatchLoaded,
+    /// Three calls at once, two of them with one key and one binding: one batch carries the
+    /// key's claim and its replay, which must not send.
+    BatchSameKey,
 }
 
+/// Calls a batch case sends at once (the batch hook gathers this many per statement).
+pub const BATCH_CALLS: usize = 3;
+
 impl Case {
-    pub const ALL: [Case; 12] = [
+    pub const ALL: [Case; 15] = [
         Case::Text,
         Case::TextLoaded,
         Case::Json,
@@ -100,7 +112,13 @@ impl Case {
         Case::Erasure,
         Case::Keys,
         Case::Heartbeat,
+        Case::BatchText,
+        Case::BatchLoaded,
+        Case::BatchSameKey,
     ];
+
+    /// The cases whose calls meet in batches on Postgres (`fault_matrix::batches`).
+    pub const BATCHES: [Case; 3] = [Case::BatchText, Case::BatchLoaded, Case::BatchSameKey];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -116,6 +134,9 @@ impl Case {
             Case::Erasure => "erasure",
             Case::Keys => "keys",
             Case::Heartbeat => "heartbeat",
+            Case::BatchText => "batch_text",
+            Case::BatchLoaded => "batch_loaded",
+            Case::BatchSameKey => "batch_same_key",
         }
     }
 
@@ -144,6 +165,14 @@ impl Case {
             Case::Erasure => vec![text("e")],
             Case::Keys => vec![],
             Case::Heartbeat => vec![text("live")],
+            Case::BatchText => vec![text("b1"), text("b2"), text("b3")],
+            Case::BatchLoaded => ["l1", "l2", "l3"]
+                .map(|name| Key {
+                    name,
+                    flavor: Flavor::FreeInput,
+                })
+                .to_vec(),
+            Case::BatchSameKey => vec![text("d1"), text("d2")],
         }
     }
 
@@ -165,6 +194,7 @@ impl Case {
     pub async fn setup(self, world: &Arc<World>) {
         match self {
             Case::Text | Case::TextLoaded | Case::Json | Case::Structured | Case::Step => {}
+            Case::BatchText | Case::BatchLoaded | Case::BatchSameKey => {}
             Case::Recover | Case::ReconcileExpired => {
                 // Left prepared: the process died right after its claim.
                 let prep = Some((StoreOp::Claim, 1, FaultKind::DieAfter));
@@ -244,6 +274,34 @@ impl Case {
                 } else {
                     let _ = runner.run(world.request("k")).await;
                 }
+            }
+            Case::BatchText | Case::BatchSameKey => {
+                let names: [&'static str; BATCH_CALLS] = if self == Case::BatchText {
+                    ["b1", "b2", "b3"]
+                } else {
+                    ["d1", "d2", "d1"]
+                };
+                let calls = names.map(|name| {
+                    let client = world.client(name, vec![text_reply()]);
+                    let runner = world.text_runner(&stores, text_config(), client);
+                    let request = world.request(name);
+                    async move {
+                        let input = [Message::text(Role::User, INPUT)];
+                        let _ = runner.run_inline(request, &input).await;
+                    }
+                });
+                futures::future::join_all(calls).await;
+            }
+            Case::BatchLoaded => {
+                let calls = ["l1", "l2", "l3"].map(|name| {
+                    let client = world.client(name, vec![text_reply()]);
+                    let runner = world.text_runner(&stores, free_input_config(), client);
+                    let request = world.request(name);
+                    async move {
+                        let _ = runner.run(request).await;
+                    }
+                });
+                futures::future::join_all(calls).await;
             }
             Case::TextLoaded => {
                 let client = world.client("w", vec![text_reply()]);

@@ -16,6 +16,7 @@
 //!    a replay of every key, which must send nothing for a key that has a journal row.
 #![allow(dead_code)]
 
+pub mod batches;
 pub mod cases;
 pub mod ledger;
 pub mod matrix;
@@ -108,7 +109,7 @@ pub struct World {
 }
 
 impl World {
-    fn new(
+    pub fn new(
         (inner, second): (Arc<dyn ServiceStores>, Arc<dyn ServiceStores>),
         scope: Scope,
     ) -> Self {
@@ -178,7 +179,12 @@ impl World {
         config: CallConfig,
         client: Arc<ScriptedClient>,
     ) -> SingleCallRunner {
-        SingleCallRunner::new(stores.clone(), client, self.settings(config)).unwrap()
+        SingleCallRunner::new(
+            stores.clone(),
+            of_process(stores, client),
+            self.settings(config),
+        )
+        .unwrap()
     }
 
     pub fn step_runner(
@@ -186,7 +192,12 @@ impl World {
         stores: &Arc<FaultyStores>,
         client: Arc<ScriptedClient>,
     ) -> GovernedStepRunner {
-        GovernedStepRunner::new(stores.clone(), client, self.settings(step_config())).unwrap()
+        GovernedStepRunner::new(
+            stores.clone(),
+            of_process(stores, client),
+            self.settings(step_config()),
+        )
+        .unwrap()
     }
 
     pub fn structured_runner(
@@ -194,8 +205,12 @@ impl World {
         stores: &Arc<FaultyStores>,
         client: Arc<ScriptedClient>,
     ) -> StructuredCallRunner {
-        StructuredCallRunner::new(stores.clone(), client, self.settings(structured_config()))
-            .unwrap()
+        StructuredCallRunner::new(
+            stores.clone(),
+            of_process(stores, client),
+            self.settings(structured_config()),
+        )
+        .unwrap()
     }
 
     /// A text, json or structured run of `key`.
@@ -230,6 +245,50 @@ impl World {
             _ => host_key(key),
         }
     }
+}
+
+/// A process's provider client: it sends while the process lives. The harness drops a dead
+/// process's task, but the drives it spawned stay scheduled, and one that had passed its last
+/// store call before the death would otherwise send after it, which no killed process can.
+struct ProcessClient {
+    inner: Arc<ScriptedClient>,
+    process: Arc<FaultyStores>,
+}
+
+#[async_trait::async_trait]
+impl tollgate_provider::ProviderClient for ProcessClient {
+    fn descriptor(&self) -> tollgate_provider::ClientDescriptor {
+        self.inner.descriptor()
+    }
+
+    fn check(
+        &self,
+        request: &tollgate_provider::ProviderRequest,
+    ) -> Result<(), tollgate_provider::SendError> {
+        self.inner.check(request)
+    }
+
+    async fn send(
+        &self,
+        request: tollgate_provider::ProviderRequest,
+        cancel: CancellationToken,
+    ) -> Result<tollgate_provider::EventStream, tollgate_provider::SendError> {
+        if self.process.is_dead() {
+            std::future::pending::<()>().await;
+        }
+        self.inner.send(request, cancel).await
+    }
+}
+
+/// `client` as `stores`'s process sends through it.
+fn of_process(
+    stores: &Arc<FaultyStores>,
+    client: Arc<ScriptedClient>,
+) -> Arc<dyn tollgate_provider::ProviderClient> {
+    Arc::new(ProcessClient {
+        inner: client,
+        process: stores.clone(),
+    })
 }
 
 pub fn host_key(key: &Key) -> OperationKey {
@@ -393,29 +452,41 @@ pub async fn run_combination(case: Case, base: &Base, scope: &str, fault: Option
     if let Some(fault) = fault {
         process_1.inject(fault);
     }
-    let life = live(&process_1, case.process(world.clone(), process_1.clone())).await;
-    let hit = !process_1.fired().is_empty();
-    let calls = process_1.calls();
+    let transient = fault.is_some_and(|f| f.kind == tollgate_store::fault::FaultKind::Fail);
+    let (life, violations) = after_setup(case, &world, &process_1, transient).await;
+    Run {
+        calls: process_1.calls(),
+        hit: !process_1.fired().is_empty(),
+        life,
+        violations,
+    }
+}
+
+/// Process 1 over `process_1` (set up, its fault armed), process 2, and every check: how
+/// process 1 ended and what broke. `transient`: process 1 lived through its fault, so every call
+/// it sent keeps its output ([`check_transient`]).
+pub async fn after_setup(
+    case: Case,
+    world: &Arc<World>,
+    process_1: &Arc<FaultyStores>,
+    transient: bool,
+) -> (Life, Vec<String>) {
+    let life = live(process_1, case.process(world.clone(), process_1.clone())).await;
     let mut violations = Vec::new();
     if life == Life::Hung {
         violations.push("process 1 hung without dying".to_string());
     }
     let process_2 = world.second_process();
     world.clock.advance_ms(PROCESS_2_ADVANCE_MS);
-    if let Err(e) = recover(case, &world, &process_2).await {
+    if let Err(e) = recover(case, world, &process_2).await {
         violations.push(format!("recovery failed: {e}"));
     }
-    violations.extend(check(case, &world).await);
-    violations.extend(check_transient(case, &world, fault).await);
-    violations.extend(replay(case, &world, &process_2).await);
+    violations.extend(check(case, world).await);
+    violations.extend(check_transient(case, world, transient).await);
+    violations.extend(replay(case, world, &process_2).await);
     let mut seen = std::collections::BTreeSet::new();
     violations.retain(|v| seen.insert(v.clone()));
-    Run {
-        calls,
-        hit,
-        life,
-        violations,
-    }
+    (life, violations)
 }
 
 /// Process 2: recovers every key, then runs scheduler passes until one changes nothing.
@@ -528,16 +599,23 @@ pub async fn check(case: Case, world: &World) -> Vec<String> {
     out
 }
 
-/// A call whose process lived through one failed store write (kind `fail`, the store briefly
-/// unavailable) keeps what the provider answered (SC-202): every key of a call case that was
-/// sent ends settled by its own drive (source `stream`), never handed to recovery, which cannot
-/// regenerate the output, or to an operator. Removing the settlement's retry breaks this.
-async fn check_transient(case: Case, world: &World, fault: Option<Fault>) -> Vec<String> {
+/// A call whose process lived through its fault (one failed store write: the store briefly
+/// unavailable; a batch statement refused, not sent, or whose connection was lost) keeps what
+/// the provider answered (SC-202, SC-203): every key of a call case that was sent ends settled
+/// by its own drive (source `stream`), never handed to recovery, which cannot regenerate the
+/// output, or to an operator. Removing the settlement's retry breaks this.
+async fn check_transient(case: Case, world: &World, transient: bool) -> Vec<String> {
     let mut out = Vec::new();
-    let transient = fault.is_some_and(|f| f.kind == tollgate_store::fault::FaultKind::Fail);
     let calls = matches!(
         case,
-        Case::Text | Case::TextLoaded | Case::Json | Case::Structured | Case::Step
+        Case::Text
+            | Case::TextLoaded
+            | Case::Json
+            | Case::Structured
+            | Case::Step
+            | Case::BatchText
+            | Case::BatchLoaded
+            | Case::BatchSameKey
     );
     if !transient || !calls {
         return out;
