@@ -86,4 +86,10 @@ pub struct View {
     /// Caps crossed by this call's settlement.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<CapWarning>,
+    /// The answer of the call's own settlement, which charged more than the call held (the
+    /// provider billed above the hold's bound; SC-207). Only the settling run's answer knows it
+    /// (the settled audit row keeps it for good); never serialized, it feeds this process's
+    /// metric.
+    #[serde(skip)]
+    pub above_hold: bool,
 }

@@ -138,6 +138,18 @@ pub const LOCK_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// Default `idle_in_transaction_session_timeout`.
 pub const IDLE_IN_TRANSACTION_TIMEOUT_MS_DEFAULT: u64 = 60_000;
 
+/// The server's TCP keepalive on every connection of the stores (`tcp_keepalives_idle`, over TCP;
+/// a Unix socket ignores it): a connection whose peer is gone without a word (a tollgate host
+/// that vanished, a dropped route) is found dead by the server after about
+/// `idle + interval × count` seconds of silence (25 s), which ends its backend and releases
+/// whatever it held, where the system's default waits two hours. The client side of the same
+/// connection has deadlines instead (SC-206): sqlx sets no keepalive on its sockets.
+pub const TCP_KEEPALIVES_IDLE_S: u64 = 10;
+/// `tcp_keepalives_interval`: seconds between the server's unanswered probes.
+pub const TCP_KEEPALIVES_INTERVAL_S: u64 = 5;
+/// `tcp_keepalives_count`: unanswered probes before the server drops the connection.
+pub const TCP_KEEPALIVES_COUNT: u64 = 3;
+
 /// How far past the server's `statement_timeout` the client gives up a statement: the server
 /// ends a statement at its bound, so a statement still unanswered a little later is on a
 /// connection that no longer answers.
@@ -154,7 +166,8 @@ impl SessionTimeouts {
         std::time::Duration::from_millis(server_ms.saturating_add(STATEMENT_DEADLINE_SLACK_MS))
     }
 
-    /// The options with the bounds as session parameters.
+    /// The options with the bounds as session parameters, and the server's TCP keepalive on
+    /// the connection ([`TCP_KEEPALIVES_IDLE_S`]).
     fn apply(self, options: PgConnectOptions) -> PgConnectOptions {
         options.options([
             ("statement_timeout", self.statement_timeout_ms.to_string()),
@@ -163,6 +176,12 @@ impl SessionTimeouts {
                 "idle_in_transaction_session_timeout",
                 self.idle_in_transaction_timeout_ms.to_string(),
             ),
+            ("tcp_keepalives_idle", TCP_KEEPALIVES_IDLE_S.to_string()),
+            (
+                "tcp_keepalives_interval",
+                TCP_KEEPALIVES_INTERVAL_S.to_string(),
+            ),
+            ("tcp_keepalives_count", TCP_KEEPALIVES_COUNT.to_string()),
         ])
     }
 }

@@ -93,3 +93,32 @@ async fn sc_205_lease_renewals_are_not_starved_by_a_saturated_pool() {
     assert_eq!(renewed.unwrap().fence(), record.fence());
     drop(held);
 }
+
+/// Every connection the stores open over TCP has the server's keepalive on (the pool's and the
+/// lane's share one set of options): the server finds a connection whose client vanished in
+/// seconds, not hours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_206_connections_carry_the_server_s_tcp_keepalive() {
+    let (database, _) = fresh().await;
+    let s = PgStores::connect_with(
+        database.url(),
+        4,
+        tollgate_postgres::SessionTimeouts::default(),
+    )
+    .await
+    .unwrap();
+    let shown: Vec<String> = sqlx::query_scalar(
+        "SELECT setting FROM pg_settings WHERE name IN \
+         ('tcp_keepalives_idle', 'tcp_keepalives_interval', 'tcp_keepalives_count') ORDER BY name",
+    )
+    .fetch_all(s.pool())
+    .await
+    .unwrap();
+    let expected = [
+        tollgate_postgres::TCP_KEEPALIVES_COUNT,
+        tollgate_postgres::TCP_KEEPALIVES_IDLE_S,
+        tollgate_postgres::TCP_KEEPALIVES_INTERVAL_S,
+    ]
+    .map(|n| n.to_string());
+    assert_eq!(shown, expected);
+}

@@ -311,14 +311,29 @@ impl Engine {
         heartbeat: Heartbeat,
     ) -> Result<View, RunError> {
         let key = record.operation_key.clone();
-        let (scope, execution_id) = (record.scope.clone(), record.id);
+        let (scope, execution_id, hold) = (record.scope.clone(), record.id, record.hold);
         let driven = self
             .drive_in_background(record, request, cancel, read_ms, heartbeat)
             .await?;
         // The committed rows, never what the drive meant to write (H-1): what its settlement's
         // commit answered, which saves a read (H-22), or else the view's one read (H-10).
         let mut view = match driven.settled {
-            Some(settled) => views::of_settled(&settled, self.ctx.clock.now()),
+            Some(settled) => {
+                let mut view = views::of_settled(&settled, self.ctx.clock.now());
+                view.above_hold = settled.settlement.amount > hold;
+                if view.above_hold {
+                    // Ids and amounts only (SC-207): the hold did not bound what was billed.
+                    tracing::warn!(
+                        scope = %scope,
+                        operation_key = %key,
+                        execution_id = %execution_id,
+                        hold = %hold,
+                        amount = %settled.settlement.amount,
+                        "settled above its hold"
+                    );
+                }
+                view
+            }
             None => {
                 let stores = self.ctx.stores.as_ref();
                 views::read(stores, &scope, &key, self.ctx.clock.now())

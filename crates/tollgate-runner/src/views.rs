@@ -44,6 +44,7 @@ pub fn bare(operation_key: OperationKey, state: ViewState) -> View {
         receipt: None,
         root_receipt: None,
         warnings: Vec::new(),
+        above_hold: false,
     }
 }
 

@@ -42,11 +42,16 @@ const CODES: [&str; 14] = [
 ];
 
 /// Unlabelled metrics: name, type, help (values from `Metrics::single_values`, same order).
-const SINGLES: [(&str, &str, &str); 10] = [
+const SINGLES: [(&str, &str, &str); 11] = [
     (
         "tollgate_replays_total",
         "counter",
         "Answers that replayed an earlier claim.",
+    ),
+    (
+        "tollgate_settled_above_hold_total",
+        "counter",
+        "Calls of this process whose settlement charged more than their hold (SC-207).",
     ),
     (
         "tollgate_holds_in_flight",
@@ -142,6 +147,7 @@ pub struct SchedulerHealth {
 pub struct Metrics {
     calls: [AtomicU64; OUTCOMES.len()],
     replays: AtomicU64,
+    above_hold: AtomicU64,
     errors: [AtomicU64; CODES.len()],
     spend: Mutex<BTreeMap<String, Decimal>>,
     holds_in_flight: AtomicI64,
@@ -203,6 +209,9 @@ impl Metrics {
             self.replays.fetch_add(1, Ordering::Relaxed);
             return;
         }
+        if view.above_hold {
+            self.above_hold.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(receipt) = &view.receipt {
             let mut spend = self.spend.lock().unwrap_or_else(|p| p.into_inner());
             let total = spend
@@ -261,6 +270,7 @@ impl Metrics {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         [
             load(&self.replays),
+            load(&self.above_hold),
             self.holds_in_flight
                 .load(Ordering::Relaxed)
                 .max(0)
@@ -349,4 +359,32 @@ impl Metrics {
 
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::ids::OperationKey;
+
+    fn completed(above_hold: bool, replayed: bool) -> View {
+        let mut view =
+            tollgate_runner::views::bare(OperationKey::parse("k").unwrap(), ViewState::Completed);
+        view.outcome = Some(tollgate_core::state::Outcome::Success);
+        view.above_hold = above_hold;
+        view.replayed = replayed;
+        view
+    }
+
+    #[test]
+    fn sc_207_settlements_above_their_hold_are_counted() {
+        let metrics = Metrics::default();
+        metrics.observe(&Ok(completed(true, false)));
+        metrics.observe(&Ok(completed(false, false)));
+        metrics.observe(&Ok(completed(false, true)));
+        let text = metrics.render();
+        assert!(
+            text.contains("\ntollgate_settled_above_hold_total 1\n"),
+            "{text}"
+        );
+    }
 }

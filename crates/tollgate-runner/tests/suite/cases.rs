@@ -261,6 +261,30 @@ pub async fn sc_202_a_settlement_outlives_a_store_outage_shorter_than_its_retrie
     assert!(h.faults.calls()[&tollgate_store::fault::StoreOp::Settle] >= 2);
 }
 
+pub async fn sc_207_a_settlement_above_the_hold_is_told_to_the_settling_run(h: Harness) {
+    // The provider bills more output than the profile's `max_tokens` (100): the hold, the cost
+    // of the worst case, is no bound of it.
+    let c = client(vec![ScriptedReply::text("long", usage(10, 5_000))]);
+    let runner = h.runner(text_config(), &c);
+    let view = runner.run(h.request("k1", "x")).await.unwrap();
+    assert_eq!(view.state, ViewState::Completed);
+    assert!(
+        view.above_hold,
+        "the settling run is told the charge is above its hold"
+    );
+    // A replay reads the rows: the flag belongs to the settling run's answer only.
+    let replayed = runner.run(h.request("k1", "x")).await.unwrap();
+    assert!(replayed.replayed && !replayed.above_hold);
+    // An ordinary call is within its hold.
+    let c = client(vec![ok_reply("fine")]);
+    let within = h
+        .runner(text_config(), &c)
+        .run(h.request("k2", "x"))
+        .await
+        .unwrap();
+    assert!(!within.above_hold);
+}
+
 pub async fn sc_20_read_reports_each_state(h: Harness) {
     let c = client(vec![
         ok_reply("a"),

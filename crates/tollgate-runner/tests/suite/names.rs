@@ -11,6 +11,7 @@ runner_suite!(fresh;
     sc_17_settle_failure_rejects_and_recovery_settles_without_resend,
     sc_17_h_1_lost_settle_acknowledgement_is_read_back,
     sc_202_a_settlement_outlives_a_store_outage_shorter_than_its_retries,
+    sc_207_a_settlement_above_the_hold_is_told_to_the_settling_run,
     sc_20_read_reports_each_state,
     sc_21_completed_read_has_original_receipt_and_no_invalid_reason,
     sc_22_erased_or_expired_output_is_unavailable,
