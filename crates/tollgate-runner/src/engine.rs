@@ -367,6 +367,7 @@ impl Engine {
             return Err(NotDispatchedCause::Aborted);
         }
         let loaded = tokio::select! {
+            biased;
             loaded = load_input => loaded,
             _ = cancel.cancelled() => return Err(NotDispatchedCause::Aborted),
         };
@@ -416,6 +417,9 @@ impl Engine {
             cause,
         };
         tokio::select! {
+            // In order: a finished drive's answer wins over a cancel or the deadline that
+            // came at the same instant, and runs replay alike (the simulation's traces).
+            biased;
             joined = &mut task => joined.map_err(|_| interrupted(Interruption::Aborted))?,
             _ = cancel.cancelled() => {
                 tokio::spawn(report_when_done(task, report, report_key));

@@ -58,6 +58,7 @@ impl Heartbeat {
         let every = Duration::from_millis(renew_every_ms(lease_ms));
         tokio::spawn(async move {
             tokio::select! {
+                biased;
                 _ = stopped.cancelled() => {}
                 _ = renew(stores.as_ref(), clock.as_ref(), fence, lease_ms, every, &key) => {
                     lose.cancel();

@@ -60,6 +60,7 @@ impl Retry {
                     after_unavailable = true;
                     let pause = Duration::from_millis(pause_ms).min(end - now);
                     tokio::select! {
+                        biased;
                         _ = tokio::time::sleep(pause) => {}
                         // One more attempt at once: it answers `StaleFence` if the fence is gone.
                         _ = self.lost.cancelled() => {}

@@ -14,6 +14,8 @@
 //! - SC-42 (final): after the last usage pass, exactly the evidence that matches a durable
 //!   settlement (or zero evidence of an unsent call) is acknowledged.
 //! - SC-40 (final): every settlement with a cost is backed by exact evidence of that usage.
+//! - SC-202 (final): a call whose own settlement failed once while its process lived on with its
+//!   fence ends settled from its stream.
 
 use super::oracle::check_rows;
 use super::provider::SimProvider;
@@ -233,6 +235,34 @@ pub async fn final_checks(shared: &Shared, provider: &SimProvider) {
     }
     sends(shared, provider).await;
     reconciled_roots(shared, &all).await;
+    blips(shared, &all).await;
+}
+
+/// SC-202: a call whose own settlement failed once (the store briefly away) and whose process
+/// lived on with its fence ends settled by its own drive (source `stream`): its output kept,
+/// never handed to recovery.
+async fn blips(shared: &Shared, all: &[ExecutionRecord]) {
+    for (id, blip) in shared.blips() {
+        let Some(record) = all.iter().find(|r| r.id == id) else {
+            continue;
+        };
+        if blip.excused.is_some() {
+            continue;
+        }
+        let settlement = shared.truth.settlement(id).await.ok().flatten();
+        // Its own settlement from the stream, under the fence its drive held.
+        let kept = record.state == S::Completed
+            && record.fence == blip.token
+            && settlement
+                .is_some_and(|s| s.source == tollgate_core::state::SettlementSource::Stream);
+        if !kept {
+            shared.violation(format!(
+                "SC-202: {}/{} had one failed settlement while {} held its fence, and ended {} \
+                 without its own settlement",
+                record.scope, record.operation_key, blip.proc, record.state
+            ));
+        }
+    }
 }
 
 /// Why a `reconciliation_required` execution could not be settled from its evidence: the

@@ -10,8 +10,8 @@
 //! Time discipline, which keeps a seed's run identical from one execution to the next: the driver
 //! acts only at multiples of 10 ms, every task it starts first sleeps 5 ms, and every simulated
 //! duration (latencies, loader and provider waits) is a multiple of 10 ms. No timer of a task can
-//! therefore fire at an instant the driver acts, and the runners' unbiased `select!`s never see
-//! two of their branches become ready at once (their choice between ready branches is random).
+//! therefore fire at an instant the driver acts; the runners' `select!`s are `biased`, so two of
+//! their branches ready at once are chosen in order, never at random.
 
 use super::calls::{attempt, CallSpec, Load};
 use super::checks;

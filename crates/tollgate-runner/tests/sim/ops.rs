@@ -13,6 +13,7 @@ use std::time::Duration;
 use tollgate_core::ids::{OperationKey, RootKey};
 use tollgate_core::state::ExecutionState;
 use tollgate_core::usage::Usage;
+use tollgate_store::fault::FaultPoint;
 use tollgate_store::ExecutionStore;
 
 impl Driver {
@@ -22,6 +23,8 @@ impl Driver {
         }
         let i = self.rng.index(self.procs.len());
         let mut proc = self.procs.remove(i);
+        self.shared
+            .excuse_blips(&proc.gate.name, "its process was killed");
         proc.kill(&self.shared);
         self.stats.kills += 1;
     }
@@ -42,6 +45,17 @@ impl Driver {
         let f = self.rng.index(FAULT_POINTS.len());
         self.procs[p].arm(f);
         let name = &self.procs[p].gate.name;
+        // A fault that lasts on the writes and reads a settlement's retry makes may outlast the
+        // retry window: the drive may then give the call up to recovery.
+        if matches!(
+            FAULT_POINTS[f],
+            FaultPoint::Settle
+                | FaultPoint::SettleAfterCommit
+                | FaultPoint::RecordEvidence
+                | FaultPoint::Read
+        ) {
+            self.shared.excuse_blips(name, "a lasting fault was armed");
+        }
         self.shared
             .trace(format!("arm {name} {:?}", FAULT_POINTS[f]));
     }

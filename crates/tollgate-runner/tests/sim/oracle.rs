@@ -231,6 +231,7 @@ pub fn on_take_fence(
                 known.fences.insert(record.fence.0, commit);
             }
             drop(model);
+            shared.fence_taken(record.id);
             shared.trace(format!("{proc} take_fence {key} -> #{}", record.fence.0));
         }
         Ok(None) => shared.trace(format!("{proc} take_fence {key} -> none")),

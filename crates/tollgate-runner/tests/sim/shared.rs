@@ -100,6 +100,25 @@ pub struct Shared {
     model: Mutex<Model>,
     latency: Mutex<Rng>,
     calm: AtomicBool,
+    blips: Mutex<BTreeMap<ExecutionId, Blip>>,
+}
+
+/// How long after a blip its drive's retries may still be running (their pauses double from
+/// 50 ms to 1 s; a few attempts meet other faults of the run).
+pub const BLIP_RETRY_MS: u128 = 3_000;
+
+/// A call's own first settlement that failed once, the store briefly unavailable (SC-202).
+#[derive(Debug, Clone)]
+pub struct Blip {
+    /// The process whose drive it was.
+    pub proc: String,
+    /// The fence the drive held.
+    pub token: tollgate_core::ids::FenceToken,
+    /// When (simulated milliseconds).
+    pub at_ms: u128,
+    /// Why the drive may not have kept the output after all: its process was killed, or a
+    /// fault that lasts was armed on a settlement, evidence or read of its process.
+    pub excused: Option<&'static str>,
 }
 
 impl Shared {
@@ -113,7 +132,83 @@ impl Shared {
             model: Mutex::new(Model::default()),
             latency: Mutex::new(latency),
             calm: AtomicBool::new(false),
+            blips: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Whether the first settlement a call's own drive sends fails once (1 in 6), as when the
+    /// store is briefly unavailable; recorded, since the drive must then keep the output by
+    /// retrying (SC-202). Never in the final phase.
+    pub fn settle_blip(&self, fence: tollgate_store::Fence, proc: &str) -> bool {
+        if self.calm.load(Ordering::SeqCst) {
+            return false;
+        }
+        let mut blips = self.blips.lock().unwrap_or_else(|e| e.into_inner());
+        if blips.contains_key(&fence.execution_id) {
+            return false;
+        }
+        let blip = self
+            .latency
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .below(6)
+            == 0;
+        // Judged only while the drive still holds the fence: a writer that lost it before it
+        // settled has nothing to keep.
+        let holds = self
+            .model()
+            .executions
+            .get(&fence.execution_id)
+            .is_some_and(|k| k.token == fence.token.0);
+        if blip && holds {
+            blips.insert(
+                fence.execution_id,
+                Blip {
+                    proc: proc.to_string(),
+                    token: fence.token,
+                    at_ms: self.clock.elapsed_ms(),
+                    excused: None,
+                },
+            );
+        }
+        blip
+    }
+
+    /// Excuses with `why` every blip of `proc` whose call is not settled yet (its drive may still
+    /// be retrying).
+    pub fn excuse_blips(&self, proc: &str, why: &'static str) {
+        let mut blips = self.blips.lock().unwrap_or_else(|e| e.into_inner());
+        let model = self.model();
+        for (id, blip) in blips.iter_mut().filter(|(_, b)| b.proc == proc) {
+            let settled = model.executions.get(id).is_some_and(|k| k.settlements > 0);
+            if !settled {
+                blip.excused.get_or_insert(why);
+            }
+        }
+    }
+
+    /// A fence of `id` taken by another writer: it excuses the blip of a call not settled yet
+    /// when it comes within [`BLIP_RETRY_MS`] of it (the lease lapsed, a clock jump, while the
+    /// drive retried); later, the drive should have settled long before.
+    pub fn fence_taken(&self, id: ExecutionId) {
+        let mut blips = self.blips.lock().unwrap_or_else(|e| e.into_inner());
+        let settled = self
+            .model()
+            .executions
+            .get(&id)
+            .is_some_and(|k| k.settlements > 0);
+        let now = self.clock.elapsed_ms();
+        if let Some(blip) = blips.get_mut(&id) {
+            if !settled && now.saturating_sub(blip.at_ms) <= BLIP_RETRY_MS {
+                blip.excused
+                    .get_or_insert("its fence was taken while it retried");
+            }
+        }
+    }
+
+    /// Every blip so far.
+    pub fn blips(&self) -> BTreeMap<ExecutionId, Blip> {
+        self.blips.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     fn log(&self) -> MutexGuard<'_, Log> {

@@ -173,6 +173,12 @@ impl ExecutionStore for SimStores {
     async fn settle(&self, request: SettleRequest) -> StoreResult<SettleOutcome> {
         self.enter().await?;
         let fence = request.fence;
+        let own = request.source == tollgate_core::state::SettlementSource::Stream;
+        if own && self.shared.settle_blip(fence, &self.gate.name) {
+            self.shared
+                .trace(format!("{} settle unavailable once", self.gate.name));
+            return Err(StoreError::Unavailable("the store is briefly away".into()));
+        }
         let request = self.mutated(request).await;
         let out = self.inner().settle(request).await;
         oracle::on_settle(&self.shared, &self.gate.name, fence, &out).await;
