@@ -59,12 +59,14 @@ pub(crate) async fn drive(
     policy: Arc<dyn OutputPolicy>,
     read_ms: u64,
     retry: Retry,
+    live: Option<crate::live::LiveSink>,
 ) -> Result<Driven, RunError> {
     let ctx = Call {
         ctx: &ctx,
         retry: &retry,
     };
     let limits = record.binding.config.collector_limits();
+    let mut forward = crate::live::Forward::new(live, limits.max_output_chars);
     let send_cancel = CancellationToken::new();
     let deadline = tokio::time::Instant::now() + Duration::from_millis(read_ms);
     let sent =
@@ -89,6 +91,9 @@ pub(crate) async fn drive(
     loop {
         match tokio::time::timeout_at(deadline, stream.next()).await {
             Ok(Some(event)) => {
+                if let ProviderEvent::TextDelta { text } = &event {
+                    forward.text(text);
+                }
                 if collector.push(event) == tollgate_core::collector::Flow::Stop {
                     break;
                 }
@@ -104,6 +109,7 @@ pub(crate) async fn drive(
         }
     }
     // Stop the transport: reading is over (end, reasoning loop or timeout).
+    forward.close();
     send_cancel.cancel();
     drop(stream);
     let collected = collector.finish();

@@ -5,6 +5,7 @@ use crate::drive::{drive, Ctx, Driven};
 use crate::error::{Interruption, RunError};
 use crate::input::{check_input, probe_request, provider_request};
 use crate::lease::Heartbeat;
+use crate::live::LiveSink;
 use crate::outcome::OutputPolicy;
 use crate::retry::Retry;
 use crate::settings::{BackgroundErrorFn, BackgroundFailure, InputLoader, RunnerSettings};
@@ -249,6 +250,7 @@ impl Engine {
         load_input: InputLoader,
         cancel: CancellationToken,
         read_ms: u64,
+        live: Option<LiveSink>,
     ) -> Result<View, RunError> {
         let key = record.operation_key.clone();
         // The lease stays live from the claim to the last write: through the input load, a
@@ -283,7 +285,7 @@ impl Engine {
                 return Err(RunError::store(&key, e));
             }
         };
-        self.finish_dispatched(dispatched, request, cancel, read_ms, heartbeat)
+        self.finish_dispatched(dispatched, request, cancel, read_ms, heartbeat, live)
             .await
     }
 
@@ -295,9 +297,10 @@ impl Engine {
         request: ProviderRequest,
         cancel: CancellationToken,
         read_ms: u64,
+        live: Option<LiveSink>,
     ) -> Result<View, RunError> {
         let heartbeat = self.heartbeat(&record);
-        self.finish_dispatched(record, request, cancel, read_ms, heartbeat)
+        self.finish_dispatched(record, request, cancel, read_ms, heartbeat, live)
             .await
     }
 
@@ -309,11 +312,12 @@ impl Engine {
         cancel: CancellationToken,
         read_ms: u64,
         heartbeat: Heartbeat,
+        live: Option<LiveSink>,
     ) -> Result<View, RunError> {
         let key = record.operation_key.clone();
         let (scope, execution_id, hold) = (record.scope.clone(), record.id, record.hold);
         let driven = self
-            .drive_in_background(record, request, cancel, read_ms, heartbeat)
+            .drive_in_background(record, request, cancel, read_ms, heartbeat, live)
             .await?;
         // The committed rows, never what the drive meant to write (H-1): what its settlement's
         // commit answered, which saves a read (H-22), or else the view's one read (H-10).
@@ -400,6 +404,7 @@ impl Engine {
         cancel: CancellationToken,
         read_ms: u64,
         heartbeat: Heartbeat,
+        live: Option<LiveSink>,
     ) -> Result<Driven, RunError> {
         let key = record.operation_key.clone();
         let report = self.background_error.clone();
@@ -410,7 +415,7 @@ impl Engine {
             // Renewing until the drive's last write, even when the caller stops waiting.
             let retry = Retry::new(ctx.settle_retry_ms, heartbeat.lost());
             let _heartbeat = heartbeat;
-            drive(ctx, record, request, policy, read_ms, retry).await
+            drive(ctx, record, request, policy, read_ms, retry, live).await
         });
         let interrupted = |cause| RunError::Interrupted {
             operation_key: key.clone(),

@@ -14,6 +14,7 @@ pub mod engine;
 pub mod error;
 pub mod input;
 pub mod lease;
+pub mod live;
 pub mod outcome;
 pub mod recovery;
 pub mod retry;

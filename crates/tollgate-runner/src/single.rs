@@ -117,7 +117,24 @@ impl SingleCallRunner {
     /// # Errors
     /// Conflict (SC-14), cap blocked (SC-16), store failure (SC-17), interruption (SC-60).
     pub async fn run(&self, request: RunRequest) -> Result<View, RunError> {
-        self.run_holding(request, None).await
+        self.run_holding(request, None, None).await
+    }
+
+    /// Runs one call as [`SingleCallRunner::run`] or, with `input` in hand, as
+    /// [`SingleCallRunner::run_inline`], handing the text it answers to `live` as the provider
+    /// sends it (SC-213). The answer is the same as theirs; `live` ends once the provider's
+    /// stream is read, before the settlement. A replay, a refusal or a call that is not sent
+    /// hands `live` nothing.
+    ///
+    /// # Errors
+    /// As [`SingleCallRunner::run`].
+    pub async fn run_live(
+        &self,
+        request: RunRequest,
+        input: Option<&[Message]>,
+        live: crate::live::LiveSink,
+    ) -> Result<View, RunError> {
+        self.run_holding(request, input, Some(live)).await
     }
 
     /// Runs one call whose input is in hand (`input`, what `request.load_input` hands back): the
@@ -132,13 +149,14 @@ impl SingleCallRunner {
         request: RunRequest,
         input: &[Message],
     ) -> Result<View, RunError> {
-        self.run_holding(request, Some(input)).await
+        self.run_holding(request, Some(input), None).await
     }
 
     async fn run_holding(
         &self,
         request: RunRequest,
         inline: Option<&[Message]>,
+        live: Option<crate::live::LiveSink>,
     ) -> Result<View, RunError> {
         let binding = Binding {
             session_id: request.session_id,
@@ -183,12 +201,12 @@ impl SingleCallRunner {
         match ready {
             Some(provider_request) if record.state == ExecutionState::Dispatched => {
                 self.engine
-                    .run_dispatched(record, provider_request, request.cancel, read_ms)
+                    .run_dispatched(record, provider_request, request.cancel, read_ms, live)
                     .await
             }
             _ => {
                 self.engine
-                    .run_claimed(record, request.load_input, request.cancel, read_ms)
+                    .run_claimed(record, request.load_input, request.cancel, read_ms, live)
                     .await
             }
         }

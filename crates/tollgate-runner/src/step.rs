@@ -245,7 +245,7 @@ impl GovernedStepRunner {
             .min(u64::try_from(until_deadline).unwrap_or(u64::MAX));
         let view = self
             .engine
-            .run_claimed(record, request.load_input, request.cancel, read_ms)
+            .run_claimed(record, request.load_input, request.cancel, read_ms, None)
             .await?;
         self.with_root_receipt(view).await
     }

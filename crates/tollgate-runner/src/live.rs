@@ -1,0 +1,74 @@
+//! Live streaming (spec/service.md — Live streaming, SC-213): the text deltas of a call, handed
+//! to its caller as the provider sends them while the drive collects and journals the same
+//! bytes as ever. The sink never slows the drive (it is unbounded; what it carries is bounded by
+//! the call's `max_output_chars`), and a caller that stops reading changes nothing: the call
+//! completes and settles as any other.
+//!
+//! Only text goes out, and only as much as the call may answer: once the text forwarded would
+//! pass `max_output_chars`, forwarding stops, and the answer's last chunk, sent after the
+//! settlement, says how the call ended.
+
+use tokio::sync::mpsc;
+use tollgate_core::message::utf16_len;
+
+/// Where a live call's text deltas go.
+pub type LiveSink = mpsc::UnboundedSender<String>;
+/// What the caller reads them from; it ends when the provider's stream has been read.
+pub type LiveDeltas = mpsc::UnboundedReceiver<String>;
+
+/// A sink and its reader.
+pub fn channel() -> (LiveSink, LiveDeltas) {
+    mpsc::unbounded_channel()
+}
+
+/// The drive's side: forwards text while the call's output stays within its limit.
+pub(crate) struct Forward {
+    sink: Option<LiveSink>,
+    left_chars: u64,
+}
+
+impl Forward {
+    pub(crate) fn new(sink: Option<LiveSink>, max_output_chars: u64) -> Self {
+        Self {
+            sink,
+            left_chars: max_output_chars,
+        }
+    }
+
+    /// Hands `text` to the caller, unless it would pass the output limit (then nothing more
+    /// goes out) or the caller has gone.
+    pub(crate) fn text(&mut self, text: &str) {
+        let Some(sink) = &self.sink else {
+            return;
+        };
+        let units = utf16_len(text);
+        if units > self.left_chars || sink.send(text.to_owned()).is_err() {
+            self.sink = None;
+            return;
+        }
+        self.left_chars -= units;
+    }
+
+    /// The provider's stream is read: the caller's reader ends.
+    pub(crate) fn close(&mut self) {
+        self.sink = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sc_213_text_goes_out_within_the_output_limit_only() {
+        let (sink, mut deltas) = channel();
+        let mut forward = Forward::new(Some(sink), 5);
+        forward.text("abc");
+        forward.text("def");
+        forward.text("g");
+        forward.close();
+        assert_eq!(deltas.try_recv().ok().as_deref(), Some("abc"));
+        // "def" would pass the limit: it and everything after stay in the journal only.
+        assert!(deltas.try_recv().is_err());
+    }
+}
