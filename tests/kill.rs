@@ -320,7 +320,7 @@ struct KeyRecord {
     completed: Option<(String, Value)>,
     /// Replays answered with the stored outcome.
     replays: u32,
-    /// Conflicting replays answered 409.
+    /// Conflicting replays answered 422.
     conflicts: u32,
 }
 
@@ -438,14 +438,12 @@ impl Load {
             Err(_) => {}
             // A store failure or a run that stopped waiting: the key is read back later.
             Ok((503 | 504, _)) => {}
+            // The retry after a transport error met the first request still running (SC-209):
+            // the key is read back later.
+            Ok((409, error)) if error["error"]["code"] == "in_progress" => {}
             Ok((200, view)) => {
                 let state = view["state"].as_str().unwrap_or_default();
-                let known = [
-                    "completed",
-                    "in_progress",
-                    "not_dispatched",
-                    "reconciliation_required",
-                ];
+                let known = ["completed", "not_dispatched", "reconciliation_required"];
                 if !known.contains(&state) || view["operation_key"] != key.as_str() {
                     self.anomaly(&key, format!("first call answered {view}"));
                 } else if state == "completed" {
@@ -516,7 +514,7 @@ impl Load {
         );
         match self.post_either((rng.next() % 2) as usize, &body).await {
             Err(_) => {}
-            Ok((409, error)) if error["error"]["code"] == "conflict" => {
+            Ok((422, error)) if error["error"]["code"] == "conflict" => {
                 self.conflicts.fetch_add(1, Ordering::Relaxed);
                 if let Some(r) = self.keys().get_mut(key) {
                     r.conflicts += 1;

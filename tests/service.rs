@@ -446,27 +446,37 @@ fn sc_137_generated_requests_on_postgres_get_no_5xx_but_503_and_the_server_lives
 // The OpenAI Python SDK
 // ---------------------------------------------------------------------------------------------
 
-/// SC-133: `examples/openai_sdk.py` against `tollgate serve` on Postgres: call, replay,
-/// conflict (409), stream, no key; the mock saw one request per call that ran (the call and the
-/// stream), none for the replay, the conflict or the refused request.
+/// The `slow` profile of [`service_config`]: its mock answers after 2 s.
+const SLOW: sdk_tour::Slow = sdk_tour::Slow {
+    profile: "slow",
+    ms: 2000,
+};
+
+/// SC-133, SC-209: `examples/openai_sdk.py` at the SDK's default retry settings against
+/// `tollgate serve` on Postgres: call, replay, common fields, the SDK's own retries of a call
+/// still being processed (409 `in_progress`, then the stored completion), a reused key with
+/// another body (422), stream, no key; the mock saw one request per call that ran (the call,
+/// the fields, the retried call and the stream), none for the replay, the retries, the conflict
+/// or the refused request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sc_133_the_openai_python_sdk_against_tollgate_serve_on_postgres() {
+async fn sc_133_sc_209_the_openai_python_sdk_against_tollgate_serve_on_postgres() {
     let python = sdk_tour::sdk_python();
     let s = Service::start("").await;
-    sdk_tour::run_tour(&python, "examples/openai_sdk.py", &s.base, &s.caller).await;
-    assert_eq!(s.mock.request_count(), 2, "one provider request per call");
+    sdk_tour::run_tour(&python, "examples/openai_sdk.py", &s.base, &s.caller, SLOW).await;
+    assert_eq!(s.mock.request_count_for(sdk_tour::RETRIED_PROMPT), 1);
+    assert_eq!(s.mock.request_count(), 4, "one provider request per call");
     s.stop().await;
 }
 
-/// SC-162: `examples/openai_sdk.mjs` (the official `openai` npm package) against
-/// `tollgate serve` on Postgres: call, replay, conflict (409), stream, no key; one provider
-/// request per call that ran.
+/// SC-162, SC-209: `examples/openai_sdk.mjs` (the official `openai` npm package) against
+/// `tollgate serve` on Postgres: the same tour; one provider request per call that ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sc_162_the_openai_node_sdk_against_tollgate_serve_on_postgres() {
+async fn sc_162_sc_209_the_openai_node_sdk_against_tollgate_serve_on_postgres() {
     let node = sdk_tour::sdk_node();
     let s = Service::start("").await;
-    sdk_tour::run_tour(&node, "examples/openai_sdk.mjs", &s.base, &s.caller).await;
-    assert_eq!(s.mock.request_count(), 2, "one provider request per call");
+    sdk_tour::run_tour(&node, "examples/openai_sdk.mjs", &s.base, &s.caller, SLOW).await;
+    assert_eq!(s.mock.request_count_for(sdk_tour::RETRIED_PROMPT), 1);
+    assert_eq!(s.mock.request_count(), 4, "one provider request per call");
     s.stop().await;
 }
 

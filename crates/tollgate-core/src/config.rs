@@ -6,12 +6,12 @@
 use crate::caps::Caps;
 use crate::collector::{CollectorLimits, MAX_REASONING_CHARS_CEILING};
 use crate::ids::{ConsumerId, VersionId};
-use crate::message::{utf16_len, Temperature, ToolChoice, ToolSpec};
+use crate::message::{utf16_len, Temperature, ToolChoice, ToolSpec, TopP};
 use crate::money::{Currency, Money, MoneyError, TokenPrices};
 use crate::state::CallKind;
 use crate::usage::Usage;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Upper bound of a byte-level token count per UTF-16 code unit (a code unit is at most three
 /// UTF-8 bytes; a token is at least one byte). Used only for worst-case holds.
@@ -98,6 +98,70 @@ pub struct CallConfig {
     /// Model context window, when known: input that cannot fit it beside the output cap is refused
     /// before anything is sent, since the provider would reject it anyway (H-6).
     pub context_window_tokens: Option<u64>,
+    /// Nucleus sampling sent to the provider: the profile's, or a request's within
+    /// `request_fields` (SC-211). Absent from the snapshot's JSON when unset, so a snapshot
+    /// without it digests as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<TopP>,
+    /// Stop sequences sent to the provider (at most [`STOP_SEQUENCES_MAX`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
+    /// Sampling seed sent to the provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    /// The end user a request named: recorded with the call, sent only with
+    /// `request_fields.send_user`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// A request's metadata: recorded with the call, sent only with
+    /// `request_fields.send_metadata`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    /// What a request may set within this snapshot (SC-211).
+    #[serde(default, skip_serializing_if = "RequestFields::is_default")]
+    pub request_fields: RequestFields,
+}
+
+/// Most stop sequences of a snapshot.
+pub const STOP_SEQUENCES_MAX: usize = 4;
+
+/// What a request may set within its profile (SC-211): the profile governs, and a request may
+/// narrow it, never widen it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestFields {
+    /// Whether a request may set `temperature`, `top_p`, `stop` and `seed` where the profile
+    /// sets none (default true: they pass through to the provider). A value the profile sets
+    /// is fixed either way.
+    #[serde(default = "yes")]
+    pub sampling: bool,
+    /// Whether a request's `user` is sent to the provider (default false: recorded only).
+    #[serde(default)]
+    pub send_user: bool,
+    /// Whether a request's `metadata` is sent to the provider (default false: recorded only).
+    #[serde(default)]
+    pub send_metadata: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for RequestFields {
+    fn default() -> Self {
+        Self {
+            sampling: true,
+            send_user: false,
+            send_metadata: false,
+        }
+    }
+}
+
+impl RequestFields {
+    /// Whether these are the defaults (left out of the snapshot's JSON).
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// Why a configuration was rejected. Names fields, never content.
@@ -197,6 +261,7 @@ impl CallConfig {
                 return Err(ConfigError::UnknownTool);
             }
         }
+        check_range("stop", self.stop.len() as u64, 0, STOP_SEQUENCES_MAX as u64)?;
         Ok(())
     }
 
@@ -334,6 +399,12 @@ pub mod fixtures {
             tools: vec![],
             tool_choice: None,
             context_window_tokens: None,
+            top_p: None,
+            stop: Vec::new(),
+            seed: None,
+            user: None,
+            metadata: BTreeMap::new(),
+            request_fields: RequestFields::default(),
         }
     }
 }

@@ -14,6 +14,7 @@ pub mod ids;
 pub mod invalid;
 pub mod message;
 pub mod money;
+pub mod narrow;
 pub mod request_fit;
 pub mod state;
 pub mod step;

@@ -214,6 +214,66 @@ impl std::fmt::Display for Temperature {
     }
 }
 
+/// Nucleus sampling (`top_p`) as an exact decimal from 0 to 1 with at most
+/// [`TOP_P_SCALE_MAX`] fraction digits, so that it digests canonically (SC-211).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "serde_json::Value", into = "String")]
+pub struct TopP(Decimal);
+
+/// Most fraction digits of a `top_p`.
+pub const TOP_P_SCALE_MAX: u32 = 4;
+
+impl TopP {
+    /// Parses a `top_p` from its decimal text.
+    ///
+    /// # Errors
+    /// Not a decimal, outside 0..=1, or more than [`TOP_P_SCALE_MAX`] fraction digits.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let d: Decimal = text
+            .trim()
+            .parse()
+            .map_err(|_| "top_p is not a decimal number".to_string())?;
+        let d = d.normalize();
+        if d.is_sign_negative() && !d.is_zero() || d > Decimal::ONE {
+            return Err("top_p must be between 0 and 1".into());
+        }
+        if d.scale() > TOP_P_SCALE_MAX {
+            return Err(format!(
+                "top_p has more than {TOP_P_SCALE_MAX} fraction digits"
+            ));
+        }
+        Ok(Self(d))
+    }
+
+    /// The value.
+    pub fn decimal(&self) -> Decimal {
+        self.0
+    }
+}
+
+impl TryFrom<serde_json::Value> for TopP {
+    type Error = String;
+    fn try_from(value: serde_json::Value) -> Result<Self, Self::Error> {
+        match value {
+            serde_json::Value::Number(n) => Self::parse(&n.to_string()),
+            serde_json::Value::String(s) => Self::parse(&s),
+            _ => Err("top_p must be a number".into()),
+        }
+    }
+}
+
+impl From<TopP> for String {
+    fn from(value: TopP) -> String {
+        value.0.to_string()
+    }
+}
+
+impl std::fmt::Display for TopP {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,6 +287,17 @@ mod tests {
             r#"{"role":"assistant","content":[{"type":"tool_call","id":"c1","name":"f","input":{}}]}"#,
         );
         assert!(m.is_ok_and(|m| !m.is_text_only()));
+    }
+
+    #[test]
+    fn top_p_is_an_exact_fraction() {
+        assert_eq!(TopP::parse("0.95").unwrap().to_string(), "0.95");
+        assert_eq!(TopP::parse("1.0").unwrap().to_string(), "1");
+        assert!(TopP::parse("1.01").is_err());
+        assert!(TopP::parse("-0.1").is_err());
+        assert!(TopP::parse("0.12345").is_err());
+        let t: TopP = serde_json::from_str("0.9").unwrap();
+        assert_eq!(serde_json::to_string(&t).unwrap(), "\"0.9\"");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use crate::client::{ClientDescriptor, EventStream, ProviderClient, ProviderRequest, SendError};
 use crate::fetch::{self, FetchError, FetchedUsage, UsageFetcher, FETCH_BODY_BYTES_MAX};
+use crate::options::{self, RequestOptions};
 use crate::parse::StreamDecoder;
 use crate::sse::decode::error;
 use crate::status::{classify, is_provider_error_body};
@@ -77,6 +78,8 @@ pub struct HttpClient {
     config: HttpClientConfig,
     url: reqwest::Url,
     client: reqwest::Client,
+    /// Added to every request body (SC-211).
+    options: RequestOptions,
 }
 
 impl HttpClient {
@@ -108,7 +111,17 @@ impl HttpClient {
             config,
             url,
             client,
+            options: RequestOptions::default(),
         })
+    }
+
+    /// The same client, adding `options` to every request body it sends and checking them with
+    /// every request (SC-211); the connection pool is shared.
+    pub fn with_options(&self, options: RequestOptions) -> Self {
+        Self {
+            options,
+            ..self.clone()
+        }
     }
 
     /// The endpoint this client posts to.
@@ -194,7 +207,8 @@ impl ProviderClient for HttpClient {
     }
 
     fn check(&self, request: &ProviderRequest) -> Result<(), SendError> {
-        support::check(self.config.protocol, request)
+        support::check(self.config.protocol, request)?;
+        options::check(self.config.protocol, &request.model, &self.options)
     }
 
     async fn send(
@@ -203,11 +217,12 @@ impl ProviderClient for HttpClient {
         cancel: CancellationToken,
     ) -> Result<EventStream, SendError> {
         self.check(&request)?;
-        let body = match self.config.protocol {
+        let mut body = match self.config.protocol {
             Protocol::OpenAiChat => openai_chat::request_body(&request),
             Protocol::OpenAiResponses => openai_responses::request_body(&request),
             Protocol::Anthropic => anthropic::request_body(&request),
         };
+        options::apply(self.config.protocol, &self.options, &mut body);
         let pending = self.client.post(self.url.clone()).json(&body).send();
         let response = tokio::select! {
             biased;

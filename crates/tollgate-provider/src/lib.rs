@@ -12,6 +12,7 @@ pub mod fetch;
 pub mod http;
 pub mod openai_chat;
 pub mod openai_responses;
+pub mod options;
 pub mod parse;
 pub mod protocol;
 pub mod scripted;

@@ -66,7 +66,7 @@ pub(crate) async fn drive(
         retry: &retry,
     };
     let limits = record.binding.config.collector_limits();
-    let mut forward = crate::live::Forward::new(live, limits.max_output_chars);
+    let mut forward = crate::live::Forward::new(live, record.id, limits.max_output_chars);
     let send_cancel = CancellationToken::new();
     let deadline = tokio::time::Instant::now() + Duration::from_millis(read_ms);
     let sent =

@@ -9,12 +9,22 @@
 //! settlement, says how the call ended.
 
 use tokio::sync::mpsc;
+use tollgate_core::ids::ExecutionId;
 use tollgate_core::message::utf16_len;
 
-/// Where a live call's text deltas go.
-pub type LiveSink = mpsc::UnboundedSender<String>;
+/// What a live reader receives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Live {
+    /// The call was sent: its journal row (first, before any text).
+    Sent(ExecutionId),
+    /// Text, as the provider sent it.
+    Text(String),
+}
+
+/// Where a live call's events go.
+pub type LiveSink = mpsc::UnboundedSender<Live>;
 /// What the caller reads them from; it ends when the provider's stream has been read.
-pub type LiveDeltas = mpsc::UnboundedReceiver<String>;
+pub type LiveDeltas = mpsc::UnboundedReceiver<Live>;
 
 /// A sink and its reader.
 pub fn channel() -> (LiveSink, LiveDeltas) {
@@ -28,7 +38,13 @@ pub(crate) struct Forward {
 }
 
 impl Forward {
-    pub(crate) fn new(sink: Option<LiveSink>, max_output_chars: u64) -> Self {
+    /// Forwarding for the call `execution_id`, which is being sent: the reader learns it first.
+    pub(crate) fn new(
+        sink: Option<LiveSink>,
+        execution_id: ExecutionId,
+        max_output_chars: u64,
+    ) -> Self {
+        let sink = sink.filter(|s| s.send(Live::Sent(execution_id)).is_ok());
         Self {
             sink,
             left_chars: max_output_chars,
@@ -42,7 +58,7 @@ impl Forward {
             return;
         };
         let units = utf16_len(text);
-        if units > self.left_chars || sink.send(text.to_owned()).is_err() {
+        if units > self.left_chars || sink.send(Live::Text(text.to_owned())).is_err() {
             self.sink = None;
             return;
         }
@@ -62,12 +78,14 @@ mod tests {
     #[test]
     fn sc_213_text_goes_out_within_the_output_limit_only() {
         let (sink, mut deltas) = channel();
-        let mut forward = Forward::new(Some(sink), 5);
+        let id = ExecutionId::new();
+        let mut forward = Forward::new(Some(sink), id, 5);
         forward.text("abc");
         forward.text("def");
         forward.text("g");
         forward.close();
-        assert_eq!(deltas.try_recv().ok().as_deref(), Some("abc"));
+        assert_eq!(deltas.try_recv().ok(), Some(Live::Sent(id)));
+        assert_eq!(deltas.try_recv().ok(), Some(Live::Text("abc".into())));
         // "def" would pass the limit: it and everything after stay in the journal only.
         assert!(deltas.try_recv().is_err());
     }

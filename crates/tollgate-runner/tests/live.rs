@@ -18,7 +18,8 @@ use tollgate_core::view::ViewState;
 use tollgate_provider::{
     ClientDescriptor, EventStream, ProviderClient, ProviderRequest, SendError,
 };
-use tollgate_runner::{live, RunRequest, RunnerSettings, SingleCallRunner};
+use tollgate_runner::live::{self, Live};
+use tollgate_runner::{RunRequest, RunnerSettings, SingleCallRunner};
 use tollgate_store::{MemoryStores, SettlementStore};
 use tollgate_testkit::conformance::{scope, text_config};
 
@@ -113,17 +114,24 @@ async fn sc_213_text_reaches_the_caller_before_the_provider_sends_the_rest() {
         let runner = Arc::clone(&runner);
         tokio::spawn(async move { runner.run_live(request("k1"), None, sink).await })
     };
-    // The first delta arrives while the provider still holds its stream open.
+    // The reader learns the journal row, then the first delta arrives while the provider still
+    // holds its stream open.
+    let sent = tokio::time::timeout(Duration::from_secs(5), deltas.recv())
+        .await
+        .expect("the reader did not learn that the call was sent");
+    let Some(Live::Sent(id)) = sent else {
+        panic!("the reader's first event is the journal row: {sent:?}");
+    };
     let first = tokio::time::timeout(Duration::from_secs(5), deltas.recv())
         .await
         .expect("the first delta did not reach the caller while the stream was held open");
-    assert_eq!(first.as_deref(), Some("first "));
+    assert_eq!(first, Some(Live::Text("first ".into())));
     assert!(
         !call.is_finished(),
         "the call ended before the provider's second delta"
     );
     release.notify_one();
-    assert_eq!(deltas.recv().await.as_deref(), Some("second"));
+    assert_eq!(deltas.recv().await, Some(Live::Text("second".into())));
     assert_eq!(
         deltas.recv().await,
         None,
@@ -131,6 +139,7 @@ async fn sc_213_text_reaches_the_caller_before_the_provider_sends_the_rest() {
     );
     // The answer is the governed one: collected, settled and stored as without a live reader.
     let view = call.await.unwrap().unwrap();
+    assert_eq!(view.execution_id, Some(id));
     assert_eq!(view.state, ViewState::Completed);
     assert_eq!(view.outcome, Some(Outcome::Success));
     assert_eq!(view.output.unwrap().text.as_deref(), Some("first second"));

@@ -6,18 +6,20 @@ use crate::backend::Backend;
 use crate::config::{ProviderSettings, Settings};
 use crate::metrics::Metrics;
 use crate::profiles::Profile;
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 use tokio_util::task::TaskTracker;
 use tollgate_core::config::CallConfig;
 use tollgate_core::state::CallKind;
 use tollgate_provider::fetch::UsageFetcher;
 use tollgate_provider::http::{HttpClient, HttpClientConfig};
+use tollgate_provider::options::RequestOptions;
 use tollgate_runner::recovery::Reconciler;
 use tollgate_runner::step::GovernedStepRunner;
 use tollgate_runner::structured::StructuredCallRunner;
 use tollgate_runner::SystemClock;
 use tollgate_runner::{RunnerSettings, SingleCallRunner};
+use tollgate_store::ServiceStores;
 
 /// Why the service cannot start.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,6 +42,52 @@ pub struct Loaded {
     pub profile: Profile,
     /// Its runner.
     pub runner: ProfileRunner,
+    /// The runners of its snapshot narrowed by requests (SC-211).
+    pub narrowed: Narrowed,
+}
+
+/// Most narrowed runners a profile keeps; when full, they are dropped and built again as asked.
+pub const NARROWED_RUNNERS_MAX: usize = 64;
+
+/// Builds the runner of a profile's snapshot narrowed by a request (SC-211): the same stores,
+/// provider connection pool, lease, retries and drive tracker as the profile's runner, over the
+/// narrowed snapshot (so the call is bound to it, its hold is fitted to it, and the provider is
+/// sent its `max_tokens`, sampling and, when the snapshot says, its user and metadata). The last
+/// [`NARROWED_RUNNERS_MAX`] are kept by snapshot, since clients tend to send the same values.
+pub struct Narrowed {
+    client: HttpClient,
+    stores: Arc<dyn ServiceStores>,
+    lease_ms: u64,
+    settle_retry_ms: u64,
+    drives: TaskTracker,
+    kept: Mutex<HashMap<String, Arc<ProfileRunner>>>,
+}
+
+impl Narrowed {
+    /// The runner of `config`, a narrowing of this profile's snapshot.
+    ///
+    /// # Errors
+    /// A snapshot no runner accepts (the provider's support matrix refuses it), naming why
+    /// without a value.
+    pub fn runner(&self, config: &CallConfig) -> Result<Arc<ProfileRunner>, StartError> {
+        let key = serde_json::to_string(config).map_err(|e| StartError(e.to_string()))?;
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(runner) = kept.get(&key) {
+            return Ok(Arc::clone(runner));
+        }
+        let client = Arc::new(self.client.with_options(RequestOptions::of(config)));
+        let mut settings = RunnerSettings::new(config.clone());
+        settings.lease_ms = self.lease_ms;
+        settings.settle_retry_ms = self.settle_retry_ms;
+        settings.drives = self.drives.clone();
+        log_background(&mut settings.background_error);
+        let runner = Arc::new(build_runner(Arc::clone(&self.stores), client, settings)?);
+        if kept.len() >= NARROWED_RUNNERS_MAX {
+            kept.clear();
+        }
+        kept.insert(key, Arc::clone(&runner));
+        Ok(runner)
+    }
 }
 
 /// Everything a request needs.
@@ -134,35 +182,57 @@ fn log_background<F: std::fmt::Debug + 'static>(slot: &mut Option<Arc<dyn Fn(F) 
     }));
 }
 
-fn runner(
+fn build_runner(
+    stores: Arc<dyn ServiceStores>,
+    client: Arc<HttpClient>,
+    settings: RunnerSettings,
+) -> Result<ProfileRunner, StartError> {
+    let built = match settings.config.kind {
+        CallKind::Text | CallKind::Json => {
+            SingleCallRunner::new(stores, client, settings).map(ProfileRunner::Single)
+        }
+        CallKind::Structured => {
+            StructuredCallRunner::new(stores, client, settings).map(ProfileRunner::Structured)
+        }
+        CallKind::Step => {
+            GovernedStepRunner::new(stores, client, settings).map(ProfileRunner::Step)
+        }
+    };
+    built.map_err(|e| StartError(e.to_string()))
+}
+
+fn loaded(
     profile: &Profile,
     settings: &Settings,
     backend: &Backend,
     drives: &TaskTracker,
-) -> Result<ProfileRunner, StartError> {
+) -> Result<Loaded, StartError> {
     let config = &profile.config;
     let provider = settings
         .providers
         .get(&config.provider)
         .ok_or_else(|| StartError(format!("provider {:?} is not declared", config.provider)))?;
-    let client = Arc::new(client(provider, config)?);
+    let base = client(provider, config)?;
+    let client = Arc::new(base.with_options(RequestOptions::of(config)));
     let mut runner_settings = RunnerSettings::new(config.clone());
     runner_settings.lease_ms = settings.lease_ms;
     runner_settings.settle_retry_ms = settings.settle_retry_ms;
     runner_settings.drives = drives.clone();
     log_background(&mut runner_settings.background_error);
-    let stores = backend.stores();
-    let built = match config.kind {
-        CallKind::Text | CallKind::Json => {
-            SingleCallRunner::new(stores, client, runner_settings).map(ProfileRunner::Single)
-        }
-        CallKind::Structured => StructuredCallRunner::new(stores, client, runner_settings)
-            .map(ProfileRunner::Structured),
-        CallKind::Step => {
-            GovernedStepRunner::new(stores, client, runner_settings).map(ProfileRunner::Step)
-        }
-    };
-    built.map_err(|e| StartError(format!("profile {:?}: {e}", profile.name)))
+    let runner = build_runner(backend.stores(), client, runner_settings)
+        .map_err(|e| StartError(format!("profile {:?}: {e}", profile.name)))?;
+    Ok(Loaded {
+        profile: profile.clone(),
+        runner,
+        narrowed: Narrowed {
+            client: base,
+            stores: backend.stores(),
+            lease_ms: settings.lease_ms,
+            settle_retry_ms: settings.settle_retry_ms,
+            drives: drives.clone(),
+            kept: Mutex::new(HashMap::new()),
+        },
+    })
 }
 
 impl App {
@@ -180,14 +250,8 @@ impl App {
         let mut profiles = BTreeMap::new();
         let drives = TaskTracker::new();
         for profile in settings.profiles.values() {
-            let runner = runner(profile, settings, &backend, &drives)?;
-            profiles.insert(
-                profile.name.clone(),
-                Loaded {
-                    profile: profile.clone(),
-                    runner,
-                },
-            );
+            let loaded = loaded(profile, settings, &backend, &drives)?;
+            profiles.insert(profile.name.clone(), loaded);
         }
         Ok(App(Arc::new(AppState {
             profiles,

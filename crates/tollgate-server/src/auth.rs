@@ -1,4 +1,5 @@
-//! API keys: `Authorization: Bearer <key>`. A key is kept as its SHA-256 only ([`KeyDigest`]);
+//! API keys: `Authorization: Bearer <key>` (on the Anthropic Messages door also `x-api-key:
+//! <key>`, [`API_KEY_HEADER`]). A key is kept as its SHA-256 only ([`KeyDigest`]);
 //! it maps to a scope and a role. The scope always comes from the key (SC-10): request bodies
 //! never name one.
 //!
@@ -20,6 +21,9 @@ use tollgate_store::{ApiKeyRecord, ApiKeyStore, KeyDigest, KeyRole, StoreError};
 pub const KEY_LEN_MAX_BYTES: usize = 256;
 /// Prefix of generated keys.
 pub const KEY_PREFIX: &str = "tg_";
+/// The header Anthropic's clients may send the bare key in, taken on the Anthropic Messages
+/// door's paths only (`crate::gate`); every other route reads `Authorization: Bearer` alone.
+pub const API_KEY_HEADER: &str = "x-api-key";
 
 /// The authenticated principal of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -380,7 +384,33 @@ impl KeyStore {
     /// `unauthenticated` for no, malformed, unknown, revoked or expired keys; `unavailable`
     /// when the stored keys cannot be read.
     pub async fn authenticate(&self, header: Option<&str>) -> Result<Principal, ApiError> {
-        let key = header.and_then(bearer).ok_or(ApiError::Unauthenticated)?;
+        self.authenticate_either(header, None).await
+    }
+
+    /// The principal of a request's key, from its `Authorization: Bearer` header value or, where
+    /// the route takes it (the Anthropic Messages door), the bare key of its `x-api-key` header
+    /// ([`API_KEY_HEADER`]). When both are sent they must hold the same key.
+    ///
+    /// # Errors
+    /// As [`KeyStore::authenticate`]; also `unauthenticated` for a malformed header of either
+    /// kind and for two headers holding different keys.
+    pub async fn authenticate_either(
+        &self,
+        authorization: Option<&str>,
+        api_key: Option<&str>,
+    ) -> Result<Principal, ApiError> {
+        let bearer_key = authorization.map(bearer);
+        let plain_key = api_key.map(plain);
+        let key = match (bearer_key, plain_key) {
+            (Some(Some(a)), Some(Some(b))) if a != b => None,
+            (Some(Some(key)), None | Some(Some(_))) | (None, Some(Some(key))) => Some(key),
+            _ => None,
+        };
+        self.authenticate_key(key.ok_or(ApiError::Unauthenticated)?)
+            .await
+    }
+
+    async fn authenticate_key(&self, key: &str) -> Result<Principal, ApiError> {
         let digest = KeyDigest::of_key(key);
         if let Some(principal) = self.grants.get(&digest) {
             return Ok(principal.clone());
@@ -482,9 +512,14 @@ impl KeyStore {
 
 fn bearer(header: &str) -> Option<&str> {
     let (scheme, key) = header.trim().split_once(' ')?;
+    plain(key).filter(|_| scheme.eq_ignore_ascii_case("bearer"))
+}
+
+/// A bare key (an `x-api-key` value, or what follows `Bearer`): visible ASCII, at most
+/// [`KEY_LEN_MAX_BYTES`].
+fn plain(key: &str) -> Option<&str> {
     let key = key.trim();
-    let ok = scheme.eq_ignore_ascii_case("bearer")
-        && !key.is_empty()
+    let ok = !key.is_empty()
         && key.len() <= KEY_LEN_MAX_BYTES
         && key.bytes().all(|b| b.is_ascii_graphic());
     ok.then_some(key)
@@ -525,6 +560,32 @@ mod tests {
         for bad in [None, Some("Bearer"), Some("Basic abc"), Some("Bearer nope")] {
             assert!(matches!(
                 keys.authenticate(bad).await,
+                Err(ApiError::Unauthenticated)
+            ));
+        }
+    }
+
+    #[tokio::test]
+    async fn sc_212_the_key_may_come_in_x_api_key_and_two_different_keys_are_refused() {
+        let keys = memory_keys(&[]);
+        let scope = Scope::parse("acme").unwrap();
+        let key = keys.create(&scope, KeyRole::Caller).await.unwrap();
+        let other = keys.create(&scope, KeyRole::Caller).await.unwrap();
+        let bearer = format!("Bearer {}", key.expose());
+        let plain = Some(key.expose());
+        let ok = |r: Result<Principal, ApiError>| r.is_ok_and(|p| p.scope == scope);
+        assert!(ok(keys.authenticate_either(None, plain).await));
+        assert!(ok(keys.authenticate_either(Some(&bearer), plain).await));
+        assert!(ok(keys.authenticate_either(Some(&bearer), None).await));
+        for (authorization, api_key) in [
+            (Some(bearer.as_str()), Some(other.expose())),
+            (Some("Basic abc"), plain),
+            (None, Some("")),
+            (None, Some("tg_nope")),
+            (None, None),
+        ] {
+            assert!(matches!(
+                keys.authenticate_either(authorization, api_key).await,
                 Err(ApiError::Unauthenticated)
             ));
         }

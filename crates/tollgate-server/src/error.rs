@@ -4,7 +4,7 @@
 //! ids.
 
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
-use axum::http::StatusCode;
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
@@ -28,13 +28,45 @@ pub enum ApiError {
     /// Nothing under that key in this scope (404), also for another scope's keys.
     #[error("{0} not found")]
     NotFound(String),
-    /// Same key, different binding (409).
-    #[error("operation key is bound differently")]
+    /// Same key, different binding (422): the request is not the one the key was first used
+    /// for, so no retry of it can succeed (SC-209).
+    #[error("the operation key was first used with another request")]
     Conflict {
         /// The key.
         operation_key: String,
         /// Names of the differing fields.
         fields: Vec<String>,
+    },
+    /// Same key, same binding, and the first request is still being processed (409, with
+    /// `Retry-After`): a retry after it gets the stored answer (SC-209).
+    #[error("a request with this operation key is still being processed; retry after the Retry-After delay")]
+    InProgress {
+        /// The key.
+        operation_key: String,
+        /// The journal row, when one exists.
+        execution_id: Option<String>,
+    },
+    /// The key's call provably never reached the provider (422 on the OpenAI-compatible door,
+    /// whose success answer is a completion): nothing was sent or charged, and the key keeps
+    /// this outcome, so only a new key runs the call (SC-209).
+    #[error("the call under this operation key was not dispatched: nothing was sent or charged; send it again under a new Idempotency-Key")]
+    NotDispatched {
+        /// The key.
+        operation_key: String,
+        /// The journal row.
+        execution_id: Option<String>,
+        /// Why it never went out (`invalid`, `input`, `aborted`, `audit`, `store`, `expired`),
+        /// when a journal row says.
+        cause: Option<&'static str>,
+    },
+    /// The key's call may have reached the provider but its cost is not proven (502 on the
+    /// OpenAI-compatible door): it waits for an operator, and a retry answers the same (SC-209).
+    #[error("the call under this operation key may have reached the provider but its cost is not proven; it waits for an operator")]
+    ReconciliationRequired {
+        /// The key.
+        operation_key: String,
+        /// The journal row.
+        execution_id: Option<String>,
     },
     /// Malformed body (400).
     #[error("{0}")]
@@ -101,14 +133,17 @@ impl ApiError {
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::Forbidden => StatusCode::FORBIDDEN,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
-            Self::Conflict { .. }
+            Self::InProgress { .. }
             | Self::RootClosed(_)
             | Self::RootExpired(_)
             | Self::InvalidState(_)
             | Self::KeyInConfig(_) => StatusCode::CONFLICT,
             Self::Malformed(_) => StatusCode::BAD_REQUEST,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Invalid(_) | Self::Conflict { .. } | Self::NotDispatched { .. } => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
+            Self::ReconciliationRequired { .. } => StatusCode::BAD_GATEWAY,
             Self::CapBlocked(_) => StatusCode::PAYMENT_REQUIRED,
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Interrupted { .. } | Self::RequestTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -126,6 +161,9 @@ impl ApiError {
             Self::Forbidden => "forbidden",
             Self::NotFound(_) => "not_found",
             Self::Conflict { .. } => "conflict",
+            Self::InProgress { .. } => "in_progress",
+            Self::NotDispatched { .. } => "not_dispatched",
+            Self::ReconciliationRequired { .. } => "reconciliation_required",
             Self::Malformed(_) | Self::Invalid(_) => "invalid_request",
             Self::TooLarge(_) => "payload_too_large",
             Self::BodyTimeout(_) => "body_timeout",
@@ -150,8 +188,44 @@ impl ApiError {
                 operation_key,
                 fields,
             } => {
+                error["message"] = json!(format!(
+                    "the operation key was first used with another request; it differs in: {}",
+                    fields.join(", ")
+                ));
                 error["operation_key"] = json!(operation_key);
                 error["fields"] = json!(fields);
+            }
+            Self::InProgress {
+                operation_key,
+                execution_id,
+            } => {
+                error["operation_key"] = json!(operation_key);
+                if let Some(id) = execution_id {
+                    error["execution_id"] = json!(id);
+                }
+                error["retry_after"] = json!(RETRY_AFTER_S);
+            }
+            Self::NotDispatched {
+                operation_key,
+                execution_id,
+                cause,
+            } => {
+                error["operation_key"] = json!(operation_key);
+                if let Some(id) = execution_id {
+                    error["execution_id"] = json!(id);
+                }
+                if let Some(cause) = cause {
+                    error["cause"] = json!(cause);
+                }
+            }
+            Self::ReconciliationRequired {
+                operation_key,
+                execution_id,
+            } => {
+                error["operation_key"] = json!(operation_key);
+                if let Some(id) = execution_id {
+                    error["execution_id"] = json!(id);
+                }
             }
             Self::CapBlocked(b) => {
                 let currency = b
@@ -159,9 +233,20 @@ impl ApiError {
                     .as_ref()
                     .map(|c| format!(" {c}"))
                     .unwrap_or_default();
+                let kind = CapRefusal::of(b);
+                let why = match kind {
+                    CapRefusal::HoldsInFlight => {
+                        "holds of calls in flight fill it now; room comes as they settle \
+                         (retry after the Retry-After delay)"
+                    }
+                    CapRefusal::ExceedsCap => {
+                        "the call's own hold is more than the cap leaves after settled spend; no retry \
+                         helps within this cap's window"
+                    }
+                };
                 error["message"] = json!(format!(
                     "the {} block cap refuses the call before dispatch: it needs a hold of \
-                     {}{currency}, {}{currency} is left (cap {}, settled {}, held {})",
+                     {}{currency}, {}{currency} is left (cap {}, settled {}, held {}); {why}",
                     b.window.as_str(),
                     b.hold,
                     b.available(),
@@ -169,6 +254,11 @@ impl ApiError {
                     b.settled,
                     b.held
                 ));
+                error["kind"] = json!(kind.as_str());
+                error["retryable"] = json!(kind == CapRefusal::HoldsInFlight);
+                if kind == CapRefusal::HoldsInFlight {
+                    error["retry_after"] = json!(RETRY_AFTER_S);
+                }
                 error["cap"] = json!(b.window.as_str());
                 error["level"] = json!("block");
                 error["limit"] = json!(b.limit);
@@ -198,11 +288,83 @@ impl ApiError {
         }
         json!({ "error": error })
     }
+
+    /// The headers that tell a client whether and when to retry (SC-209, SC-210):
+    /// `Retry-After` (seconds) where a retry after a short wait can succeed — a request still
+    /// being processed, a cap full of other calls' holds, an unavailable store or server, a run
+    /// that stopped waiting — and `x-should-retry: false` (read by the official OpenAI SDKs)
+    /// where a retry of the same request answers the same: a call awaiting an operator.
+    pub fn retry_headers(&self) -> Vec<(HeaderName, HeaderValue)> {
+        let after = || {
+            (
+                axum::http::header::RETRY_AFTER,
+                HeaderValue::from(RETRY_AFTER_S),
+            )
+        };
+        match self {
+            Self::InProgress { .. }
+            | Self::Unavailable { .. }
+            | Self::Overloaded
+            | Self::Interrupted { .. }
+            | Self::RequestTimeout(_) => vec![after()],
+            Self::CapBlocked(b) if CapRefusal::of(b) == CapRefusal::HoldsInFlight => {
+                vec![after()]
+            }
+            Self::ReconciliationRequired { .. } => vec![(
+                HeaderName::from_static(SHOULD_RETRY),
+                HeaderValue::from_static("false"),
+            )],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The answer: status, the retry headers and `body` (tollgate's body, or a door's shape of
+    /// it).
+    pub fn response_with(&self, body: Value) -> Response {
+        let mut response = (self.status_code(), Json(body)).into_response();
+        response.headers_mut().extend(self.retry_headers());
+        response
+    }
+}
+
+/// Seconds a client waits before retrying a request that can succeed later (`Retry-After`).
+pub const RETRY_AFTER_S: u16 = 1;
+
+/// The header the official OpenAI SDKs read before their own retry rule (`true` or `false`).
+pub const SHOULD_RETRY: &str = "x-should-retry";
+
+/// Which kind of block a cap refusal is (SC-210), decided from what the refusal knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapRefusal {
+    /// Settled spend and the call's hold fit the cap: holds of calls in flight fill it now, and
+    /// room comes as they settle at their real cost instead of their worst case.
+    HoldsInFlight,
+    /// Settled spend and the call's hold exceed the cap: no wait within the cap's window (the
+    /// session, the accounting day, the root) lets this call in.
+    ExceedsCap,
+}
+
+impl CapRefusal {
+    /// The kind of `blocked`: `settled + hold ≤ limit` means only holds stand in the way.
+    pub fn of(blocked: &CapBlocked) -> Self {
+        match blocked.settled.checked_add(blocked.hold) {
+            Ok(needed) if needed <= blocked.limit => Self::HoldsInFlight,
+            _ => Self::ExceedsCap,
+        }
+    }
+
+    /// The wire name (`kind` of the 402 body).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::HoldsInFlight => "holds_in_flight",
+            Self::ExceedsCap => "exceeds_cap",
+        }
+    }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status_code(), Json(self.body())).into_response()
+        self.response_with(self.body())
     }
 }
 
@@ -374,6 +536,79 @@ mod tests {
         let body = malformed_json("[0]", &e).body().to_string();
         assert!(!body.contains("sk-secret"), "{body}");
         assert!(body.contains("invalid_request"), "{body}");
+    }
+
+    fn blocked(settled: &str, held: &str, hold: &str) -> ApiError {
+        let m = |s: &str| tollgate_core::Money::parse(s, "t").unwrap();
+        ApiError::CapBlocked(CapBlocked {
+            window: tollgate_core::caps::CapWindow::Daily,
+            limit: m("1.00"),
+            settled: m(settled),
+            held: m(held),
+            hold: m(hold),
+            currency: None,
+        })
+    }
+
+    fn header<'a>(headers: &'a [(HeaderName, HeaderValue)], name: &str) -> Option<&'a str> {
+        headers
+            .iter()
+            .find(|(n, _)| n.as_str() == name)
+            .and_then(|(_, v)| v.to_str().ok())
+    }
+
+    #[test]
+    fn sc_210_a_cap_refusal_says_whether_waiting_helps() {
+        // Settled 0.40 and the hold 0.50 fit the cap of 1.00: only the holds fill it.
+        let full = blocked("0.40", "0.30", "0.50");
+        assert_eq!(full.body()["error"]["kind"], "holds_in_flight");
+        assert_eq!(full.body()["error"]["retryable"], true);
+        assert_eq!(header(&full.retry_headers(), "retry-after"), Some("1"));
+        // Settled 0.60 and the hold 0.50 exceed it: no settlement of other calls lets it in.
+        let never = blocked("0.60", "0.00", "0.50");
+        assert_eq!(never.body()["error"]["kind"], "exceeds_cap");
+        assert_eq!(never.body()["error"]["retryable"], false);
+        assert!(never.retry_headers().is_empty());
+        // Exactly at the cap still fits.
+        assert_eq!(
+            blocked("0.50", "0.10", "0.50").body()["error"]["kind"],
+            "holds_in_flight"
+        );
+    }
+
+    #[test]
+    fn sc_209_statuses_and_retry_headers_of_the_call_states() {
+        let busy = ApiError::InProgress {
+            operation_key: "k".into(),
+            execution_id: None,
+        };
+        assert_eq!(busy.status_code(), StatusCode::CONFLICT);
+        assert_eq!(busy.code(), "in_progress");
+        assert_eq!(header(&busy.retry_headers(), "retry-after"), Some("1"));
+        let conflict = ApiError::Conflict {
+            operation_key: "k".into(),
+            fields: vec!["config.max_tokens".into()],
+        };
+        assert_eq!(conflict.status_code(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(conflict.retry_headers().is_empty());
+        let waiting = ApiError::ReconciliationRequired {
+            operation_key: "k".into(),
+            execution_id: None,
+        };
+        assert_eq!(waiting.status_code(), StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            header(&waiting.retry_headers(), SHOULD_RETRY),
+            Some("false")
+        );
+        let never = ApiError::NotDispatched {
+            operation_key: "k".into(),
+            execution_id: None,
+            cause: Some("expired"),
+        };
+        assert_eq!(never.status_code(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(never.body()["error"]["cause"], "expired");
+        let response = busy.clone().into_response();
+        assert_eq!(response.headers()["retry-after"], "1");
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! Authentication as a layer (spec/service.md — Limits and request ids): on every route but the
-//! public ones the key is read from the `Authorization` header alone, before any of the body is
-//! read and before a concurrency permit is taken, so a client without a valid key holds nothing
-//! of the server; and the order of the layers around the router.
+//! public ones the key is read from the `Authorization` header alone (on the Anthropic Messages
+//! door, from it or `x-api-key`), before any of the body is read and before a concurrency permit
+//! is taken, so a client without a valid key holds nothing of the server; and the order of the
+//! layers around the router.
 
-use crate::auth::{KeyStore, Principal};
+use crate::auth::{KeyStore, Principal, API_KEY_HEADER};
 use crate::error::ApiError;
 use crate::limits::{is_public, read_body, span, unread, Limits, REQUEST_ID};
+use crate::service::anthropic;
 use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::{self, Next};
@@ -26,10 +28,10 @@ struct Gate {
     routes: &'static [(&'static str, &'static str)],
 }
 
-/// Authenticates every request on a path that needs a key from its `Authorization` header
-/// alone: a missing, malformed or unknown key is answered before the body is read and before a
-/// concurrency permit is taken. The principal goes into the request's extensions, where the
-/// [`Principal`] extractor takes it.
+/// Authenticates every request on a path that needs a key from its headers alone
+/// (`Authorization`, and `x-api-key` on the Anthropic Messages door): a missing, malformed or
+/// unknown key is answered before the body is read and before a concurrency permit is taken.
+/// The principal goes into the request's extensions, where the [`Principal`] extractor takes it.
 async fn authenticated(State(gate): State<Gate>, mut request: Request, next: Next) -> Response {
     if is_public(request.uri().path(), &gate.limits) {
         return next.run(request).await;
@@ -39,11 +41,18 @@ async fn authenticated(State(gate): State<Gate>, mut request: Request, next: Nex
         let refused = ApiError::NoRoute(axum::http::StatusCode::METHOD_NOT_ALLOWED);
         return unread(refusal(request.uri().path(), &refused));
     }
-    let header = request
-        .headers()
+    let headers = request.headers();
+    let header = headers
         .get(header::AUTHORIZATION)
         .and_then(|h| h.to_str().ok());
-    match gate.keys.authenticate(header).await {
+    // The Anthropic Messages door also takes the bare key in `x-api-key`, as Anthropic's API
+    // does; an unreadable value is a malformed key.
+    let api_key = anthropic::PATHS
+        .contains(&request.uri().path())
+        .then(|| headers.get(API_KEY_HEADER))
+        .flatten()
+        .map(|h| h.to_str().unwrap_or_default());
+    match gate.keys.authenticate_either(header, api_key).await {
         Ok(principal) => {
             request.extensions_mut().insert::<Principal>(principal);
             next.run(request).await
@@ -86,8 +95,11 @@ async fn bounded(State(bounded): State<Bounded>, request: Request, next: Next) -
 const OPENAI_SHAPED: &[&str] = &["/v1/chat/completions"];
 
 /// `error` as the answer of a request to `path`: in OpenAI's shape on the front door, in
-/// tollgate's elsewhere.
+/// Anthropic's on the Messages door, in tollgate's elsewhere.
 fn refusal(path: &str, error: &ApiError) -> Response {
+    if anthropic::PATHS.contains(&path) {
+        return anthropic::error_response(error);
+    }
     if OPENAI_SHAPED.contains(&path) {
         let body = crate::service::openai::error_body(error);
         (error.status_code(), axum::Json(body)).into_response()

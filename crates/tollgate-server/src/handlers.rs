@@ -82,11 +82,11 @@ pub async fn profiles(State(app): State<App>, who: Principal) -> Answer<ProfileL
         (status = 408, description = "body_timeout: the body did not arrive within [server] body_read_timeout_ms", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 403, description = "forbidden", body = ErrorBody),
-        (status = 402, description = "cap_blocked", body = ErrorBody),
-        (status = 422, description = "invalid_request: unknown profile, wrong kind, bad identifier or input", body = ErrorBody),
-        (status = 409, description = "conflict: the key is bound differently", body = ErrorBody),
-        (status = 503, description = "unavailable: read the operation back later", body = ErrorBody),
-        (status = 504, description = "interrupted", body = ErrorBody),
+        (status = 402, description = "cap_blocked: `kind` holds_in_flight (Retry-After: room comes as other calls settle) or exceeds_cap (no retry helps)", body = ErrorBody),
+        (status = 422, description = "invalid_request: unknown profile, wrong kind, bad identifier or input; conflict: the key was first used with another request (`fields` names what differs; no retry helps)", body = ErrorBody),
+        (status = 409, description = "in_progress: the key's first request is still being processed; retry after Retry-After for the stored answer", body = ErrorBody),
+        (status = 503, description = "unavailable: read the operation back later (Retry-After)", body = ErrorBody),
+        (status = 504, description = "interrupted: the run stopped waiting; a sent call finishes in the background (Retry-After)", body = ErrorBody),
         (status = 500, description = "internal", body = ErrorBody)
     )
 )]
@@ -127,8 +127,7 @@ pub async fn read_call(State(app): State<App>, who: Principal, key: One) -> Answ
         (status = 408, description = "body_timeout: the body did not arrive within [server] body_read_timeout_ms", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 403, description = "forbidden", body = ErrorBody),
-        (status = 422, description = "invalid_request: unknown profile, wrong kind, bad identifier or input", body = ErrorBody),
-        (status = 409, description = "conflict: the key is bound differently", body = ErrorBody),
+        (status = 422, description = "invalid_request: unknown profile, wrong kind, bad identifier or input; conflict: the root key is bound differently", body = ErrorBody),
         (status = 503, description = "unavailable: read the operation back later", body = ErrorBody),
         (status = 500, description = "internal", body = ErrorBody)
     )
@@ -152,11 +151,11 @@ pub async fn open_root(State(app): State<App>, who: Principal, body: Body) -> An
         (status = 401, description = "unauthenticated", body = ErrorBody),
         (status = 403, description = "forbidden", body = ErrorBody),
         (status = 404, description = "not_found", body = ErrorBody),
-        (status = 402, description = "cap_blocked", body = ErrorBody),
-        (status = 422, description = "invalid_request: unknown profile, wrong kind, bad identifier or input", body = ErrorBody),
-        (status = 409, description = "conflict, root_closed, root_expired, invalid_state", body = ErrorBody),
-        (status = 503, description = "unavailable: read the operation back later", body = ErrorBody),
-        (status = 504, description = "interrupted", body = ErrorBody),
+        (status = 402, description = "cap_blocked: `kind` holds_in_flight (Retry-After) or exceeds_cap", body = ErrorBody),
+        (status = 422, description = "invalid_request: unknown profile, wrong kind, bad identifier or input; conflict: the key was first used with another request or under another root", body = ErrorBody),
+        (status = 409, description = "root_closed, root_expired, invalid_state", body = ErrorBody),
+        (status = 503, description = "unavailable: read the operation back later (Retry-After)", body = ErrorBody),
+        (status = 504, description = "interrupted (Retry-After)", body = ErrorBody),
         (status = 500, description = "internal", body = ErrorBody)
     )
 )]
@@ -631,18 +630,19 @@ pub async fn no_method() -> ApiError {
     ),
     responses(
         (status = 200, description = "a chat.completion, or with `stream: true` server-sent chat.completion.chunk events then `data: [DONE]`", body = ChatCompletion),
-        (status = 400, description = "invalid_request: no Idempotency-Key, malformed body, unknown field (OpenAI error shape)", body = ErrorBody),
+        (status = 400, description = "invalid_request: no Idempotency-Key, malformed body, a field refused by name, a value above the profile's or a field the profile fixes (OpenAI error shape)", body = ErrorBody),
         (status = 401, description = "unauthenticated", body = ErrorBody),
-        (status = 402, description = "cap_blocked", body = ErrorBody),
+        (status = 402, description = "cap_blocked: `kind` holds_in_flight (Retry-After) or exceeds_cap (no retry helps)", body = ErrorBody),
         (status = 403, description = "forbidden", body = ErrorBody),
         (status = 404, description = "not_found: the root", body = ErrorBody),
-        (status = 409, description = "conflict, root_closed, root_expired, invalid_state", body = ErrorBody),
+        (status = 409, description = "in_progress (Retry-After: the SDKs retry and get the stored completion), root_closed, root_expired, invalid_state", body = ErrorBody),
         (status = 413, description = "payload_too_large", body = ErrorBody),
         (status = 408, description = "body_timeout: the body did not arrive within [server] body_read_timeout_ms", body = ErrorBody),
-        (status = 422, description = "invalid_request: unknown profile, system message, bad identifier or input", body = ErrorBody),
+        (status = 422, description = "invalid_request: unknown profile, system message, bad identifier or input; conflict: the Idempotency-Key was first used with another request (the SDKs do not retry); not_dispatched: the key's call never went out, nothing charged", body = ErrorBody),
         (status = 500, description = "internal", body = ErrorBody),
-        (status = 503, description = "unavailable", body = ErrorBody),
-        (status = 504, description = "interrupted", body = ErrorBody)
+        (status = 502, description = "reconciliation_required: the key's call may have been sent, its cost is not proven; it waits for an operator (x-should-retry: false)", body = ErrorBody),
+        (status = 503, description = "unavailable (Retry-After)", body = ErrorBody),
+        (status = 504, description = "interrupted (Retry-After)", body = ErrorBody)
     )
 )]
 pub async fn chat_completions(
@@ -654,7 +654,10 @@ pub async fn chat_completions(
     let result = match (who, body) {
         (Err(e), _) => Err(e),
         (Ok(_), Err(e)) => Err(ApiError::from(e)),
-        (Ok(who), Ok(body)) => openai::complete(&app, &who, &headers, &body).await,
+        (Ok(who), Ok(body)) => match openai::wants_stream(&body) {
+            Some(model) => return openai::live_response(app, who, headers, body, model).await,
+            None => openai::complete(&app, &who, &headers, &body).await,
+        },
     };
     match result {
         Ok(answer) if answer.stream => {
@@ -665,6 +668,6 @@ pub async fn chat_completions(
             (content_type, openai::sse_body(&answer)).into_response()
         }
         Ok(answer) => Json(answer.completion).into_response(),
-        Err(e) => (e.status_code(), Json(openai::error_body(&e))).into_response(),
+        Err(e) => openai::error_response(&e),
     }
 }

@@ -79,9 +79,9 @@ pub struct ApiDoc;
 
 /// The document as pretty JSON with a final newline (what `spec/openapi.json` holds).
 pub fn document_json() -> String {
-    let mut text = ApiDoc::openapi()
-        .to_pretty_json()
-        .unwrap_or_else(|_| "{}".into());
+    let mut doc = ApiDoc::openapi();
+    doc.merge(crate::service::anthropic::AnthropicApi::openapi());
+    let mut text = doc.to_pretty_json().unwrap_or_else(|_| "{}".into());
     text.push('\n');
     text
 }

@@ -177,6 +177,12 @@ fn snapshot(
         tools: p.tools.clone(),
         tool_choice: p.tool_choice.clone(),
         context_window_tokens: p.context_window_tokens,
+        top_p: p.top_p,
+        stop: p.stop.clone(),
+        seed: p.seed,
+        user: None,
+        metadata: BTreeMap::new(),
+        request_fields: p.request_fields,
     };
     config.validate().map_err(|e| e.to_string())?;
     if kind == CallKind::Structured && config.tools.is_empty() {
@@ -220,6 +226,7 @@ pub fn build(
 mod tests {
     use super::*;
     use serde::Deserialize;
+    use tollgate_core::config::RequestFields;
 
     /// The price and profile sections of a file (the rest of the file is not read here).
     #[derive(Deserialize)]
@@ -298,6 +305,38 @@ daily_block = "10.00"
         );
         let e = load(&text).unwrap_err();
         assert!(e.0.contains("tool_choice"), "{e}");
+    }
+
+    #[test]
+    fn sc_211_sampling_and_request_fields_are_profile_settings() {
+        let p = &load(SUMMARIZE).unwrap()["summarize"];
+        assert_eq!(p.config.request_fields, RequestFields::default());
+        assert!(p.config.request_fields.sampling && !p.config.request_fields.send_user);
+        let text = SUMMARIZE.replace(
+            "[profiles.caps]",
+            "top_p = 0.9\nstop = [\"END\"]\nseed = 7\n\
+             [profiles.request_fields]\nsampling = false\nsend_user = true\n[profiles.caps]",
+        );
+        let p = &load(&text).unwrap()["summarize"];
+        assert_eq!(
+            p.config.top_p.map(|t| t.to_string()).as_deref(),
+            Some("0.9")
+        );
+        assert_eq!(p.config.stop, ["END"]);
+        assert_eq!(p.config.seed, Some(7));
+        assert!(!p.config.request_fields.sampling && p.config.request_fields.send_user);
+        let listed = serde_json::to_value(p).unwrap();
+        assert_eq!(listed["request_fields"]["send_user"], true);
+        let bad = SUMMARIZE.replace(
+            "[profiles.caps]",
+            "[profiles.request_fields]\nsend_everything = true\n[profiles.caps]",
+        );
+        assert!(load(&bad).is_err());
+        let many = SUMMARIZE.replace(
+            "[profiles.caps]",
+            "stop = [\"a\", \"b\", \"c\", \"d\", \"e\"]\n[profiles.caps]",
+        );
+        assert!(load(&many).unwrap_err().0.contains("stop"));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use crate::app::App;
 use crate::console::handlers as c;
 use crate::handlers as h;
+use crate::service::anthropic;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
@@ -27,6 +28,9 @@ table! {
     post "/v1/calls" => h::create_call,
     get "/v1/calls/{operation_key}" => h::read_call,
     post "/v1/chat/completions" => h::chat_completions,
+    // The Anthropic Messages door (spec/anthropic.md).
+    post "/v1/messages" => anthropic::messages_route,
+    post "/v1/messages/count_tokens" => anthropic::count_tokens_route,
     post "/v1/roots" => h::open_root,
     get "/v1/roots/{root_key}" => h::read_root,
     post "/v1/roots/{root_key}/steps" => h::run_step,

@@ -5,7 +5,8 @@
 use crate::secret::Secret;
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use tollgate_core::message::{Temperature, ToolChoice, ToolSpec};
+use tollgate_core::config::RequestFields;
+use tollgate_core::message::{Temperature, ToolChoice, ToolSpec, TopP};
 
 /// Why the configuration cannot be used. Names files, keys and fields, never secret values.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -188,6 +189,17 @@ pub struct ProfileSection {
     pub cache: Option<bool>,
     /// Sampling temperature, at most two fraction digits; none leaves it to the provider (SC-5).
     pub temperature: Option<Temperature>,
+    /// Nucleus sampling, 0 to 1 with at most four fraction digits; none leaves it to the
+    /// provider (or to a request, SC-211).
+    pub top_p: Option<TopP>,
+    /// Stop sequences (at most four); none leaves them to a request.
+    #[serde(default)]
+    pub stop: Vec<String>,
+    /// Sampling seed; none leaves it to a request.
+    pub seed: Option<i64>,
+    /// What a request may set (`sampling`, `send_user`, `send_metadata`; SC-211).
+    #[serde(default)]
+    pub request_fields: RequestFields,
     /// JSON Schema of the output (json profiles).
     pub output_schema: Option<serde_json::Value>,
     /// Tools (structured and step profiles).

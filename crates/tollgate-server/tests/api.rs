@@ -76,7 +76,7 @@ async fn sc_13_a_call_then_its_replay_sends_once() {
 }
 
 #[tokio::test]
-async fn sc_14_conflict_is_409_with_the_differing_fields() {
+async fn sc_14_sc_209_conflict_is_422_with_the_differing_fields() {
     let s = Server::memory().await;
     let (status, _, _) = s
         .post(
@@ -93,9 +93,16 @@ async fn sc_14_conflict_is_409_with_the_differing_fields() {
             &call("summarize", "order-2", "r-2", SECRET),
         )
         .await;
-    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(body["error"]["code"], "conflict");
     assert_eq!(body["error"]["fields"], json!(["input_revision"]));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("differs in: input_revision"),
+        "{body}"
+    );
     assert!(!text.contains(SECRET), "{text}");
     assert_eq!(s.mock.request_count(), 1);
     s.stop().await;
@@ -119,6 +126,148 @@ async fn sc_16_a_preflight_block_is_402_naming_the_cap_and_writes_nothing() {
     let (status, _, _) = s.get("/v1/calls/order-3", &s.caller).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(s.mock.request_count(), 0);
+    s.stop().await;
+}
+
+/// POSTs a `/v1/calls` body: status, the `Retry-After` header and the body.
+async fn post_call(
+    s: &Server,
+    body: &serde_json::Value,
+) -> (StatusCode, Option<String>, serde_json::Value) {
+    let response = s
+        .http
+        .post(format!("{}/v1/calls", s.base))
+        .bearer_auth(&s.caller)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    (status, retry_after, response.json().await.unwrap())
+}
+
+/// SC-209: the native API answers a key whose first request is still being processed with 409
+/// `in_progress` and `Retry-After`, and the retry after it with the stored view; nothing is sent
+/// twice. A read of the key is no retry: it answers the view, in progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_209_a_key_still_being_processed_is_409_with_retry_after() {
+    let s = Server::memory().await;
+    let body = call("slow", "busy-1", "r-1", "busy words");
+    let first = {
+        let (http, base, caller, body) = (
+            s.http.clone(),
+            s.base.clone(),
+            s.caller.clone(),
+            body.clone(),
+        );
+        tokio::spawn(async move {
+            let response = http
+                .post(format!("{base}/v1/calls"))
+                .bearer_auth(caller)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (
+                response.status(),
+                response.json::<serde_json::Value>().await.unwrap(),
+            )
+        })
+    };
+    wait_until("the mock receives the call", || s.mock.request_count() == 1).await;
+    let (status, retry_after, busy) = post_call(&s, &body).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{busy}");
+    assert_eq!(busy["error"]["code"], "in_progress");
+    assert_eq!(busy["error"]["operation_key"], "busy-1");
+    assert!(busy["error"]["execution_id"].is_string(), "{busy}");
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    let (status, read, _) = s.get("/v1/calls/busy-1", &s.caller).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(read["state"], "in_progress");
+
+    let (status, view) = first.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{view}");
+    let (status, retry_after, replay) = post_call(&s, &body).await;
+    assert_eq!(status, StatusCode::OK, "{replay}");
+    assert_eq!(retry_after, None);
+    assert_eq!(replay["replayed"], true);
+    assert_eq!(replay["execution_id"], view["execution_id"]);
+    assert_eq!(replay["output"]["text"], "busy words");
+    assert_eq!(s.mock.request_count_for("busy words"), 1, "sent once");
+    s.stop().await;
+}
+
+/// A profile whose session cap fits one call's hold and not two: a `slow` call holding it fills
+/// the cap for a second call of the session.
+const ONE_HOLD: &str = r#"
+[[profiles]]
+name = "one-hold"
+kind = "text"
+provider = "mock"
+model = "mock-slow-1500"
+policy_version = "policy-1"
+price_version = "prices-t"
+consumer = "team-h"
+max_tokens = 64
+max_input_chars = 200
+run_timeout_ms = 10000
+[profiles.caps]
+session_block = "0.0002"
+"#;
+
+/// SC-210: a 402 says which block it is. The call's own hold above what settled spend leaves
+/// (the `tight` cap is below any hold) is `exceeds_cap`, not retryable, without `Retry-After`;
+/// a cap that only the holds of calls in flight fill is `holds_in_flight`, with `Retry-After`,
+/// and the same call fits once they settled. Neither writes or sends anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_210_a_402_says_whether_holds_in_flight_or_the_call_itself_fill_the_cap() {
+    let s = Server::start_with(Backend::memory(), ONE_HOLD).await;
+    let (status, retry_after, never) = post_call(&s, &call("tight", "cap-1", "r-1", "x")).await;
+    assert_eq!(status, StatusCode::PAYMENT_REQUIRED, "{never}");
+    assert_eq!(never["error"]["code"], "cap_blocked");
+    assert_eq!(never["error"]["kind"], "exceeds_cap");
+    assert_eq!(never["error"]["retryable"], false);
+    assert!(never["error"].get("retry_after").is_none(), "{never}");
+    assert_eq!(retry_after, None);
+
+    let holding = {
+        let (http, base, caller) = (s.http.clone(), s.base.clone(), s.caller.clone());
+        tokio::spawn(async move {
+            http.post(format!("{base}/v1/calls"))
+                .bearer_auth(caller)
+                .json(&call("one-hold", "hold-1", "r-1", "x"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    wait_until("the first call holds the cap", || {
+        s.mock.request_count() == 1
+    })
+    .await;
+    let second = call("one-hold", "hold-2", "r-1", "y");
+    let (status, retry_after, full) = post_call(&s, &second).await;
+    assert_eq!(status, StatusCode::PAYMENT_REQUIRED, "{full}");
+    assert_eq!(full["error"]["kind"], "holds_in_flight");
+    assert_eq!(full["error"]["retryable"], true);
+    assert_eq!(full["error"]["retry_after"], 1);
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    let (status, _, _) = s.get("/v1/calls/hold-2", &s.caller).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing written");
+    assert_eq!(s.mock.request_count(), 1, "nothing sent");
+
+    assert_eq!(holding.await.unwrap(), StatusCode::OK);
+    let (status, _, fits) = post_call(&s, &second).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "room came as the hold settled: {fits}"
+    );
     s.stop().await;
 }
 

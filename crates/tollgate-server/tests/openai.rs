@@ -5,6 +5,7 @@
 use tollgate_testkit::sdk_tour;
 mod support;
 
+use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use support::{Server, SECRET};
@@ -74,11 +75,13 @@ async fn sc_130_a_completion_its_replay_a_conflict_and_openai_shaped_errors() {
     assert_eq!(replay["tollgate"]["replayed"], true);
     assert_eq!(s.mock.request_count(), 1, "a replay sends nothing");
 
-    // Other messages under the same key: the default input revision differs, so a conflict.
+    // Other messages under the same key: the default input revision differs, so a conflict,
+    // 422 (SC-209): a retry of it cannot succeed.
     let (status, conflict, text) = post_chat(&s, &s.caller, &key, &chat("summarize", SECRET)).await;
-    assert_eq!(status, StatusCode::CONFLICT, "{conflict}");
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{conflict}");
     assert_eq!(conflict["error"]["code"], "conflict");
-    assert!(conflict["error"]["type"].is_string());
+    assert_eq!(conflict["error"]["type"], "invalid_request_error");
+    assert_eq!(conflict["error"]["fields"], json!(["input_revision"]));
     assert!(conflict["error"]["message"].is_string());
     assert!(!text.contains(SECRET), "{text}");
 
@@ -92,9 +95,9 @@ async fn sc_130_a_completion_its_replay_a_conflict_and_openai_shaped_errors() {
         .unwrap()
         .contains("Idempotency-Key"));
 
-    // A profile value in the body is an unknown field (SC-6), named.
+    // A field the door does not take is refused by name (SC-211).
     let mut body = chat("summarize", "x");
-    body["temperature"] = json!(0.5);
+    body["frequency_penalty"] = json!(0.5);
     let (status, unknown, _) =
         post_chat(&s, &s.caller, &[("idempotency-key", "chat-2")], &body).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{unknown}");
@@ -102,7 +105,7 @@ async fn sc_130_a_completion_its_replay_a_conflict_and_openai_shaped_errors() {
         unknown["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("temperature"),
+            .contains("unknown field `frequency_penalty`"),
         "{unknown}"
     );
 
@@ -239,13 +242,340 @@ async fn sc_132_tool_calls_of_a_step_profile_map_to_tool_calls() {
     s.stop().await;
 }
 
+/// POSTs a chat body with `key`: status, the retry headers (`retry-after`, `x-should-retry`)
+/// and the body.
+async fn post_keyed(
+    s: &Server,
+    key: &str,
+    body: &Value,
+) -> (StatusCode, [Option<String>; 2], Value) {
+    let response = s
+        .http
+        .post(format!("{}/v1/chat/completions", s.base))
+        .bearer_auth(&s.caller)
+        .header("idempotency-key", key)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    let headers = [header("retry-after"), header("x-should-retry")];
+    (status, headers, response.json().await.unwrap())
+}
+
+async fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// SC-209: the front door answers a completion only for a completed call. A retry that arrives
+/// while the first request runs is 409 `in_progress` (`conflict_error`) with `Retry-After`,
+/// which the SDKs back off on and retry; the retry after it gets the stored completion, and the
+/// provider saw one request. A call that may have been sent but whose cost is not proven is 502
+/// `reconciliation_required` with `x-should-retry: false`, on its first answer and its replays,
+/// never an empty completion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_209_retries_get_statuses_the_sdks_understand() {
+    let s = Server::memory().await;
+    let body = chat("slow", "still running");
+    let first = {
+        let (http, base, caller, body) = (
+            s.http.clone(),
+            s.base.clone(),
+            s.caller.clone(),
+            body.clone(),
+        );
+        tokio::spawn(async move {
+            let response = http
+                .post(format!("{base}/v1/chat/completions"))
+                .bearer_auth(caller)
+                .header("idempotency-key", "busy-chat")
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (response.status(), response.json::<Value>().await.unwrap())
+        })
+    };
+    wait_until("the mock receives the call", || s.mock.request_count() == 1).await;
+    let (status, [retry_after, _], busy) = post_keyed(&s, "busy-chat", &body).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{busy}");
+    assert_eq!(busy["error"]["code"], "in_progress");
+    assert_eq!(busy["error"]["type"], "conflict_error");
+    assert_eq!(busy["error"]["retry_after"], 1);
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    let (status, done) = first.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{done}");
+    let (status, [retry_after, _], replay) = post_keyed(&s, "busy-chat", &body).await;
+    assert_eq!(status, StatusCode::OK, "{replay}");
+    assert_eq!(retry_after, None);
+    assert_eq!(replay["id"], done["id"]);
+    assert_eq!(replay["choices"][0]["message"]["content"], "still running");
+    assert_eq!(replay["tollgate"]["replayed"], true);
+    assert_eq!(s.mock.request_count_for("still running"), 1);
+
+    // The stream is cut before its usage: the call awaits an operator.
+    for _ in 0..2 {
+        let (status, [_, should_retry], cut) =
+            post_keyed(&s, "cut-chat", &chat("cut", "cut words")).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{cut}");
+        assert_eq!(cut["error"]["code"], "reconciliation_required");
+        assert_eq!(cut["error"]["type"], "server_error");
+        assert!(cut["error"]["execution_id"].is_string(), "{cut}");
+        assert_eq!(should_retry.as_deref(), Some("false"));
+    }
+    assert_eq!(
+        s.mock.request_count_for("cut words"),
+        1,
+        "the replay sent nothing"
+    );
+    let (status, view, _) = s.get("/v1/calls/cut-chat", &s.caller).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(view["state"], "reconciliation_required");
+    s.stop().await;
+}
+
+/// A provider that records every request body and answers one short completion.
+struct Capture {
+    base: String,
+    bodies: std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+const CAPTURED_STREAM: &str = concat!(
+    "data: {\"id\":\"chatcmpl-c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,",
+    "\"delta\":{\"role\":\"assistant\",\"content\":\"ok\"},\"finish_reason\":null}]}\n\n",
+    "data: {\"id\":\"chatcmpl-c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,",
+    "\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+    "data: {\"id\":\"chatcmpl-c\",\"object\":\"chat.completion.chunk\",\"choices\":[],",
+    "\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1,\"total_tokens\":6}}\n\n",
+    "data: [DONE]\n\n"
+);
+
+impl Capture {
+    async fn start() -> Self {
+        let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = bodies.clone();
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
+                let kept = kept.clone();
+                async move {
+                    kept.lock().unwrap().push(body);
+                    ([("content-type", "text/event-stream")], CAPTURED_STREAM)
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Self { base, bodies, task }
+    }
+
+    fn bodies(&self) -> Vec<Value> {
+        self.bodies.lock().unwrap().clone()
+    }
+}
+
+/// Two text profiles on the capturing provider: `narrow`, under a session cap that its hold at
+/// its own `max_tokens` (64) exceeds and a hold at 16 fits; `fixed`, which sets its temperature
+/// and sends the request's user and metadata.
+fn narrow_profiles(capture: &str) -> String {
+    let profile = |name: &str, extra: &str| {
+        format!(
+            "[[profiles]]\nname = \"{name}\"\nkind = \"text\"\nprovider = \"capture\"\n\
+             model = \"mock-capture\"\npolicy_version = \"policy-1\"\nprice_version = \"prices-c\"\n\
+             consumer = \"team-n\"\nmax_tokens = 64\nmax_input_chars = 200\n{extra}\n"
+        )
+    };
+    format!(
+        "[[providers]]\nname = \"capture\"\nkind = \"openai-chat\"\nbase_url = \"{capture}\"\n\n\
+         [[prices]]\nversion = \"prices-c\"\ncurrency = \"USD\"\n\
+         [prices.models.\"mock-capture\"]\ninput = \"1.00\"\noutput = \"2.00\"\n\
+         cache_read = \"0.10\"\ncache_write = \"1.25\"\nreasoning = \"2.00\"\n\n{}{}",
+        profile("narrow", "[profiles.caps]\nsession_block = \"0.0001\""),
+        profile(
+            "fixed",
+            "temperature = 0.2\n[profiles.request_fields]\nsend_user = true\nsend_metadata = true"
+        ),
+    )
+}
+
+fn message(body: &Value) -> String {
+    body["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// SC-211: the fields SDK code passes. `max_tokens` up to the profile's is sent and fits the hold
+/// (the profile's own worst case exceeds the cap, the request's lower one fits); sampling the
+/// profile leaves open passes through; `user` and `metadata` are recorded with the call and sent
+/// only where the profile says; a replay with another `max_tokens` is a conflict naming it, and
+/// sends nothing; a value above the profile's, a value the profile fixes, tools the profile does
+/// not have and a field the door does not take are refused by name, writing and sending nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_211_the_fields_sdk_code_passes_narrow_the_profile() {
+    let capture = Capture::start().await;
+    let s = Server::start_with(
+        tollgate_server::Backend::memory(),
+        &narrow_profiles(&capture.base),
+    )
+    .await;
+    let hi = chat("narrow", "hi");
+    let (status, _, blocked) = post_keyed(&s, "wide", &hi).await;
+    assert_eq!(status, StatusCode::PAYMENT_REQUIRED, "{blocked}");
+    assert_eq!(blocked["error"]["kind"], "exceeds_cap");
+
+    let mut narrow = hi.clone();
+    for (field, value) in [
+        ("max_tokens", json!(16)),
+        ("temperature", json!(0.3)),
+        ("top_p", json!(0.9)),
+        ("stop", json!("END")),
+        ("seed", json!(7)),
+        ("user", json!("end-user-1")),
+        ("metadata", json!({"team": "checkout"})),
+        ("response_format", json!({"type": "text"})),
+    ] {
+        narrow[field] = value;
+    }
+    let (status, _, done) = post_keyed(&s, "narrow-1", &narrow).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert_eq!(done["choices"][0]["message"]["content"], "ok");
+    let sent = capture.bodies();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0]["max_tokens"], 16);
+    assert_eq!(sent[0]["temperature"].to_string(), "0.3");
+    assert_eq!(sent[0]["top_p"].to_string(), "0.9");
+    assert_eq!(sent[0]["stop"], json!(["END"]));
+    assert_eq!(sent[0]["seed"], 7);
+    assert!(
+        sent[0].get("user").is_none() && sent[0].get("metadata").is_none(),
+        "{}",
+        sent[0]
+    );
+    let scope = tollgate_core::ids::Scope::parse("acme").unwrap();
+    let key = tollgate_core::ids::OperationKey::parse("narrow-1").unwrap();
+    let record = s
+        .backend
+        .stores()
+        .execution(&scope, &key)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.binding.config.max_tokens, 16);
+    assert_eq!(record.binding.config.user.as_deref(), Some("end-user-1"));
+    assert_eq!(record.binding.config.metadata["team"], "checkout");
+
+    // The same request replays; another max_tokens under the key is a conflict naming it.
+    let (status, _, replay) = post_keyed(&s, "narrow-1", &narrow).await;
+    assert_eq!(status, StatusCode::OK, "{replay}");
+    assert_eq!(replay["tollgate"]["replayed"], true);
+    let mut other = narrow.clone();
+    other["max_tokens"] = json!(8);
+    let (status, _, conflict) = post_keyed(&s, "narrow-1", &other).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{conflict}");
+    assert_eq!(conflict["error"]["code"], "conflict");
+    assert_eq!(conflict["error"]["fields"], json!(["config.max_tokens"]));
+    assert_eq!(capture.bodies().len(), 1, "neither sent anything");
+
+    let tool = json!([{"type": "function", "function": {"name": "lookup", "parameters": {}}}]);
+    for (i, (field, value, says)) in [
+        (
+            "max_tokens",
+            json!(65),
+            "max_tokens: at most the profile's 64",
+        ),
+        ("max_completion_tokens", json!(0), "max_tokens: at least 1"),
+        ("tools", tool, "tools: the profile fixes it"),
+        (
+            "tool_choice",
+            json!("required"),
+            "tool_choice: the profile fixes it",
+        ),
+        (
+            "response_format",
+            json!({"type": "json_object"}),
+            "response_format: the profile fixes it",
+        ),
+        (
+            "temperature",
+            json!(0.123),
+            "temperature: temperature has more than 2 fraction digits",
+        ),
+        (
+            "stop",
+            json!(["a", "b", "c", "d", "e"]),
+            "stop: at most 4 sequences",
+        ),
+        ("logprobs", json!(true), "unknown field `logprobs`"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut body = hi.clone();
+        if !field.starts_with("max_") {
+            body["max_tokens"] = json!(16);
+        }
+        body[field] = value;
+        let key = format!("refused-{i}");
+        let (status, _, refused) = post_keyed(&s, &key, &body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{field}: {refused}");
+        assert_eq!(refused["error"]["code"], "invalid_request");
+        assert!(message(&refused).contains(says), "{field}: {refused}");
+        let (status, _, _) = s.get(&format!("/v1/calls/{key}"), &s.caller).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{field}: nothing written");
+    }
+    assert_eq!(capture.bodies().len(), 1, "nothing refused was sent");
+
+    // A profile that sets its temperature fixes it; one that says so sends user and metadata.
+    let mut warm = chat("fixed", "hi");
+    warm["temperature"] = json!(0.5);
+    let (status, _, refused) = post_keyed(&s, "fixed-0", &warm).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    assert!(
+        message(&refused).starts_with("temperature: the profile fixes it"),
+        "{refused}"
+    );
+    warm["temperature"] = json!(0.2);
+    warm["user"] = json!("end-user-2");
+    warm["metadata"] = json!({"team": "search"});
+    let (status, _, done) = post_keyed(&s, "fixed-1", &warm).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    let sent = capture.bodies();
+    assert_eq!(sent[1]["temperature"].to_string(), "0.2");
+    assert_eq!(sent[1]["user"], "end-user-2");
+    assert_eq!(sent[1]["metadata"], json!({"team": "search"}));
+
+    // A step runs under its root's snapshot: nothing in it can be narrowed.
+    let mut step = chat("agent-step", "Paris");
+    step["max_tokens"] = json!(16);
+    let (status, _, refused) = post_keyed(&s, "step-narrow", &step).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    assert!(message(&refused).contains("root's snapshot"), "{refused}");
+    s.stop().await;
+    capture.task.abort();
+}
+
 #[tokio::test]
-async fn sc_133_the_official_openai_sdk_is_a_working_client() {
+async fn sc_133_sc_209_the_official_openai_sdk_is_a_working_client() {
     sdk_tour(Server::memory().await).await;
 }
 
 #[tokio::test]
-async fn sc_133_the_official_openai_sdk_is_a_working_client_on_postgres() {
+async fn sc_133_sc_209_the_official_openai_sdk_is_a_working_client_on_postgres() {
     let admin = tollgate_testkit::pg::test_admin_url();
     let stores = std::sync::Arc::new(
         tollgate_testkit::pg::fresh_test_database(&admin)
@@ -255,24 +585,184 @@ async fn sc_133_the_official_openai_sdk_is_a_working_client_on_postgres() {
     sdk_tour(Server::start(tollgate_server::Backend::Postgres(stores)).await).await;
 }
 
-/// The SDK's tour (call, replay, conflict, stream, no key) against `s`: one provider request for
-/// the call and one for the stream, none for the rest.
+/// The slow profile of the test server (`support::SLOW_MS`).
+const SLOW: sdk_tour::Slow = sdk_tour::Slow {
+    profile: "slow",
+    ms: support::SLOW_MS,
+};
+
+/// The SDK's tour against `s` at its default retry settings (SC-209, SC-211): one provider
+/// request each for the call, the common fields, the retried call and the stream, none for the
+/// rest.
 async fn sdk_tour(s: Server) {
     let python = sdk_tour::sdk_python();
-    sdk_tour::run_tour(&python, "examples/openai_sdk.py", &s.base, &s.caller).await;
-    // One send for the call, one for the stream: the replay, the conflict and the keyless
-    // request sent nothing.
-    assert_eq!(s.mock.request_count(), 2);
+    sdk_tour::run_tour(&python, "examples/openai_sdk.py", &s.base, &s.caller, SLOW).await;
+    sent_once_each(&s);
     s.stop().await;
 }
 
+/// The tour's provider requests: the retried call once among four.
+fn sent_once_each(s: &Server) {
+    assert_eq!(s.mock.request_count_for(sdk_tour::RETRIED_PROMPT), 1);
+    assert_eq!(s.mock.request_count(), 4);
+}
+
 /// SC-162: the official `openai` npm package as a client of the front door: the same tour as
-/// the Python SDK's (call, replay, conflict, stream, no key), one provider request per call.
+/// the Python SDK's, one provider request per call.
 #[tokio::test]
-async fn sc_162_the_official_openai_node_sdk_is_a_working_client() {
+async fn sc_162_sc_209_the_official_openai_node_sdk_is_a_working_client() {
     let node = sdk_tour::sdk_node();
     let s = Server::memory().await;
-    sdk_tour::run_tour(&node, "examples/openai_sdk.mjs", &s.base, &s.caller).await;
-    assert_eq!(s.mock.request_count(), 2);
+    sdk_tour::run_tour(&node, "examples/openai_sdk.mjs", &s.base, &s.caller, SLOW).await;
+    sent_once_each(&s);
     s.stop().await;
+}
+
+/// A provider that sends its first delta, then holds its stream open until `release`.
+struct HeldProvider {
+    base: String,
+    release: std::sync::Arc<tokio::sync::Notify>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl HeldProvider {
+    async fn start() -> Self {
+        let release = std::sync::Arc::new(tokio::sync::Notify::new());
+        let held = release.clone();
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(move || {
+                let held = held.clone();
+                async move {
+                    let chunk = |delta: &str, finish: &str| {
+                        format!(
+                            "data: {{\"id\":\"chatcmpl-h\",\"object\":\"chat.completion.chunk\",\
+                             \"choices\":[{{\"index\":0,\"delta\":{delta},\
+                             \"finish_reason\":{finish}}}]}}\n\n"
+                        )
+                    };
+                    let first = chunk(r#"{"role":"assistant","content":"first "}"#, "null");
+                    let rest = format!(
+                        "{}{}data: {{\"id\":\"chatcmpl-h\",\"object\":\"chat.completion.chunk\",\
+                         \"choices\":[],\"usage\":{{\"prompt_tokens\":5,\"completion_tokens\":2,\
+                         \"total_tokens\":7}}}}\n\ndata: [DONE]\n\n",
+                        chunk(r#"{"content":"second"}"#, "null"),
+                        chunk("{}", "\"stop\""),
+                    );
+                    let body = futures::stream::once(async move { first }).chain(
+                        futures::stream::once(async move {
+                            held.notified().await;
+                            rest
+                        }),
+                    );
+                    let body = body.map(|s| Ok::<_, std::convert::Infallible>(s.into_bytes()));
+                    (
+                        [("content-type", "text/event-stream")],
+                        axum::body::Body::from_stream(body),
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Self {
+            base,
+            release,
+            _task: task,
+        }
+    }
+}
+
+fn held_profiles(base: &str) -> String {
+    format!(
+        "[[providers]]\nname = \"held\"\nkind = \"openai-chat\"\nbase_url = \"{base}\"\n\n\
+         [[prices]]\nversion = \"prices-h\"\ncurrency = \"USD\"\n\
+         [prices.models.\"mock-held\"]\ninput = \"1.00\"\noutput = \"2.00\"\n\
+         cache_read = \"0.10\"\ncache_write = \"1.25\"\nreasoning = \"2.00\"\n\n\
+         [[profiles]]\nname = \"held\"\nkind = \"text\"\nprovider = \"held\"\n\
+         model = \"mock-held\"\npolicy_version = \"policy-1\"\nprice_version = \"prices-h\"\n\
+         consumer = \"team-h\"\nmax_tokens = 64\nmax_input_chars = 200\n\
+         [profiles.caps]\nsession_block = \"1.00\"\n"
+    )
+}
+
+/// Reads `response`'s body until it holds `text`, or fails after five seconds.
+async fn read_until(response: &mut reqwest::Response, seen: &mut String, text: &str) {
+    let found = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while !seen.contains(text) {
+            match response.chunk().await.unwrap() {
+                Some(bytes) => seen.push_str(std::str::from_utf8(&bytes).unwrap()),
+                None => return false,
+            }
+        }
+        true
+    })
+    .await;
+    assert!(
+        matches!(found, Ok(true)),
+        "{text:?} did not reach the client; it read {seen:?}"
+    );
+}
+
+/// SC-213: a streamed text call reaches the client as the provider sends it: the client reads
+/// the first delta while the provider still holds its stream open before the second; the last
+/// chunk, with the receipt, follows the settlement. A replay streams the stored answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_213_a_streamed_call_reaches_the_client_as_the_provider_sends_it() {
+    let provider = HeldProvider::start().await;
+    let s = Server::start_with(
+        tollgate_server::Backend::memory(),
+        &held_profiles(&provider.base),
+    )
+    .await;
+    let mut body = chat("held", "hi");
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let post = || {
+        s.http
+            .post(format!("{}/v1/chat/completions", s.base))
+            .bearer_auth(&s.caller)
+            .header("idempotency-key", "live-1")
+            .json(&body)
+            .send()
+    };
+    let mut response = post().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["tollgate-stream"], "live");
+    let mut seen = String::new();
+    read_until(&mut response, &mut seen, "first ").await;
+    assert!(!seen.contains("second"), "{seen}");
+    provider.release.notify_one();
+    read_until(&mut response, &mut seen, "data: [DONE]").await;
+    let events: Vec<Value> = seen
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let text: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "first second");
+    let ids: std::collections::BTreeSet<&str> =
+        events.iter().filter_map(|e| e["id"].as_str()).collect();
+    assert_eq!(ids.len(), 1, "one id for the whole stream: {ids:?}");
+    let last = events
+        .iter()
+        .find(|e| e["choices"][0]["finish_reason"] == "stop")
+        .expect("a finishing chunk");
+    assert_eq!(last["tollgate"]["state"], "completed");
+    assert!(last["tollgate"]["receipt"]["amount"].is_string(), "{last}");
+    let usage = events.last().unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 2);
+    // A replay of the streamed call streams the stored answer, governed, sending nothing.
+    let replay = post().await.unwrap();
+    assert_eq!(replay.headers()["tollgate-stream"], "governed");
+    let replayed = replay.text().await.unwrap();
+    assert!(replayed.contains("first second"), "{replayed}");
+    assert!(replayed.contains("\"replayed\":true"), "{replayed}");
 }

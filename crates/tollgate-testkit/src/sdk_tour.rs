@@ -2,7 +2,8 @@
 //! server's tests (`crates/tollgate-server/tests/openai.rs`) and the black-box tests
 //! (`tests/service.rs`):
 //! finding the interpreter with the SDK installed (a missing one fails the test, naming what to
-//! install), and running the tour of `examples/openai_sdk.py` or `examples/openai_sdk.mjs`.
+//! install), and running the tour of `examples/openai_sdk.py` or `examples/openai_sdk.mjs` at the
+//! SDKs' default retry settings.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -58,18 +59,41 @@ pub fn sdk_node() -> PathBuf {
     node
 }
 
+/// The slow profile of a tour: its name and how long its provider waits before answering.
+#[derive(Debug, Clone, Copy)]
+pub struct Slow<'a> {
+    /// A text profile whose model is `mock-slow-MS`.
+    pub profile: &'a str,
+    /// Its `MS`: the script's client times out well before it (SC-209).
+    pub ms: u64,
+}
+
+/// The prompt of the tour's retried call: the caller checks the provider was sent it once.
+pub const RETRIED_PROMPT: &str = "retried words";
+
 /// Runs `program script` against the front door at `base` with `key` and checks the tour's
-/// steps: call, replay (the same completion), conflict (409 `conflict`), stream, no key. The
-/// caller checks the provider requests (one for the call, one for the stream).
+/// steps: call, replay (the same completion), the common fields, the SDK's own retries of a call
+/// still being processed (a timeout, a 409 `in_progress`, then the stored completion), a reused
+/// key with another body (422 `conflict`), stream, no key. The caller checks the provider
+/// requests: one each for the call, the fields, the retried call ([`RETRIED_PROMPT`]) and the
+/// stream.
 ///
 /// # Panics
 /// When the program fails or a step is not the tour's.
 #[allow(clippy::unwrap_used, clippy::expect_used)]
-pub async fn run_tour(program: &Path, script: &str, base: &str, key: &str) -> Vec<Value> {
+pub async fn run_tour(
+    program: &Path,
+    script: &str,
+    base: &str,
+    key: &str,
+    slow: Slow<'_>,
+) -> Vec<Value> {
     let output = tokio::process::Command::new(program)
         .arg(repo_path(script))
         .env("TOLLGATE_BASE_URL", base)
         .env("TOLLGATE_API_KEY", key)
+        .env("TOLLGATE_SLOW_PROFILE", slow.profile)
+        .env("TOLLGATE_SLOW_MS", slow.ms.to_string())
         .output()
         .await
         .unwrap();
@@ -81,8 +105,16 @@ pub async fn run_tour(program: &Path, script: &str, base: &str, key: &str) -> Ve
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     let names: Vec<&str> = steps.iter().map(|s| s["step"].as_str().unwrap()).collect();
-    assert_eq!(names, ["call", "replay", "conflict", "stream", "no_key"]);
+    assert_eq!(
+        names,
+        ["call", "replay", "fields", "retry", "conflict", "stream", "no_key"]
+    );
     assert_eq!(steps[0]["id"], steps[1]["id"], "the replay is the call");
-    assert_eq!(steps[2]["code"], "conflict");
+    // The first attempt timed out (no status), the retry met the call in progress, the last
+    // one got the stored completion.
+    let retry = &steps[3];
+    assert_eq!(retry["attempts"], 3, "{retry}");
+    assert_eq!(retry["statuses"], serde_json::json!([409, 200]), "{retry}");
+    assert_eq!(steps[4]["code"], "conflict");
     steps
 }

@@ -74,6 +74,12 @@ fn profile(model: &str, consumer: &str, caps: Caps) -> Result<CallConfig, Comman
         tools: vec![],
         tool_choice: None,
         context_window_tokens: Some(131_072),
+        top_p: None,
+        stop: Vec::new(),
+        seed: None,
+        user: None,
+        metadata: Default::default(),
+        request_fields: Default::default(),
     })
 }
 

@@ -8,9 +8,10 @@ use crate::error::{ApiError, UNKNOWN_PROFILE};
 use crate::profiles::Profile;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
+use tollgate_core::config::CallConfig;
 use tollgate_core::ids::{InputRevision, Intent, OperationKey, SessionId};
 use tollgate_core::message::Message;
-use tollgate_core::view::View;
+use tollgate_core::view::{View, ViewState};
 use tollgate_runner::single::RunRequest;
 use tollgate_runner::views;
 use tollgate_store::KeyRole;
@@ -48,10 +49,12 @@ pub fn profiles(app: &App, _who: &Principal) -> Result<ProfileList, ApiError> {
 }
 
 /// Runs a call: validates the body, the profile and the messages first (a bad request writes
-/// nothing), then runs it on the profile's runner with the key's scope.
+/// nothing), then runs it on the profile's runner with the key's scope. A replay of a call still
+/// being processed is answered 409 `in_progress` (SC-209).
 ///
 /// # Errors
-/// `invalid_request`, `conflict`, `cap_blocked`, `unavailable`, `interrupted`, `forbidden`.
+/// `invalid_request`, `conflict`, `in_progress`, `cap_blocked`, `unavailable`, `interrupted`,
+/// `forbidden`.
 pub async fn create(app: &App, who: &Principal, body: &[u8]) -> Result<View, ApiError> {
     who.require(&[KeyRole::Caller])?;
     let result = match parse(body) {
@@ -59,14 +62,87 @@ pub async fn create(app: &App, who: &Principal, body: &[u8]) -> Result<View, Api
         Err(e) => Err(e),
     };
     app.metrics.observe(&result);
-    result
+    retry_answer(result?)
 }
 
-/// Runs a parsed call body (the `/v1/calls` route and the OpenAI-compatible front door).
+/// The answer of a route that runs a call and answers its view (SC-209): a call still being
+/// processed (a replay that arrived while the first request runs) is 409 `in_progress` with
+/// `Retry-After`, so that a client retries and then gets the stored answer; every other view is
+/// the answer.
+///
+/// # Errors
+/// `in_progress`.
+pub(crate) fn retry_answer(view: View) -> Result<View, ApiError> {
+    if view.state == ViewState::InProgress {
+        return Err(ApiError::InProgress {
+            operation_key: view.operation_key.to_string(),
+            execution_id: view.execution_id.map(|id| id.to_string()),
+        });
+    }
+    Ok(view)
+}
+
+/// The answer of a door whose success answer is a completed call (the OpenAI-compatible and
+/// Anthropic doors, SC-209): as [`retry_answer`], and a call that was not dispatched (422
+/// `not_dispatched`) or awaits an operator (502 `reconciliation_required`) is an error, never an
+/// empty completion.
+///
+/// # Errors
+/// `in_progress`, `not_dispatched`, `reconciliation_required`.
+pub(crate) fn completed_answer(view: View) -> Result<View, ApiError> {
+    let view = retry_answer(view)?;
+    let operation_key = view.operation_key.to_string();
+    let execution_id = view.execution_id.map(|id| id.to_string());
+    match view.state {
+        ViewState::NotDispatched => Err(ApiError::NotDispatched {
+            operation_key,
+            execution_id,
+            cause: view.not_dispatched_cause.map(|c| c.as_str()),
+        }),
+        ViewState::ReconciliationRequired => Err(ApiError::ReconciliationRequired {
+            operation_key,
+            execution_id,
+        }),
+        ViewState::Completed | ViewState::InProgress => Ok(view),
+    }
+}
+
+/// Runs a parsed call body on its profile's snapshot (the `/v1/calls` route and the doors).
 pub(crate) async fn create_checked(
     app: &App,
     who: &Principal,
     body: CallBody,
+) -> Result<View, ApiError> {
+    create_narrowed(app, who, body, None).await
+}
+
+/// Runs a parsed call body on `narrowed`, the profile's snapshot narrowed by the request's
+/// values (SC-211; built with [`CallConfig::narrowed`]), or on the profile's own snapshot when
+/// `None` or equal to it.
+///
+/// # Errors
+/// As [`create`]; `invalid_request` (400) when the provider does not take the narrowed snapshot.
+pub(crate) async fn create_narrowed(
+    app: &App,
+    who: &Principal,
+    body: CallBody,
+    narrowed: Option<CallConfig>,
+) -> Result<View, ApiError> {
+    create_live(app, who, body, narrowed, None).await
+}
+
+/// [`create_narrowed`], handing a text call's deltas to `live` as the provider sends them
+/// (SC-213). Any other call drops `live` at once, so its reader ends with nothing: a JSON call's
+/// output is validated at its end, and a structured call's is a tool call.
+///
+/// # Errors
+/// As [`create_narrowed`].
+pub(crate) async fn create_live(
+    app: &App,
+    who: &Principal,
+    body: CallBody,
+    narrowed: Option<CallConfig>,
+    live: Option<tollgate_runner::live::LiveSink>,
 ) -> Result<View, ApiError> {
     let loaded = app
         .profiles
@@ -78,6 +154,17 @@ pub(crate) async fn create_checked(
             body.profile
         )));
     }
+    let narrowed = narrowed.filter(|c| c != &loaded.profile.config);
+    let runner = match &narrowed {
+        Some(config) => Some(loaded.narrowed.runner(config).map_err(|e| {
+            ApiError::Malformed(format!(
+                "the profile's provider does not take this request: {e}"
+            ))
+        })?),
+        None => None,
+    };
+    let config = narrowed.as_ref().unwrap_or(&loaded.profile.config);
+    let live = live.filter(|_| config.kind == tollgate_core::state::CallKind::Text);
     let cancel = CancellationToken::new();
     let messages = body.input.messages;
     let request = RunRequest {
@@ -86,7 +173,7 @@ pub(crate) async fn create_checked(
         operation_key: caller_id(OperationKey::parse, body.operation_key)?,
         input_revision: id(InputRevision::parse, body.input_revision)?,
         intent: id(Intent::parse, body.intent)?,
-        load_input: checked_input(&loaded.profile.config, messages.clone())?,
+        load_input: checked_input(config, messages.clone())?,
         cancel: cancel.clone(),
     };
     let span = tracing::info_span!(
@@ -98,36 +185,36 @@ pub(crate) async fn create_checked(
     let task_app = app.clone();
     let name = body.profile;
     let _in_flight = app.metrics.in_flight();
-    let single = matches!(loaded.runner, ProfileRunner::Single(_));
     let work = async move {
-        if single {
-            run_single(&task_app, &name, request, &messages).await
-        } else {
-            run_structured(&task_app, &name, request).await
-        }
+        let runner = match &runner {
+            Some(runner) => runner.as_ref(),
+            None => match task_app.profiles.get(&name) {
+                Some(loaded) => &loaded.runner,
+                None => return Err(ApiError::Internal),
+            },
+        };
+        run(runner, request, &messages, live).await
     };
     detached(work.instrument(span), cancel).await
 }
 
-/// The input is in the request: the claim holds its own worst case (SC-120).
-async fn run_single(
-    app: &App,
-    profile: &str,
+/// Runs `request` on `runner`. The input of a single call is in the request: the claim holds
+/// its own worst case (SC-120).
+async fn run(
+    runner: &ProfileRunner,
     request: RunRequest,
     messages: &[Message],
+    live: Option<tollgate_runner::live::LiveSink>,
 ) -> Result<View, ApiError> {
-    let Some(ProfileRunner::Single(runner)) = app.profiles.get(profile).map(|l| &l.runner) else {
-        return Err(ApiError::Internal);
+    let view = match (runner, live) {
+        (ProfileRunner::Single(runner), Some(live)) => {
+            runner.run_live(request, Some(messages), live).await?
+        }
+        (ProfileRunner::Single(runner), None) => runner.run_inline(request, messages).await?,
+        (ProfileRunner::Structured(runner), _) => runner.run(request).await?,
+        (ProfileRunner::Step(_), _) => return Err(ApiError::Internal),
     };
-    answered(runner.run_inline(request, messages).await?)
-}
-
-async fn run_structured(app: &App, profile: &str, request: RunRequest) -> Result<View, ApiError> {
-    let Some(ProfileRunner::Structured(runner)) = app.profiles.get(profile).map(|l| &l.runner)
-    else {
-        return Err(ApiError::Internal);
-    };
-    answered(runner.run(request).await?)
+    answered(view)
 }
 
 fn answered(view: View) -> Result<View, ApiError> {
@@ -160,4 +247,36 @@ pub async fn read(app: &App, who: &Principal, key: String) -> Result<View, ApiEr
         }
     }
     Err(ApiError::NotFound("operation".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::state::NotDispatchedCause;
+
+    fn view(state: ViewState) -> View {
+        let mut view = tollgate_runner::views::bare(OperationKey::parse("k").unwrap(), state);
+        view.replayed = true;
+        view
+    }
+
+    #[test]
+    fn sc_209_only_a_completed_call_is_a_completion() {
+        assert!(matches!(
+            retry_answer(view(ViewState::InProgress)),
+            Err(ApiError::InProgress { .. })
+        ));
+        // The native door answers the views that state an outcome.
+        for state in [ViewState::NotDispatched, ViewState::ReconciliationRequired] {
+            assert!(retry_answer(view(state)).is_ok());
+        }
+        let mut never = view(ViewState::NotDispatched);
+        never.not_dispatched_cause = Some(NotDispatchedCause::Aborted);
+        let e = completed_answer(never).unwrap_err();
+        assert_eq!(e.code(), "not_dispatched");
+        assert_eq!(e.body()["error"]["cause"], "aborted");
+        let e = completed_answer(view(ViewState::ReconciliationRequired)).unwrap_err();
+        assert_eq!(e.code(), "reconciliation_required");
+        assert!(completed_answer(view(ViewState::Completed)).is_ok());
+    }
 }

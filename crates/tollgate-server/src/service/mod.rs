@@ -6,6 +6,7 @@
 //! writes nothing.
 
 pub mod admin;
+pub mod anthropic;
 pub mod backlog;
 pub mod calls;
 pub mod finance;

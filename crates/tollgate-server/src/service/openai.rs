@@ -2,10 +2,16 @@
 //! `POST /v1/chat/completions` runs a governed call (or, on a step profile, a step under the root
 //! named by `Tollgate-Root`) and answers a `chat.completion` object with a `tollgate` extension.
 //!
-//! `model` names a profile; the `Idempotency-Key` header is the operation key. Nothing in the
-//! body can change a profile value (SC-6): fields such as `temperature`, `max_tokens` or `tools`
-//! are unknown fields. A `stream: true` request is answered as server-sent events emitted after
-//! settlement, so streamed output is governed output and may be withheld by a post-call block.
+//! `model` names a profile; the `Idempotency-Key` header is the operation key. The profile
+//! governs and a request may narrow it, never widen it (SC-211): `max_tokens` up to the
+//! profile's, sampling where the profile permits, `user` and `metadata` recorded; `tools`,
+//! `tool_choice` and `response_format` only as the profile has them; any other field is refused
+//! by name. Only a completed call is a `chat.completion`: a call still being processed, not
+//! dispatched or awaiting an operator is an error a client's retry rules understand (SC-209).
+//! A `stream: true` request on a text profile streams live (`live_response`, SC-213): its text
+//! as the provider sends it, its finishing chunk after the settlement; every other stream is
+//! emitted after settlement, so that its output is governed output a post-call block may
+//! withhold.
 
 use super::calls::{self, CallBody};
 use super::roots::{self, StepBody};
@@ -14,10 +20,15 @@ use crate::app::{App, ProfileRunner};
 use crate::auth::Principal;
 use crate::error::{ApiError, UNKNOWN_PROFILE};
 use axum::http::HeaderMap;
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use tollgate_core::config::CallConfig;
 use tollgate_core::message::{Message, Part, Role};
+use tollgate_core::message::{Temperature, ToolChoice, TopP};
+use tollgate_core::narrow::Narrowing;
 use tollgate_core::state::Outcome;
 use tollgate_core::usage::Usage;
 use tollgate_core::view::{Receipt, View, ViewState};
@@ -39,7 +50,8 @@ pub const DEFAULT_SESSION: &str = "default";
 /// Intent when `Tollgate-Intent` is absent.
 pub const DEFAULT_INTENT: &str = "chat.completions";
 
-/// `POST /v1/chat/completions`: the subset of OpenAI's request that carries identity and input.
+/// `POST /v1/chat/completions`: the subset of OpenAI's request that carries identity, input and
+/// what a request may narrow within its profile (SC-211). Any other field is refused by name.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ChatRequest {
@@ -54,6 +66,184 @@ pub struct ChatRequest {
     /// `{"include_usage": true}` adds a usage chunk before `[DONE]`.
     #[serde(default)]
     pub stream_options: Option<StreamOptions>,
+    /// The output token cap, 1 up to the profile's `max_tokens`; a lower one lowers the hold.
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    /// The same as `max_tokens` (equal to it when both are sent).
+    #[serde(default)]
+    pub max_completion_tokens: Option<u32>,
+    /// Sampling temperature (at most two fraction digits), where the profile sets none and
+    /// permits it; equal to the profile's otherwise.
+    #[serde(default)]
+    #[schema(value_type = Option<f64>)]
+    pub temperature: Option<serde_json::Number>,
+    /// Nucleus sampling, 0 to 1 (at most four fraction digits), as `temperature`.
+    #[serde(default)]
+    #[schema(value_type = Option<f64>)]
+    pub top_p: Option<serde_json::Number>,
+    /// Stop sequences: a string or up to four strings, as `temperature`.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub stop: Option<Value>,
+    /// Sampling seed, as `temperature`.
+    #[serde(default)]
+    pub seed: Option<i64>,
+    /// The end user: recorded with the call; sent to the provider when the profile says.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Up to 16 string pairs: recorded with the call; sent when the profile says.
+    #[serde(default)]
+    pub metadata: Option<BTreeMap<String, String>>,
+    /// Accepted when equal to the profile's tools (the profile fixes them).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub tools: Option<Value>,
+    /// Accepted when equal to the profile's tool choice.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub tool_choice: Option<Value>,
+    /// Accepted when equal to the profile's output: `{"type": "text"}` on a profile without an
+    /// output schema, `{"type": "json_schema", "json_schema": {"schema": …}}` with the schema
+    /// of a json profile.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub response_format: Option<Value>,
+}
+
+fn fixed(field: &str) -> ApiError {
+    ApiError::Malformed(format!(
+        "{field}: the profile fixes it; send the profile's value or leave it out \
+         (GET /v1/profiles lists the profile)"
+    ))
+}
+
+/// The request's `tools` against the profile's, in OpenAI's shape: the same functions (name,
+/// description, parameters), in any order.
+fn check_tools(config: &CallConfig, tools: Option<&Value>) -> Result<(), ApiError> {
+    let Some(tools) = tools else {
+        return Ok(());
+    };
+    let Some(list) = tools.as_array() else {
+        return Err(ApiError::Malformed("tools: expected a list".into()));
+    };
+    if list.len() != config.tools.len() {
+        return Err(fixed("tools"));
+    }
+    let same = |tool: &Value| {
+        let f = &tool["function"];
+        let strict = f
+            .get("strict")
+            .is_none_or(|s| s == &json!(false) || s.is_null());
+        tool["type"] == "function"
+            && strict
+            && config.tools.iter().any(|t| {
+                f["name"] == json!(t.name)
+                    && f.get("description").and_then(Value::as_str).unwrap_or("") == t.description
+                    && f.get("parameters").unwrap_or(&json!({})) == &t.input_schema
+            })
+    };
+    if list.iter().all(same) {
+        Ok(())
+    } else {
+        Err(fixed("tools"))
+    }
+}
+
+/// The request's `tool_choice` against the profile's: `auto`, `required` (the profile's `any`),
+/// `none` or a named function; with no choice in the profile, `auto` when it has tools and
+/// `none` when it has none (what the provider does then).
+fn check_tool_choice(config: &CallConfig, choice: Option<&Value>) -> Result<(), ApiError> {
+    let Some(choice) = choice else {
+        return Ok(());
+    };
+    let wanted = match &config.tool_choice {
+        Some(ToolChoice::Auto) => json!("auto"),
+        Some(ToolChoice::Any) => json!("required"),
+        Some(ToolChoice::None) => json!("none"),
+        Some(ToolChoice::Tool { name }) => {
+            json!({"type": "function", "function": {"name": name}})
+        }
+        None if config.tools.is_empty() => json!("none"),
+        None => json!("auto"),
+    };
+    if choice == &wanted {
+        Ok(())
+    } else {
+        Err(fixed("tool_choice"))
+    }
+}
+
+/// The request's `response_format` against the profile's output.
+fn check_response_format(config: &CallConfig, format: Option<&Value>) -> Result<(), ApiError> {
+    let Some(format) = format else {
+        return Ok(());
+    };
+    let equal = match (&config.output, format["type"].as_str()) {
+        (None, Some("text")) => true,
+        (Some(contract), Some("json_schema")) => format["json_schema"]["schema"] == contract.schema,
+        _ => false,
+    };
+    if equal {
+        Ok(())
+    } else {
+        Err(fixed("response_format"))
+    }
+}
+
+/// What the request sets within its profile (SC-211), read from the body.
+fn narrowing_of(request: &ChatRequest) -> Result<Narrowing, ApiError> {
+    let bad = |field: &str, why: String| ApiError::Malformed(format!("{field}: {why}"));
+    let max_tokens = match (request.max_tokens, request.max_completion_tokens) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(ApiError::Malformed(
+                "max_tokens, max_completion_tokens: send one, or both equal".into(),
+            ))
+        }
+        (a, b) => a.or(b),
+    };
+    let temperature = request
+        .temperature
+        .as_ref()
+        .map(|n| Temperature::parse(&n.to_string()).map_err(|e| bad("temperature", e)))
+        .transpose()?;
+    let top_p = request
+        .top_p
+        .as_ref()
+        .map(|n| TopP::parse(&n.to_string()).map_err(|e| bad("top_p", e)))
+        .transpose()?;
+    let stop = match &request.stop {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(one)) => vec![one.clone()],
+        Some(Value::Array(many)) => many
+            .iter()
+            .map(|s| s.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad("stop", "expected a string or a list of strings".into()))?,
+        Some(_) => return Err(bad("stop", "expected a string or a list of strings".into())),
+    };
+    Ok(Narrowing {
+        max_tokens,
+        temperature,
+        top_p,
+        stop,
+        seed: request.seed,
+        user: request.user.clone(),
+        metadata: request.metadata.clone().unwrap_or_default(),
+    })
+}
+
+/// The profile's snapshot narrowed by the request (SC-211): the fixed fields checked, then the
+/// request's values applied.
+///
+/// # Errors
+/// `invalid_request` (400) naming the first field that would widen the profile.
+fn narrowed(config: &CallConfig, request: &ChatRequest) -> Result<CallConfig, ApiError> {
+    check_tools(config, request.tools.as_ref())?;
+    check_tool_choice(config, request.tool_choice.as_ref())?;
+    check_response_format(config, request.response_format.as_ref())?;
+    config
+        .narrowed(&narrowing_of(request)?)
+        .map_err(|e| ApiError::Malformed(e.to_string()))
 }
 
 /// Streaming options.
@@ -359,14 +549,30 @@ pub struct Answered {
 /// Runs a chat completion.
 ///
 /// # Errors
-/// `invalid_request` (400 no `Idempotency-Key`, malformed body; 422 unknown profile, bad
-/// messages), `conflict`, `cap_blocked`, `root_closed`, `root_expired`, `not_found` (root),
-/// `unavailable`, `interrupted`, `forbidden`.
+/// `invalid_request` (400 no `Idempotency-Key`, malformed body, a field that would widen the
+/// profile; 422 unknown profile, bad messages), `conflict` (422), `in_progress` (409),
+/// `not_dispatched` (422), `reconciliation_required` (502), `cap_blocked`, `root_closed`,
+/// `root_expired`, `not_found` (root), `unavailable`, `interrupted`, `forbidden`.
 pub async fn complete(
     app: &App,
     who: &Principal,
     headers: &HeaderMap,
     body: &[u8],
+) -> Result<Answered, ApiError> {
+    complete_with(app, who, headers, body, None).await
+}
+
+/// [`complete`], handing a streamed text call's deltas to `live` as the provider sends them
+/// (Live streaming, SC-213); `live` ends with nothing for every other request.
+///
+/// # Errors
+/// As [`complete`].
+pub async fn complete_with(
+    app: &App,
+    who: &Principal,
+    headers: &HeaderMap,
+    body: &[u8],
+    live: Option<tollgate_runner::live::LiveSink>,
 ) -> Result<Answered, ApiError> {
     who.require(&[KeyRole::Caller])?;
     let request: ChatRequest = parse(body)?;
@@ -377,13 +583,21 @@ pub async fn complete(
         .as_ref()
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
-    let model = request.model;
     let loaded = app
         .profiles
-        .get(&model)
+        .get(&request.model)
         .ok_or_else(|| ApiError::Invalid(format!("model: {UNKNOWN_PROFILE}")))?;
+    let config = narrowed(&loaded.profile.config, &request)?;
+    let model = request.model;
     let messages = messages(request.messages)?;
     let view = if matches!(loaded.runner, ProfileRunner::Step(_)) {
+        if config != loaded.profile.config {
+            return Err(ApiError::Malformed(
+                "max_tokens, sampling, user and metadata: a step runs under its root's \
+                 snapshot, which the profile fixes; leave them out or send the profile's values"
+                    .into(),
+            ));
+        }
         let root = ident.root_key.ok_or_else(|| {
             ApiError::Invalid(format!(
                 "profile {model:?} is a step profile: name its root in the Tollgate-Root header"
@@ -408,10 +622,12 @@ pub async fn complete(
             intent: ident.intent,
             input: InputBody { messages },
         };
-        let result = calls::create_checked(app, who, body).await;
+        let live = live.filter(|_| stream);
+        let result = calls::create_live(app, who, body, Some(config), live).await;
         app.metrics.observe(&result);
         result?
     };
+    let view = calls::completed_answer(view)?;
     Ok(Answered {
         completion: completion(&model, view),
         stream,
@@ -502,6 +718,142 @@ pub fn completion(model: &str, view: View) -> ChatCompletion {
     }
 }
 
+/// The `stream` and `model` of a chat request, read without the rest of it: `Some(model)` when
+/// it asks for a stream. A body that does not parse is left to [`complete`], which names what is
+/// wrong.
+pub fn wants_stream(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Peek {
+        #[serde(default)]
+        stream: Option<bool>,
+        #[serde(default)]
+        model: Option<String>,
+    }
+    let peek: Peek = serde_json::from_slice(body).ok()?;
+    peek.stream
+        .unwrap_or(false)
+        .then(|| peek.model.unwrap_or_default())
+}
+
+/// A streamed chat completion (Live streaming, SC-213). The call runs in a task of its own; the
+/// first thing it reports decides the answer. A call sent live opens the stream at once
+/// (`tollgate-stream: live`): each text delta goes out as the provider sends it, and the
+/// finishing chunk, with the receipt, once the settlement committed. Anything else — a replay,
+/// a refusal, an error before the send, a call that is not text — is answered as without live
+/// streaming (`tollgate-stream: governed`). A caller that hangs up drops only its stream: the
+/// call completes and settles.
+pub async fn live_response(
+    app: App,
+    who: Principal,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+    model: String,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    use tollgate_runner::live::Live;
+    let (sink, mut events) = tollgate_runner::live::channel();
+    let task =
+        tokio::spawn(async move { complete_with(&app, &who, &headers, &body, Some(sink)).await });
+    let sent = match events.recv().await {
+        Some(Live::Sent(id)) => id,
+        // Not sent live: the answer as ever.
+        _ => {
+            let answered = task.await.unwrap_or(Err(ApiError::Internal));
+            return match answered {
+                Ok(answer) => (
+                    [
+                        (axum::http::header::CONTENT_TYPE, "text/event-stream"),
+                        (axum::http::header::CACHE_CONTROL, "no-cache"),
+                        (
+                            axum::http::HeaderName::from_static(STREAM_MODE_HEADER),
+                            "governed",
+                        ),
+                    ],
+                    sse_body(&answer),
+                )
+                    .into_response(),
+                Err(e) => error_response(&e),
+            };
+        }
+    };
+    let id = format!("chatcmpl-{sent}");
+    let created = chrono::Utc::now().timestamp();
+    let opening = live_chunk(
+        &id,
+        &model,
+        created,
+        json!({"role": "assistant", "content": ""}),
+    );
+    let state = (events, Some(task), id, model);
+    let rest = futures::stream::unfold(state, move |(mut events, task, id, model)| async move {
+        let task = task?;
+        match events.recv().await {
+            Some(Live::Text(text)) => {
+                let chunk = live_chunk(&id, &model, created, json!({"content": text}));
+                Some((chunk, (events, Some(task), id, model)))
+            }
+            Some(Live::Sent(_)) => Some((String::new(), (events, Some(task), id, model))),
+            // The provider's stream is read: the end goes out once the settlement committed.
+            None => {
+                let end = match task.await.unwrap_or(Err(ApiError::Internal)) {
+                    Ok(answer) => live_end(&answer),
+                    Err(e) => format!("{}data: [DONE]\n\n", live_error(&e)),
+                };
+                Some((end, (events, None, id, model)))
+            }
+        }
+    });
+    let body = futures::stream::once(async move { opening })
+        .chain(rest)
+        .map(|text| Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(text)));
+    (
+        [
+            (axum::http::header::CONTENT_TYPE, "text/event-stream"),
+            (axum::http::header::CACHE_CONTROL, "no-cache"),
+            (
+                axum::http::HeaderName::from_static(STREAM_MODE_HEADER),
+                "live",
+            ),
+        ],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
+}
+
+/// The header that says how a stream was answered: `live` (its text as the provider sent it,
+/// its last chunk after the settlement) or `governed` (all of it after the settlement).
+pub const STREAM_MODE_HEADER: &str = "tollgate-stream";
+
+/// The opening chunk of a live stream (its role) and one text delta, as server-sent events.
+pub fn live_chunk(id: &str, model: &str, created: i64, delta: Value) -> String {
+    let chunk = json!({
+        "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": null}]
+    });
+    format!("data: {chunk}\n\n")
+}
+
+/// The end of a live stream, after the settlement: the finishing chunk with `finish_reason` and
+/// the `tollgate` extension, the usage chunk when asked for, `[DONE]`. The text went out live.
+pub fn live_end(answer: &Answered) -> String {
+    let mut end = sse_body(answer);
+    // The governed body's opening and content chunks are what went out live: keep from the
+    // finishing chunk on.
+    let c = &answer.completion;
+    let keep = c.choices.first().map_or(0, |choice| {
+        usize::from(choice.message.content.is_some()) + 1
+    });
+    let events: Vec<&str> = end.split_inclusive("\n\n").skip(keep).collect();
+    end = events.concat();
+    end
+}
+
+/// An error after a live stream began, as OpenAI streams one: a last `data` event holding the
+/// error body (the SDKs raise it), then the end of the stream.
+pub fn live_error(error: &ApiError) -> String {
+    format!("data: {}\n\n", error_body(error))
+}
+
 /// The completion as server-sent events: a role chunk, a content chunk, tool-call chunks, the
 /// finishing chunk (with the `tollgate` extension), optionally a usage chunk, then `[DONE]`.
 pub fn sse_body(answer: &Answered) -> String {
@@ -565,6 +917,11 @@ pub fn error_body(error: &ApiError) -> Value {
     body
 }
 
+/// The answer of an error in OpenAI's shape, with its retry headers (SC-209, SC-210).
+pub fn error_response(error: &ApiError) -> axum::response::Response {
+    error.response_with(error_body(error))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -624,6 +981,37 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("sk-secret"), "{text}");
+    }
+
+    fn step_config() -> CallConfig {
+        let mut c = tollgate_core::config::fixtures::text_config();
+        c.kind = tollgate_core::state::CallKind::Step;
+        c.tools = vec![tollgate_core::message::ToolSpec {
+            name: "lookup".into(),
+            description: "Finds it.".into(),
+            input_schema: json!({"type": "object"}),
+        }];
+        c
+    }
+
+    #[test]
+    fn sc_211_tools_and_tool_choice_are_accepted_only_as_the_profile_has_them() {
+        let c = step_config();
+        let same = json!([{"type": "function", "function": {
+            "name": "lookup", "description": "Finds it.", "parameters": {"type": "object"}}}]);
+        assert!(check_tools(&c, Some(&same)).is_ok());
+        let mut other = same.clone();
+        other[0]["function"]["parameters"] = json!({"type": "object", "required": ["q"]});
+        let e = check_tools(&c, Some(&other)).unwrap_err().to_string();
+        assert!(e.starts_with("tools: the profile fixes it"), "{e}");
+        assert!(check_tools(&c, Some(&json!([]))).is_err());
+        assert!(check_tool_choice(&c, Some(&json!("auto"))).is_ok());
+        assert!(check_tool_choice(&c, Some(&json!("required"))).is_err());
+        let text = tollgate_core::config::fixtures::text_config();
+        assert!(check_tools(&text, Some(&json!([]))).is_ok());
+        assert!(check_tool_choice(&text, Some(&json!("none"))).is_ok());
+        assert!(check_response_format(&text, Some(&json!({"type": "text"}))).is_ok());
+        assert!(check_response_format(&text, Some(&json!({"type": "json_object"}))).is_err());
     }
 
     #[test]
