@@ -70,7 +70,7 @@ struct Bounded {
 async fn bounded(State(bounded): State<Bounded>, request: Request, next: Next) -> Response {
     let Bounded { permits, limits } = bounded;
     let path = request.uri().path().to_string();
-    let Ok(_permit) = permits.try_acquire_owned() else {
+    let Ok(permit) = permits.try_acquire_owned() else {
         tracing::warn!("over the concurrency limit");
         return unread(refusal(&path, &ApiError::Overloaded));
     };
@@ -82,13 +82,34 @@ async fn bounded(State(bounded): State<Bounded>, request: Request, next: Next) -
         };
         next.run(request).await
     };
-    match tokio::time::timeout(Duration::from_millis(timeout_ms), within).await {
+    let response = match tokio::time::timeout(Duration::from_millis(timeout_ms), within).await {
         Ok(response) => response,
         Err(_) => {
             tracing::warn!(timeout_ms, "request timed out");
             refusal(&path, &ApiError::RequestTimeout(timeout_ms))
         }
+    };
+    holding(response, permit)
+}
+
+/// `response`, keeping `permit` until its body ends when that body is a stream of server-sent
+/// events: a live stream outlives its handler (SC-213), and its call counts against the
+/// concurrency limit until the stream is over. Any other body is complete when the handler
+/// returns, and the permit goes back then.
+fn holding(response: Response, permit: tokio::sync::OwnedSemaphorePermit) -> Response {
+    let streaming = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if !streaming {
+        return response;
     }
+    let (parts, body) = response.into_parts();
+    let chunks = futures::StreamExt::map(body.into_data_stream(), move |chunk| {
+        let _held = &permit;
+        chunk
+    });
+    Response::from_parts(parts, axum::body::Body::from_stream(chunks))
 }
 
 /// Paths whose errors are in OpenAI's shape (spec/service.md — OpenAI-compatible front door).
@@ -220,6 +241,50 @@ mod tests {
             builder = builder.header(REQUEST_ID, id);
         }
         builder.body(Body::empty()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn sc_213_a_stream_holds_its_permit_until_its_body_ends() {
+        let (more, rest) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
+        let rest = Arc::new(std::sync::Mutex::new(Some(rest)));
+        let streaming = Router::new().route(
+            "/hold",
+            get(move || {
+                let rest = rest.lock().unwrap().take();
+                async move {
+                    let chunks = futures::stream::unfold(rest, |rest| async move {
+                        let mut rest = rest?;
+                        let chunk = rest.recv().await?;
+                        Some((Ok::<_, std::convert::Infallible>(chunk), Some(rest)))
+                    });
+                    (
+                        [(header::CONTENT_TYPE, "text/event-stream")],
+                        Body::from_stream(chunks),
+                    )
+                }
+            }),
+        );
+        let limits = Limits {
+            concurrency_limit: 1,
+            request_timeout_ms: 60_000,
+            ..Limits::default()
+        };
+        let app = apply(streaming, limits, keys());
+        let open = app.clone().oneshot(get_hold(None)).await.unwrap();
+        assert_eq!(open.status(), StatusCode::OK);
+        // Its handler returned; its body streams on and keeps the permit.
+        let second = app.clone().oneshot(get_hold(None)).await.unwrap();
+        assert_eq!(second.status(), StatusCode::SERVICE_UNAVAILABLE);
+        more.send("data: last\n\n").unwrap();
+        drop(more);
+        let body = axum::body::to_bytes(open.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        assert_eq!(&body[..], b"data: last\n\n");
+        // The stream is over: the permit is back (the route answers nothing more, but the gate
+        // lets the request in).
+        let third = app.oneshot(get_hold(None)).await.unwrap();
+        assert_eq!(third.status(), StatusCode::OK);
     }
 
     #[tokio::test]
