@@ -44,42 +44,51 @@ pub(crate) const BY_DIGEST: &str = concat!(
 #[async_trait]
 impl ApiKeyStore for PgStores {
     async fn insert_key(&self, key: ApiKeyRecord) -> StoreResult<()> {
-        sqlx::query(INSERT)
-            .bind(key.digest.to_hex())
-            .bind(key.scope.as_str())
-            .bind(key.role.as_str())
-            .bind(key.created_at)
-            .bind(key.expires_at)
-            .bind(key.revoked_at)
-            .bind(key.last_used_at)
-            .execute(self.pool())
-            .await
-            .map_err(|e| {
-                if is_unique_violation(&e, Some(ONE_ROW_PER_KEY)) {
-                    StoreError::Duplicate("api key".into())
-                } else {
-                    db(e)
-                }
-            })?;
-        Ok(())
+        self.bounded(async move {
+            sqlx::query(INSERT)
+                .bind(key.digest.to_hex())
+                .bind(key.scope.as_str())
+                .bind(key.role.as_str())
+                .bind(key.created_at)
+                .bind(key.expires_at)
+                .bind(key.revoked_at)
+                .bind(key.last_used_at)
+                .execute(self.pool())
+                .await
+                .map_err(|e| {
+                    if is_unique_violation(&e, Some(ONE_ROW_PER_KEY)) {
+                        StoreError::Duplicate("api key".into())
+                    } else {
+                        db(e)
+                    }
+                })?;
+            Ok(())
+        })
+        .await
     }
 
     async fn key_by_digest(&self, digest: &KeyDigest) -> StoreResult<Option<ApiKeyRecord>> {
-        let row: Option<ApiKeyRow> = sqlx::query_as(BY_DIGEST)
-            .bind(digest.to_hex())
-            .fetch_optional(self.pool())
-            .await
-            .store_err()?;
-        row.map(ApiKeyRow::into_record).transpose()
+        self.bounded(async move {
+            let row: Option<ApiKeyRow> = sqlx::query_as(BY_DIGEST)
+                .bind(digest.to_hex())
+                .fetch_optional(self.pool())
+                .await
+                .store_err()?;
+            row.map(ApiKeyRow::into_record).transpose()
+        })
+        .await
     }
 
     async fn list_keys(&self, scope: Option<&Scope>) -> StoreResult<Vec<ApiKeyRecord>> {
-        let rows: Vec<ApiKeyRow> = sqlx::query_as(LIST)
-            .bind(scope.map(Scope::as_str))
-            .fetch_all(self.pool())
-            .await
-            .store_err()?;
-        rows.into_iter().map(ApiKeyRow::into_record).collect()
+        self.bounded(async move {
+            let rows: Vec<ApiKeyRow> = sqlx::query_as(LIST)
+                .bind(scope.map(Scope::as_str))
+                .fetch_all(self.pool())
+                .await
+                .store_err()?;
+            rows.into_iter().map(ApiKeyRow::into_record).collect()
+        })
+        .await
     }
 
     async fn revoke_key(
@@ -88,23 +97,29 @@ impl ApiKeyStore for PgStores {
         digest: &KeyDigest,
         at: DateTime<Utc>,
     ) -> StoreResult<Option<ApiKeyRecord>> {
-        let row: Option<ApiKeyRow> = sqlx::query_as(REVOKE)
-            .bind(digest.to_hex())
-            .bind(scope.map(Scope::as_str))
-            .bind(at)
-            .fetch_optional(self.pool())
-            .await
-            .store_err()?;
-        row.map(ApiKeyRow::into_record).transpose()
+        self.bounded(async move {
+            let row: Option<ApiKeyRow> = sqlx::query_as(REVOKE)
+                .bind(digest.to_hex())
+                .bind(scope.map(Scope::as_str))
+                .bind(at)
+                .fetch_optional(self.pool())
+                .await
+                .store_err()?;
+            row.map(ApiKeyRow::into_record).transpose()
+        })
+        .await
     }
 
     async fn touch_key(&self, digest: &KeyDigest, at: DateTime<Utc>) -> StoreResult<()> {
-        sqlx::query(TOUCH)
-            .bind(digest.to_hex())
-            .bind(at)
-            .execute(self.pool())
-            .await
-            .store_err()?;
-        Ok(())
+        self.bounded(async move {
+            sqlx::query(TOUCH)
+                .bind(digest.to_hex())
+                .bind(at)
+                .execute(self.pool())
+                .await
+                .store_err()?;
+            Ok(())
+        })
+        .await
     }
 }

@@ -138,10 +138,13 @@ pub(crate) async fn append_at(
 #[async_trait]
 impl AuditLog for PgStores {
     async fn append_audit(&self, event: AuditEvent) -> StoreResult<AuditRow> {
-        let mut tx = self.begin().await?;
-        let row = append(&mut tx, event).await?;
-        tx.commit().await.store_err()?;
-        Ok(row)
+        self.bounded(async move {
+            let mut tx = self.begin().await?;
+            let row = append(&mut tx, event).await?;
+            tx.commit().await.store_err()?;
+            Ok(row)
+        })
+        .await
     }
 
     async fn audit_rows(
@@ -150,37 +153,43 @@ impl AuditLog for PgStores {
         after: AuditPosition,
         limit: u32,
     ) -> StoreResult<Vec<AuditRow>> {
-        let rows: Vec<AuditDbRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            audit_columns!(),
-            " FROM audit_log WHERE scope = $1 AND (chain, seq) > ($2, $3) \
-             ORDER BY chain, seq LIMIT $4"
-        ))
-        .bind(scope.as_str())
-        .bind(i16::try_from(after.chain.0).map_err(|_| unstorable("audit chain"))?)
-        .bind(after.seq)
-        .bind(i64::from(limit))
-        .fetch_all(self.pool())
+        self.bounded(async move {
+            let rows: Vec<AuditDbRow> = sqlx::query_as(concat!(
+                "SELECT ",
+                audit_columns!(),
+                " FROM audit_log WHERE scope = $1 AND (chain, seq) > ($2, $3) \
+                 ORDER BY chain, seq LIMIT $4"
+            ))
+            .bind(scope.as_str())
+            .bind(i16::try_from(after.chain.0).map_err(|_| unstorable("audit chain"))?)
+            .bind(after.seq)
+            .bind(i64::from(limit))
+            .fetch_all(self.pool())
+            .await
+            .store_err()?;
+            rows.into_iter().map(AuditDbRow::into_record).collect()
+        })
         .await
-        .store_err()?;
-        rows.into_iter().map(AuditDbRow::into_record).collect()
     }
 
     async fn audit_heads(&self, scope: &Scope) -> StoreResult<Vec<AuditHead>> {
-        let heads: Vec<(i16, i64, String)> = sqlx::query_as(
-            "SELECT chain, last_seq, last_hash FROM audit_heads WHERE scope = $1 ORDER BY chain",
-        )
-        .bind(scope.as_str())
-        .fetch_all(self.pool())
+        self.bounded(async move {
+            let heads: Vec<(i16, i64, String)> = sqlx::query_as(
+                "SELECT chain, last_seq, last_hash FROM audit_heads WHERE scope = $1 ORDER BY chain",
+            )
+            .bind(scope.as_str())
+            .fetch_all(self.pool())
+            .await
+            .store_err()?;
+            heads
+                .into_iter()
+                .map(|(chain, seq, hash)| {
+                    let chain = AuditChain(u16::try_from(chain).map_err(|_| corrupt("audit chain"))?);
+                    let hash = Digest256::from_hex(&hash).map_err(|_| corrupt("audit head hash"))?;
+                    Ok(AuditHead { chain, seq, hash })
+                })
+                .collect()
+        })
         .await
-        .store_err()?;
-        heads
-            .into_iter()
-            .map(|(chain, seq, hash)| {
-                let chain = AuditChain(u16::try_from(chain).map_err(|_| corrupt("audit chain"))?);
-                let hash = Digest256::from_hex(&hash).map_err(|_| corrupt("audit head hash"))?;
-                Ok(AuditHead { chain, seq, hash })
-            })
-            .collect()
     }
 }

@@ -178,7 +178,8 @@ fn records(rows: Vec<ExecutionRow>) -> StoreResult<Vec<ExecutionRecord>> {
 #[async_trait]
 impl ExecutionStore for PgStores {
     async fn claim(&self, request: ClaimRequest) -> StoreResult<ClaimOutcome> {
-        self.claim_tx(request).await
+        self.bounded(async move { self.claim_tx(request).await })
+            .await
     }
 
     async fn mark_dispatched(
@@ -186,14 +187,17 @@ impl ExecutionStore for PgStores {
         fence: Fence,
         now: DateTime<Utc>,
     ) -> StoreResult<ExecutionRecord> {
-        self.fenced_tx(
-            fence,
-            &[ExecutionState::Prepared],
-            (ExecutionState::Dispatched, None),
-            None,
-            "dispatched",
-            now,
-        )
+        self.bounded(async move {
+            self.fenced_tx(
+                fence,
+                &[ExecutionState::Prepared],
+                (ExecutionState::Dispatched, None),
+                None,
+                "dispatched",
+                now,
+            )
+            .await
+        })
         .await
     }
 
@@ -203,7 +207,8 @@ impl ExecutionStore for PgStores {
         hold: tollgate_core::money::Money,
         now: DateTime<Utc>,
     ) -> StoreResult<ExecutionRecord> {
-        self.dispatched_with_hold_tx(fence, hold, now).await
+        self.bounded(async move { self.dispatched_with_hold_tx(fence, hold, now).await })
+            .await
     }
 
     async fn mark_not_dispatched(
@@ -212,7 +217,8 @@ impl ExecutionStore for PgStores {
         cause: NotDispatchedCause,
         now: DateTime<Utc>,
     ) -> StoreResult<ExecutionRecord> {
-        self.not_dispatched_tx(fence, cause, now).await
+        self.bounded(async move { self.not_dispatched_tx(fence, cause, now).await })
+            .await
     }
 
     async fn mark_reconciliation_required(
@@ -222,19 +228,23 @@ impl ExecutionStore for PgStores {
         provider_ref: Option<String>,
         now: DateTime<Utc>,
     ) -> StoreResult<ExecutionRecord> {
-        self.fenced_tx(
-            fence,
-            &[ExecutionState::Dispatched],
-            (ExecutionState::ReconciliationRequired, Some(reason)),
-            provider_ref,
-            "reconciliation_required",
-            now,
-        )
+        self.bounded(async move {
+            self.fenced_tx(
+                fence,
+                &[ExecutionState::Dispatched],
+                (ExecutionState::ReconciliationRequired, Some(reason)),
+                provider_ref,
+                "reconciliation_required",
+                now,
+            )
+            .await
+        })
         .await
     }
 
     async fn settle(&self, request: SettleRequest) -> StoreResult<SettleOutcome> {
-        self.settle_tx(request).await
+        self.bounded(async move { self.settle_tx(request).await })
+            .await
     }
 
     async fn take_fence(
@@ -246,8 +256,11 @@ impl ExecutionStore for PgStores {
         lease_ms: u64,
         now: DateTime<Utc>,
     ) -> StoreResult<Option<ExecutionRecord>> {
-        self.take_fence_tx(scope, key, states, require_expired, lease_ms, now)
-            .await
+        self.bounded(async move {
+            self.take_fence_tx(scope, key, states, require_expired, lease_ms, now)
+                .await
+        })
+        .await
     }
 
     async fn renew_lease(
@@ -256,7 +269,8 @@ impl ExecutionStore for PgStores {
         lease_ms: u64,
         now: DateTime<Utc>,
     ) -> StoreResult<ExecutionRecord> {
-        self.renew_lease_tx(fence, lease_ms, now).await
+        self.bounded(async move { self.renew_lease_tx(fence, lease_ms, now).await })
+            .await
     }
 
     async fn execution(
@@ -264,8 +278,11 @@ impl ExecutionStore for PgStores {
         scope: &Scope,
         key: &OperationKey,
     ) -> StoreResult<Option<ExecutionRecord>> {
-        let mut conn = self.pool().acquire().await.store_err()?;
-        locks::execution_by_key(&mut conn, scope, key).await
+        self.bounded(async move {
+            let mut conn = self.pool().acquire().await.store_err()?;
+            locks::execution_by_key(&mut conn, scope, key).await
+        })
+        .await
     }
 
     async fn execution_view(
@@ -273,8 +290,11 @@ impl ExecutionStore for PgStores {
         scope: &Scope,
         key: &OperationKey,
     ) -> StoreResult<Option<ExecutionView>> {
-        let row = view_once_more(self, scope, key, None).await?;
-        view_of_row(row, None)
+        self.bounded(async move {
+            let row = view_once_more(self, scope, key, None).await?;
+            view_of_row(row, None)
+        })
+        .await
     }
 
     async fn execution_by_id(
@@ -282,13 +302,16 @@ impl ExecutionStore for PgStores {
         scope: &Scope,
         id: ExecutionId,
     ) -> StoreResult<Option<ExecutionRecord>> {
-        let row: Option<ExecutionRow> = sqlx::query_as(BY_ID)
-            .bind(id.0)
-            .bind(scope.as_str())
-            .fetch_optional(self.pool())
-            .await
-            .store_err()?;
-        row.map(ExecutionRow::into_record).transpose()
+        self.bounded(async move {
+            let row: Option<ExecutionRow> = sqlx::query_as(BY_ID)
+                .bind(id.0)
+                .bind(scope.as_str())
+                .fetch_optional(self.pool())
+                .await
+                .store_err()?;
+            row.map(ExecutionRow::into_record).transpose()
+        })
+        .await
     }
 
     async fn expired(
@@ -297,14 +320,17 @@ impl ExecutionStore for PgStores {
         now: DateTime<Utc>,
         limit: u32,
     ) -> StoreResult<Vec<ExecutionRecord>> {
-        let rows: Vec<ExecutionRow> = sqlx::query_as(EXPIRED)
-            .bind(scope.as_str())
-            .bind(self.lease_now(now))
-            .bind(i64::from(limit))
-            .fetch_all(self.pool())
-            .await
-            .store_err()?;
-        records(rows)
+        self.bounded(async move {
+            let rows: Vec<ExecutionRow> = sqlx::query_as(EXPIRED)
+                .bind(scope.as_str())
+                .bind(self.lease_now(now))
+                .bind(i64::from(limit))
+                .fetch_all(self.pool())
+                .await
+                .store_err()?;
+            records(rows)
+        })
+        .await
     }
 
     async fn by_state(
@@ -313,13 +339,16 @@ impl ExecutionStore for PgStores {
         state: ExecutionState,
         limit: u32,
     ) -> StoreResult<Vec<ExecutionRecord>> {
-        let rows: Vec<ExecutionRow> = sqlx::query_as(BY_STATE)
-            .bind(scope.as_str())
-            .bind(state.as_str())
-            .bind(i64::from(limit))
-            .fetch_all(self.pool())
-            .await
-            .store_err()?;
-        records(rows)
+        self.bounded(async move {
+            let rows: Vec<ExecutionRow> = sqlx::query_as(BY_STATE)
+                .bind(scope.as_str())
+                .bind(state.as_str())
+                .bind(i64::from(limit))
+                .fetch_all(self.pool())
+                .await
+                .store_err()?;
+            records(rows)
+        })
+        .await
     }
 }

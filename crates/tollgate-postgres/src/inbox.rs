@@ -93,17 +93,23 @@ pub(crate) async fn insert(
 #[async_trait]
 impl UsageInbox for PgStores {
     async fn record_evidence(&self, evidence: NewEvidence) -> StoreResult<Evidence> {
-        let mut conn = self.pool().acquire().await.store_err()?;
-        insert(&mut conn, &evidence).await
+        self.bounded(async move {
+            let mut conn = self.pool().acquire().await.store_err()?;
+            insert(&mut conn, &evidence).await
+        })
+        .await
     }
 
     async fn evidence_for(&self, execution_id: ExecutionId) -> StoreResult<Vec<Evidence>> {
-        let rows: Vec<EvidenceRow> = sqlx::query_as(EVIDENCE_OF)
-            .bind(execution_id.0)
-            .fetch_all(self.pool())
-            .await
-            .store_err()?;
-        rows.into_iter().map(EvidenceRow::into_record).collect()
+        self.bounded(async move {
+            let rows: Vec<EvidenceRow> = sqlx::query_as(EVIDENCE_OF)
+                .bind(execution_id.0)
+                .fetch_all(self.pool())
+                .await
+                .store_err()?;
+            rows.into_iter().map(EvidenceRow::into_record).collect()
+        })
+        .await
     }
 
     async fn unacknowledged(
@@ -112,14 +118,17 @@ impl UsageInbox for PgStores {
         after: i64,
         limit: u32,
     ) -> StoreResult<Vec<Evidence>> {
-        let rows: Vec<EvidenceRow> = sqlx::query_as(OPEN)
-            .bind(scope.as_str())
-            .bind(after)
-            .bind(i64::from(limit))
-            .fetch_all(self.pool())
-            .await
-            .store_err()?;
-        rows.into_iter().map(EvidenceRow::into_record).collect()
+        self.bounded(async move {
+            let rows: Vec<EvidenceRow> = sqlx::query_as(OPEN)
+                .bind(scope.as_str())
+                .bind(after)
+                .bind(i64::from(limit))
+                .fetch_all(self.pool())
+                .await
+                .store_err()?;
+            rows.into_iter().map(EvidenceRow::into_record).collect()
+        })
+        .await
     }
 
     async fn acknowledge(
@@ -128,34 +137,37 @@ impl UsageInbox for PgStores {
         id: EvidenceId,
         now: DateTime<Utc>,
     ) -> StoreResult<bool> {
-        let mut tx = self.begin().await?;
-        let acknowledged: Option<EvidenceRow> = sqlx::query_as(ACKNOWLEDGE)
-            .bind(id.0)
-            .bind(scope.as_str())
-            .bind(now)
-            .fetch_optional(&mut *tx)
-            .await
-            .store_err()?;
-        let Some(acknowledged) = acknowledged else {
-            let exists: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM usage_inbox WHERE id = $1 AND scope = $2)",
-            )
-            .bind(id.0)
-            .bind(scope.as_str())
-            .fetch_one(&mut *tx)
-            .await
-            .store_err()?;
-            tx.rollback().await.store_err()?;
-            return if exists {
-                Ok(false)
-            } else {
-                Err(StoreError::NotFound(id.to_string()))
+        self.bounded(async move {
+            let mut tx = self.begin().await?;
+            let acknowledged: Option<EvidenceRow> = sqlx::query_as(ACKNOWLEDGE)
+                .bind(id.0)
+                .bind(scope.as_str())
+                .bind(now)
+                .fetch_optional(&mut *tx)
+                .await
+                .store_err()?;
+            let Some(acknowledged) = acknowledged else {
+                let exists: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM usage_inbox WHERE id = $1 AND scope = $2)",
+                )
+                .bind(id.0)
+                .bind(scope.as_str())
+                .fetch_one(&mut *tx)
+                .await
+                .store_err()?;
+                tx.rollback().await.store_err()?;
+                return if exists {
+                    Ok(false)
+                } else {
+                    Err(StoreError::NotFound(id.to_string()))
+                };
             };
-        };
-        let evidence = acknowledged.into_record()?;
-        let event = rules::evidence_acknowledged_event(scope, &evidence, now);
-        audit::append(&mut tx, event).await?;
-        tx.commit().await.store_err()?;
-        Ok(true)
+            let evidence = acknowledged.into_record()?;
+            let event = rules::evidence_acknowledged_event(scope, &evidence, now);
+            audit::append(&mut tx, event).await?;
+            tx.commit().await.store_err()?;
+            Ok(true)
+        })
+        .await
     }
 }

@@ -79,7 +79,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tollgate_store::rows::AuditChain;
-use tollgate_store::StoreError;
+use tollgate_store::{StoreError, StoreResult};
 
 /// The embedded migrations (`migrations/` at the workspace root).
 pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
@@ -516,6 +516,31 @@ impl PgStores {
         now: chrono::DateTime<chrono::Utc>,
     ) -> Option<chrono::DateTime<chrono::Utc>> {
         self.caller_lease_clock.then_some(now)
+    }
+
+    /// `work`, one store operation, given up when it has not answered within the client-side
+    /// deadline of a statement (the server's `statement_timeout` plus
+    /// [`STATEMENT_DEADLINE_SLACK_MS`]): the server ends any statement at its bound, so an
+    /// operation still unanswered past it is on a connection that stopped answering (a
+    /// half-open route, a stopped server). It fails with `Unavailable`, whose commit is as
+    /// unknown as any lost answer's (SC-206). The ledger audit is not bounded so: it reads a
+    /// scope in many statements.
+    pub(crate) async fn bounded<T>(
+        &self,
+        work: impl std::future::Future<Output = StoreResult<T>>,
+    ) -> StoreResult<T> {
+        match tokio::time::timeout(self.statement_deadline, work).await {
+            Ok(answered) => answered,
+            Err(_) => {
+                tracing::warn!(
+                    deadline_ms = self.statement_deadline.as_millis(),
+                    "a store operation was given up at its deadline"
+                );
+                Err(StoreError::Unavailable(
+                    "the database did not answer in time".into(),
+                ))
+            }
+        }
     }
 
     /// A transaction on a connection of the pool ([`begin`]).

@@ -62,12 +62,15 @@ async fn audit_erased(
 #[async_trait]
 impl ResultStore for PgStores {
     async fn result(&self, execution_id: ExecutionId) -> StoreResult<Option<ResultRecord>> {
-        let row: Option<ResultRow> = sqlx::query_as(RESULT_BY_ID)
-            .bind(execution_id.0)
-            .fetch_optional(self.pool())
-            .await
-            .store_err()?;
-        row.map(ResultRow::into_record).transpose()
+        self.bounded(async move {
+            let row: Option<ResultRow> = sqlx::query_as(RESULT_BY_ID)
+                .bind(execution_id.0)
+                .fetch_optional(self.pool())
+                .await
+                .store_err()?;
+            row.map(ResultRow::into_record).transpose()
+        })
+        .await
     }
 
     async fn erase(
@@ -76,44 +79,50 @@ impl ResultStore for PgStores {
         execution_id: ExecutionId,
         now: DateTime<Utc>,
     ) -> StoreResult<()> {
-        let mut tx = self.begin().await?;
-        let erased: Option<Uuid> = sqlx::query_scalar(ERASE)
-            .bind(execution_id.0)
-            .bind(scope.as_str())
-            .bind(now)
-            .fetch_optional(&mut *tx)
-            .await
-            .store_err()?;
-        if erased.is_none() {
-            let exists: bool = sqlx::query_scalar(EXISTS_IN_SCOPE)
+        self.bounded(async move {
+            let mut tx = self.begin().await?;
+            let erased: Option<Uuid> = sqlx::query_scalar(ERASE)
                 .bind(execution_id.0)
                 .bind(scope.as_str())
-                .fetch_one(&mut *tx)
+                .bind(now)
+                .fetch_optional(&mut *tx)
                 .await
                 .store_err()?;
-            tx.rollback().await.store_err()?;
-            return if exists {
-                Ok(())
-            } else {
-                Err(StoreError::NotFound(execution_id.to_string()))
-            };
-        }
-        audit::append(&mut tx, rules::erased_event(scope, execution_id, now)).await?;
-        tx.commit().await.store_err()?;
-        Ok(())
+            if erased.is_none() {
+                let exists: bool = sqlx::query_scalar(EXISTS_IN_SCOPE)
+                    .bind(execution_id.0)
+                    .bind(scope.as_str())
+                    .fetch_one(&mut *tx)
+                    .await
+                    .store_err()?;
+                tx.rollback().await.store_err()?;
+                return if exists {
+                    Ok(())
+                } else {
+                    Err(StoreError::NotFound(execution_id.to_string()))
+                };
+            }
+            audit::append(&mut tx, rules::erased_event(scope, execution_id, now)).await?;
+            tx.commit().await.store_err()?;
+            Ok(())
+        })
+        .await
     }
 
     async fn erase_expired(&self, now: DateTime<Utc>, limit: u32) -> StoreResult<u64> {
-        let mut tx = self.begin().await?;
-        let erased: Vec<(String, Uuid)> = sqlx::query_as(ERASE_EXPIRED)
-            .bind(now)
-            .bind(i64::from(limit))
-            .fetch_all(&mut *tx)
-            .await
-            .store_err()?;
-        let count = erased.len() as u64;
-        audit_erased(&mut tx, erased, now).await?;
-        tx.commit().await.store_err()?;
-        Ok(count)
+        self.bounded(async move {
+            let mut tx = self.begin().await?;
+            let erased: Vec<(String, Uuid)> = sqlx::query_as(ERASE_EXPIRED)
+                .bind(now)
+                .bind(i64::from(limit))
+                .fetch_all(&mut *tx)
+                .await
+                .store_err()?;
+            let count = erased.len() as u64;
+            audit_erased(&mut tx, erased, now).await?;
+            tx.commit().await.store_err()?;
+            Ok(count)
+        })
+        .await
     }
 }

@@ -193,27 +193,30 @@ async fn calls_final(
 #[async_trait]
 impl RootStore for PgStores {
     async fn open_root(&self, request: OpenRootRequest) -> StoreResult<RootOpen> {
-        let mut tx = self.begin().await?;
-        let Some(root) = insert(&mut tx, &rules::new_root(&request)).await? else {
-            // The insert waited for any concurrent opener of the key, so the row is committed.
-            let row: Option<RootRow> = sqlx::query_as(BY_KEY)
-                .bind(request.scope.as_str())
-                .bind(request.root_key.as_str())
-                .fetch_optional(&mut *tx)
-                .await
-                .store_err()?;
-            let existing =
-                record(row)?.ok_or_else(|| StoreError::Corrupt("root key without row".into()))?;
-            tx.rollback().await.store_err()?;
-            return Ok(RootOpen::Existing(existing));
-        };
-        audit::append(
-            &mut tx,
-            rules::root_event(&root, "root_opened", request.now),
-        )
-        .await?;
-        tx.commit().await.store_err()?;
-        Ok(RootOpen::Opened(root))
+        self.bounded(async move {
+            let mut tx = self.begin().await?;
+            let Some(root) = insert(&mut tx, &rules::new_root(&request)).await? else {
+                // The insert waited for any concurrent opener of the key, so the row is committed.
+                let row: Option<RootRow> = sqlx::query_as(BY_KEY)
+                    .bind(request.scope.as_str())
+                    .bind(request.root_key.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .store_err()?;
+                let existing = record(row)?
+                    .ok_or_else(|| StoreError::Corrupt("root key without row".into()))?;
+                tx.rollback().await.store_err()?;
+                return Ok(RootOpen::Existing(existing));
+            };
+            audit::append(
+                &mut tx,
+                rules::root_event(&root, "root_opened", request.now),
+            )
+            .await?;
+            tx.commit().await.store_err()?;
+            Ok(RootOpen::Opened(root))
+        })
+        .await
     }
 
     async fn reserve_slot(
@@ -222,25 +225,28 @@ impl RootStore for PgStores {
         root_key: &RootKey,
         now: DateTime<Utc>,
     ) -> StoreResult<Reservation> {
-        let mut tx = self.begin().await?;
-        let Some(root) = locks::lock_root(&mut tx, scope, root_key).await? else {
-            tx.rollback().await.store_err()?;
-            return Ok(Reservation::Missing);
-        };
-        if !rules::root_admits(&root, now) {
-            tx.rollback().await.store_err()?;
-            return Ok(Reservation::Refused(root));
-        }
-        let row: RootRow = sqlx::query_as(RESERVE)
-            .bind(root.id.0)
-            .bind(now)
-            .fetch_one(&mut *tx)
-            .await
-            .store_err()?;
-        let root = row.into_record()?;
-        audit::append(&mut tx, rules::root_event(&root, "root_slot_reserved", now)).await?;
-        tx.commit().await.store_err()?;
-        Ok(Reservation::Reserved(root))
+        self.bounded(async move {
+            let mut tx = self.begin().await?;
+            let Some(root) = locks::lock_root(&mut tx, scope, root_key).await? else {
+                tx.rollback().await.store_err()?;
+                return Ok(Reservation::Missing);
+            };
+            if !rules::root_admits(&root, now) {
+                tx.rollback().await.store_err()?;
+                return Ok(Reservation::Refused(root));
+            }
+            let row: RootRow = sqlx::query_as(RESERVE)
+                .bind(root.id.0)
+                .bind(now)
+                .fetch_one(&mut *tx)
+                .await
+                .store_err()?;
+            let root = row.into_record()?;
+            audit::append(&mut tx, rules::root_event(&root, "root_slot_reserved", now)).await?;
+            tx.commit().await.store_err()?;
+            Ok(Reservation::Reserved(root))
+        })
+        .await
     }
 
     async fn release_slot(
@@ -249,21 +255,24 @@ impl RootStore for PgStores {
         root_key: &RootKey,
         now: DateTime<Utc>,
     ) -> StoreResult<()> {
-        let mut tx = self.begin().await?;
-        let row: Option<RootRow> = sqlx::query_as(RELEASE)
-            .bind(scope.as_str())
-            .bind(root_key.as_str())
-            .bind(now)
-            .fetch_optional(&mut *tx)
-            .await
-            .store_err()?;
-        let Some(root) = record(row)? else {
-            tx.rollback().await.store_err()?;
-            return Ok(());
-        };
-        audit::append(&mut tx, rules::root_event(&root, "root_slot_released", now)).await?;
-        tx.commit().await.store_err()?;
-        Ok(())
+        self.bounded(async move {
+            let mut tx = self.begin().await?;
+            let row: Option<RootRow> = sqlx::query_as(RELEASE)
+                .bind(scope.as_str())
+                .bind(root_key.as_str())
+                .bind(now)
+                .fetch_optional(&mut *tx)
+                .await
+                .store_err()?;
+            let Some(root) = record(row)? else {
+                tx.rollback().await.store_err()?;
+                return Ok(());
+            };
+            audit::append(&mut tx, rules::root_event(&root, "root_slot_released", now)).await?;
+            tx.commit().await.store_err()?;
+            Ok(())
+        })
+        .await
     }
 
     async fn close_root(
@@ -272,31 +281,37 @@ impl RootStore for PgStores {
         root_key: &RootKey,
         now: DateTime<Utc>,
     ) -> StoreResult<Option<RootRecord>> {
-        let mut tx = self.begin().await?;
-        let Some(root) = locks::lock_root(&mut tx, scope, root_key).await? else {
-            tx.rollback().await.store_err()?;
-            return Ok(None);
-        };
-        if root.state != RootState::Active {
-            tx.rollback().await.store_err()?;
-            return Ok(Some(root));
-        }
-        let root = set_state(&mut tx, root.id, RootState::Closed, now).await?;
-        audit::append(&mut tx, rules::root_event(&root, "root_closed", now)).await?;
-        tx.commit().await.store_err()?;
-        Ok(Some(root))
+        self.bounded(async move {
+            let mut tx = self.begin().await?;
+            let Some(root) = locks::lock_root(&mut tx, scope, root_key).await? else {
+                tx.rollback().await.store_err()?;
+                return Ok(None);
+            };
+            if root.state != RootState::Active {
+                tx.rollback().await.store_err()?;
+                return Ok(Some(root));
+            }
+            let root = set_state(&mut tx, root.id, RootState::Closed, now).await?;
+            audit::append(&mut tx, rules::root_event(&root, "root_closed", now)).await?;
+            tx.commit().await.store_err()?;
+            Ok(Some(root))
+        })
+        .await
     }
 
     async fn root(&self, scope: &Scope, root_key: &RootKey) -> StoreResult<Option<RootRecord>> {
-        let mut tx = self.begin().await?;
-        let row: Option<RootRow> = sqlx::query_as(SHARE)
-            .bind(scope.as_str())
-            .bind(root_key.as_str())
-            .fetch_optional(&mut *tx)
-            .await
-            .store_err()?;
-        tx.commit().await.store_err()?;
-        record(row)
+        self.bounded(async move {
+            let mut tx = self.begin().await?;
+            let row: Option<RootRow> = sqlx::query_as(SHARE)
+                .bind(scope.as_str())
+                .bind(root_key.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .store_err()?;
+            tx.commit().await.store_err()?;
+            record(row)
+        })
+        .await
     }
 
     async fn repair_root_receipt(
@@ -305,65 +320,71 @@ impl RootStore for PgStores {
         execution_id: ExecutionId,
         now: DateTime<Utc>,
     ) -> StoreResult<Option<RootReceipt>> {
-        let mut tx = self.begin().await?;
-        let record = match crate::locks::lock_execution(&mut tx, execution_id).await {
-            Ok(r) => r,
-            Err(StoreError::NotFound(_)) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        let Some(root_key) = record
-            .root_key
-            .clone()
-            .filter(|_| &record.scope == scope && record.state == ExecutionState::Completed)
-        else {
-            return Ok(None);
-        };
-        if let Some(existing) = receipt_of(&mut tx, execution_id).await? {
-            return Ok(Some(existing));
-        }
-        let Some(settlement) = crate::settlements::of(&mut tx, execution_id).await? else {
-            return Ok(None);
-        };
-        let Some(root) = locks::lock_root(&mut tx, scope, &root_key).await? else {
-            return Ok(None);
-        };
-        rules::check_root_currency(&root, &settlement.currency)?;
-        let receipt = insert_receipt(&mut tx, &rules::root_receipt(&root, &settlement)).await?;
-        // The root's charged total is the sum of its receipts: recomputed with the repaired one
-        // under the root lock, never added to, so a charge the root already counted is not
-        // counted twice (SC-108).
-        let charged: Decimal = sqlx::query_scalar(RECEIPTS_SUM)
-            .bind(root.id.0)
-            .fetch_one(&mut *tx)
-            .await
-            .store_err()?;
-        let mut totals = root.totals();
-        totals.settled = crate::rows::money(charged, "charged")?;
-        locks::write_totals(&mut tx, root.id, totals, Some(now)).await?;
-        let repaired = RootRecord {
-            charged: totals.settled,
-            ..root
-        };
-        audit::append(
-            &mut tx,
-            rules::root_receipt_repaired_event(&repaired, &receipt, now),
-        )
-        .await?;
-        tx.commit().await.store_err()?;
-        Ok(Some(receipt))
+        self.bounded(async move {
+            let mut tx = self.begin().await?;
+            let record = match crate::locks::lock_execution(&mut tx, execution_id).await {
+                Ok(r) => r,
+                Err(StoreError::NotFound(_)) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            let Some(root_key) = record
+                .root_key
+                .clone()
+                .filter(|_| &record.scope == scope && record.state == ExecutionState::Completed)
+            else {
+                return Ok(None);
+            };
+            if let Some(existing) = receipt_of(&mut tx, execution_id).await? {
+                return Ok(Some(existing));
+            }
+            let Some(settlement) = crate::settlements::of(&mut tx, execution_id).await? else {
+                return Ok(None);
+            };
+            let Some(root) = locks::lock_root(&mut tx, scope, &root_key).await? else {
+                return Ok(None);
+            };
+            rules::check_root_currency(&root, &settlement.currency)?;
+            let receipt = insert_receipt(&mut tx, &rules::root_receipt(&root, &settlement)).await?;
+            // The root's charged total is the sum of its receipts: recomputed with the repaired one
+            // under the root lock, never added to, so a charge the root already counted is not
+            // counted twice (SC-108).
+            let charged: Decimal = sqlx::query_scalar(RECEIPTS_SUM)
+                .bind(root.id.0)
+                .fetch_one(&mut *tx)
+                .await
+                .store_err()?;
+            let mut totals = root.totals();
+            totals.settled = crate::rows::money(charged, "charged")?;
+            locks::write_totals(&mut tx, root.id, totals, Some(now)).await?;
+            let repaired = RootRecord {
+                charged: totals.settled,
+                ..root
+            };
+            audit::append(
+                &mut tx,
+                rules::root_receipt_repaired_event(&repaired, &receipt, now),
+            )
+            .await?;
+            tx.commit().await.store_err()?;
+            Ok(Some(receipt))
+        })
+        .await
     }
 
     async fn root_receipt(&self, execution_id: ExecutionId) -> StoreResult<Option<RootReceipt>> {
-        let row: Option<ReceiptRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            receipt_columns!(),
-            " FROM root_receipts WHERE execution_id = $1"
-        ))
-        .bind(execution_id.0)
-        .fetch_optional(self.pool())
+        self.bounded(async move {
+            let row: Option<ReceiptRow> = sqlx::query_as(concat!(
+                "SELECT ",
+                receipt_columns!(),
+                " FROM root_receipts WHERE execution_id = $1"
+            ))
+            .bind(execution_id.0)
+            .fetch_optional(self.pool())
+            .await
+            .store_err()?;
+            row.map(ReceiptRow::into_record).transpose()
+        })
         .await
-        .store_err()?;
-        row.map(ReceiptRow::into_record).transpose()
     }
 
     async fn root_receipts(
@@ -372,14 +393,17 @@ impl RootStore for PgStores {
         root_key: &RootKey,
         limit: u32,
     ) -> StoreResult<Vec<RootReceipt>> {
-        let rows: Vec<ReceiptRow> = sqlx::query_as(RECEIPTS)
-            .bind(scope.as_str())
-            .bind(root_key.as_str())
-            .bind(i64::from(limit))
-            .fetch_all(self.pool())
-            .await
-            .store_err()?;
-        rows.into_iter().map(ReceiptRow::into_record).collect()
+        self.bounded(async move {
+            let rows: Vec<ReceiptRow> = sqlx::query_as(RECEIPTS)
+                .bind(scope.as_str())
+                .bind(root_key.as_str())
+                .bind(i64::from(limit))
+                .fetch_all(self.pool())
+                .await
+                .store_err()?;
+            rows.into_iter().map(ReceiptRow::into_record).collect()
+        })
+        .await
     }
 
     async fn reconcile_roots(
@@ -388,42 +412,45 @@ impl RootStore for PgStores {
         now: DateTime<Utc>,
         limit: u32,
     ) -> StoreResult<Vec<RootRecord>> {
-        let waiting = [RootState::Closed.as_str(), RootState::Expired.as_str()];
-        let finals: Vec<&str> = ExecutionState::ALL
-            .iter()
-            .filter(|s| s.is_final())
-            .map(ExecutionState::as_str)
-            .collect();
-        let mut tx = self.begin().await?;
-        let rows: Vec<RootRow> = sqlx::query_as(CANDIDATES)
-            .bind(scope.as_str())
-            .bind(RootState::Active.as_str())
-            .bind(now)
-            .bind(&waiting[..])
-            .bind(&finals)
-            .bind(i64::from(limit))
-            .fetch_all(&mut *tx)
-            .await
-            .store_err()?;
-        let mut changed = Vec::new();
-        for row in rows {
-            // Decided again under the root lock, with the current calls.
-            let root = row.into_record()?;
-            let all_final = calls_final(&mut tx, &root, now).await?;
-            if let Some(next) = rules::root_next_state(&root, now, all_final) {
-                changed.push(set_state(&mut tx, root.id, next, now).await?);
+        self.bounded(async move {
+            let waiting = [RootState::Closed.as_str(), RootState::Expired.as_str()];
+            let finals: Vec<&str> = ExecutionState::ALL
+                .iter()
+                .filter(|s| s.is_final())
+                .map(ExecutionState::as_str)
+                .collect();
+            let mut tx = self.begin().await?;
+            let rows: Vec<RootRow> = sqlx::query_as(CANDIDATES)
+                .bind(scope.as_str())
+                .bind(RootState::Active.as_str())
+                .bind(now)
+                .bind(&waiting[..])
+                .bind(&finals)
+                .bind(i64::from(limit))
+                .fetch_all(&mut *tx)
+                .await
+                .store_err()?;
+            let mut changed = Vec::new();
+            for row in rows {
+                // Decided again under the root lock, with the current calls.
+                let root = row.into_record()?;
+                let all_final = calls_final(&mut tx, &root, now).await?;
+                if let Some(next) = rules::root_next_state(&root, now, all_final) {
+                    changed.push(set_state(&mut tx, root.id, next, now).await?);
+                }
             }
-        }
-        // The audit head last.
-        for root in &changed {
-            audit::append(&mut tx, rules::root_event(root, "root_reconciled", now)).await?;
-        }
-        if changed.is_empty() {
-            tx.rollback().await.store_err()?;
-        } else {
-            tx.commit().await.store_err()?;
-        }
-        Ok(changed)
+            // The audit head last.
+            for root in &changed {
+                audit::append(&mut tx, rules::root_event(root, "root_reconciled", now)).await?;
+            }
+            if changed.is_empty() {
+                tx.rollback().await.store_err()?;
+            } else {
+                tx.commit().await.store_err()?;
+            }
+            Ok(changed)
+        })
+        .await
     }
 }
 

@@ -90,12 +90,15 @@ pub(crate) async fn insert(
 #[async_trait]
 impl SettlementStore for PgStores {
     async fn settlement(&self, execution_id: ExecutionId) -> StoreResult<Option<SettlementRecord>> {
-        let row: Option<SettlementRow> = sqlx::query_as(SETTLEMENT_BY_EXECUTION)
-            .bind(execution_id.0)
-            .fetch_optional(self.pool())
-            .await
-            .store_err()?;
-        row.map(SettlementRow::into_record).transpose()
+        self.bounded(async move {
+            let row: Option<SettlementRow> = sqlx::query_as(SETTLEMENT_BY_EXECUTION)
+                .bind(execution_id.0)
+                .fetch_optional(self.pool())
+                .await
+                .store_err()?;
+            row.map(SettlementRow::into_record).transpose()
+        })
+        .await
     }
 
     async fn settlements(
@@ -104,18 +107,21 @@ impl SettlementStore for PgStores {
         to: NaiveDate,
         limit: u32,
     ) -> StoreResult<Vec<SettlementRecord>> {
-        let rows: Vec<SettlementRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            settlement_columns!(),
-            " FROM cost_settlements WHERE accounting_day BETWEEN $1 AND $2 ORDER BY seq LIMIT $3"
-        ))
-        .bind(from)
-        .bind(to)
-        .bind(i64::from(limit))
-        .fetch_all(self.pool())
+        self.bounded(async move {
+            let rows: Vec<SettlementRow> = sqlx::query_as(concat!(
+                "SELECT ",
+                settlement_columns!(),
+                " FROM cost_settlements WHERE accounting_day BETWEEN $1 AND $2 ORDER BY seq LIMIT $3"
+            ))
+            .bind(from)
+            .bind(to)
+            .bind(i64::from(limit))
+            .fetch_all(self.pool())
+            .await
+            .store_err()?;
+            rows.into_iter().map(SettlementRow::into_record).collect()
+        })
         .await
-        .store_err()?;
-        rows.into_iter().map(SettlementRow::into_record).collect()
     }
 
     async fn scope_settlements(
@@ -125,15 +131,18 @@ impl SettlementStore for PgStores {
         to: NaiveDate,
         limit: u32,
     ) -> StoreResult<Vec<SettlementRecord>> {
-        let rows: Vec<SettlementRow> = sqlx::query_as(SCOPE_SETTLEMENTS)
-            .bind(scope.as_str())
-            .bind(from)
-            .bind(to)
-            .bind(i64::from(limit))
-            .fetch_all(self.pool())
-            .await
-            .store_err()?;
-        rows.into_iter().map(SettlementRow::into_record).collect()
+        self.bounded(async move {
+            let rows: Vec<SettlementRow> = sqlx::query_as(SCOPE_SETTLEMENTS)
+                .bind(scope.as_str())
+                .bind(from)
+                .bind(to)
+                .bind(i64::from(limit))
+                .fetch_all(self.pool())
+                .await
+                .store_err()?;
+            rows.into_iter().map(SettlementRow::into_record).collect()
+        })
+        .await
     }
 
     async fn feed_position(
@@ -141,19 +150,22 @@ impl SettlementStore for PgStores {
         scope: &Scope,
         id: SettlementId,
     ) -> StoreResult<Option<FeedPosition>> {
-        let row: Option<(String, i64, i64, bool)> = sqlx::query_as(FEED_POSITION)
-            .bind(id.0)
-            .fetch_optional(self.pool())
-            .await
-            .store_err()?;
-        let Some((_, txid, seq, _)) =
-            row.filter(|(of, _, _, listed)| *listed && of == scope.as_str())
-        else {
-            return Ok(None);
-        };
-        let txid =
-            u64::try_from(txid).map_err(|_| StoreError::Corrupt(format!("feed txid {txid}")))?;
-        Ok(Some(FeedPosition { txid, seq }))
+        self.bounded(async move {
+            let row: Option<(String, i64, i64, bool)> = sqlx::query_as(FEED_POSITION)
+                .bind(id.0)
+                .fetch_optional(self.pool())
+                .await
+                .store_err()?;
+            let Some((_, txid, seq, _)) =
+                row.filter(|(of, _, _, listed)| *listed && of == scope.as_str())
+            else {
+                return Ok(None);
+            };
+            let txid = u64::try_from(txid)
+                .map_err(|_| StoreError::Corrupt(format!("feed txid {txid}")))?;
+            Ok(Some(FeedPosition { txid, seq }))
+        })
+        .await
     }
 
     async fn settlements_after(
@@ -162,19 +174,22 @@ impl SettlementStore for PgStores {
         after: FeedPosition,
         limit: u32,
     ) -> StoreResult<Vec<FeedEntry>> {
-        // A transaction id beyond i64 does not exist (xid8 grows by one per transaction).
-        let Ok(txid) = i64::try_from(after.txid) else {
-            return Ok(Vec::new());
-        };
-        let rows: Vec<FeedRow> = sqlx::query_as(FEED)
-            .bind(scope.map(Scope::as_str))
-            .bind(txid)
-            .bind(after.seq)
-            .bind(i64::from(limit))
-            .fetch_all(self.pool())
-            .await
-            .store_err()?;
-        rows.into_iter().map(FeedRow::into_entry).collect()
+        self.bounded(async move {
+            // A transaction id beyond i64 does not exist (xid8 grows by one per transaction).
+            let Ok(txid) = i64::try_from(after.txid) else {
+                return Ok(Vec::new());
+            };
+            let rows: Vec<FeedRow> = sqlx::query_as(FEED)
+                .bind(scope.map(Scope::as_str))
+                .bind(txid)
+                .bind(after.seq)
+                .bind(i64::from(limit))
+                .fetch_all(self.pool())
+                .await
+                .store_err()?;
+            rows.into_iter().map(FeedRow::into_entry).collect()
+        })
+        .await
     }
 }
 

@@ -126,18 +126,21 @@ impl SpendStore for PgStores {
         session: &SessionId,
         currency: &Currency,
     ) -> StoreResult<SpendTotals> {
-        let row: Option<SpendRow> = sqlx::query_as(
-            "SELECT settled, held FROM spend_sessions \
-             WHERE scope = $1 AND consumer = $2 AND session_id = $3 AND currency = $4",
-        )
-        .bind(scope.as_str())
-        .bind(consumer.as_str())
-        .bind(session.as_str())
-        .bind(currency.as_str())
-        .fetch_optional(self.pool())
+        self.bounded(async move {
+            let row: Option<SpendRow> = sqlx::query_as(
+                "SELECT settled, held FROM spend_sessions \
+                 WHERE scope = $1 AND consumer = $2 AND session_id = $3 AND currency = $4",
+            )
+            .bind(scope.as_str())
+            .bind(consumer.as_str())
+            .bind(session.as_str())
+            .bind(currency.as_str())
+            .fetch_optional(self.pool())
+            .await
+            .store_err()?;
+            row.map_or(Ok(SpendTotals::default()), SpendRow::into_totals)
+        })
         .await
-        .store_err()?;
-        row.map_or(Ok(SpendTotals::default()), SpendRow::into_totals)
     }
 
     async fn daily_spend(
@@ -147,18 +150,21 @@ impl SpendStore for PgStores {
         day: NaiveDate,
         currency: &Currency,
     ) -> StoreResult<SpendTotals> {
-        let row: Option<SpendRow> = sqlx::query_as(
-            "SELECT settled, held FROM spend_days \
-             WHERE scope = $1 AND consumer = $2 AND day = $3 AND currency = $4",
-        )
-        .bind(scope.as_str())
-        .bind(consumer.as_str())
-        .bind(day)
-        .bind(currency.as_str())
-        .fetch_optional(self.pool())
+        self.bounded(async move {
+            let row: Option<SpendRow> = sqlx::query_as(
+                "SELECT settled, held FROM spend_days \
+                 WHERE scope = $1 AND consumer = $2 AND day = $3 AND currency = $4",
+            )
+            .bind(scope.as_str())
+            .bind(consumer.as_str())
+            .bind(day)
+            .bind(currency.as_str())
+            .fetch_optional(self.pool())
+            .await
+            .store_err()?;
+            row.map_or(Ok(SpendTotals::default()), SpendRow::into_totals)
+        })
         .await
-        .store_err()?;
-        row.map_or(Ok(SpendTotals::default()), SpendRow::into_totals)
     }
 }
 

@@ -78,16 +78,19 @@ LIMIT $2";
 #[async_trait]
 impl WorkScan for PgStores {
     async fn scopes_with_work(&self, after: Option<&Scope>, limit: u32) -> StoreResult<Vec<Scope>> {
-        // Scopes are never empty, so `''` is before every one of them.
-        let names: Vec<String> = sqlx::query_scalar(SCOPES_WITH_WORK)
-            .bind(after.map_or("", Scope::as_str))
-            .bind(i64::from(limit))
-            .fetch_all(self.pool())
-            .await
-            .store_err()?;
-        names
-            .into_iter()
-            .map(|name| Scope::from_stored(name).map_err(|_| corrupt("scope")))
-            .collect()
+        self.bounded(async move {
+            // Scopes are never empty, so `''` is before every one of them.
+            let names: Vec<String> = sqlx::query_scalar(SCOPES_WITH_WORK)
+                .bind(after.map_or("", Scope::as_str))
+                .bind(i64::from(limit))
+                .fetch_all(self.pool())
+                .await
+                .store_err()?;
+            names
+                .into_iter()
+                .map(|name| Scope::from_stored(name).map_err(|_| corrupt("scope")))
+                .collect()
+        })
+        .await
     }
 }

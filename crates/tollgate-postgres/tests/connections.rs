@@ -122,3 +122,47 @@ async fn sc_206_connections_carry_the_server_s_tcp_keepalive() {
     .map(|n| n.to_string());
     assert_eq!(shown, expected);
 }
+
+/// Sends `signal` (`STOP`, `CONT`) to the database backend `pid`.
+fn signal(pid: i32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// A store operation on a connection that stopped answering (its backend stopped: no answer,
+/// no error, as behind a route that forwards nothing) fails `Unavailable` within the client-side
+/// deadline of a statement, instead of waiting for the kernel to give the connection up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_206_an_operation_on_a_connection_that_stopped_answering_fails_within_its_deadline() {
+    let (database, _) = fresh().await;
+    let timeouts = tollgate_postgres::SessionTimeouts {
+        statement_timeout_ms: 1_000,
+        lock_timeout_ms: 500,
+        idle_in_transaction_timeout_ms: 5_000,
+    };
+    // One connection: no lane, every statement on the pool's one connection.
+    let s = PgStores::connect_with(database.url(), 1, timeouts)
+        .await
+        .unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    signal(pid, "STOP");
+    let started = std::time::Instant::now();
+    let mut request = claim_req("a", "k1", text_config(), "0.01");
+    request.dispatch = true;
+    let answered = tokio::time::timeout(std::time::Duration::from_secs(20), s.claim(request)).await;
+    let waited = started.elapsed();
+    signal(pid, "CONT");
+    let answered = answered.expect("the store operation hung past its deadline");
+    assert!(
+        matches!(answered, Err(tollgate_store::StoreError::Unavailable(_))),
+        "{answered:?}"
+    );
+    // The deadline: the server's statement_timeout (1 s) plus the client's slack (2 s).
+    assert!(waited < std::time::Duration::from_secs(6), "{waited:?}");
+}
