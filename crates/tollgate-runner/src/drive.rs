@@ -91,8 +91,10 @@ pub(crate) async fn drive(
     loop {
         match tokio::time::timeout_at(deadline, stream.next()).await {
             Ok(Some(event)) => {
-                if let ProviderEvent::TextDelta { text } = &event {
-                    forward.text(text);
+                match &event {
+                    ProviderEvent::TextDelta { text } => forward.text(text),
+                    ProviderEvent::Usage { usage, .. } => forward.usage(*usage),
+                    _ => {}
                 }
                 if collector.push(event) == tollgate_core::collector::Flow::Stop {
                     break;

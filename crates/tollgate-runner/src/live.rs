@@ -19,6 +19,9 @@ pub enum Live {
     Sent(ExecutionId),
     /// Text, as the provider sent it.
     Text(String),
+    /// Usage the provider reported (a stream may report its input counts at its start, as
+    /// Anthropic's does, and its totals at its end).
+    Usage(tollgate_core::usage::Usage),
 }
 
 /// Where a live call's events go.
@@ -63,6 +66,15 @@ impl Forward {
             return;
         }
         self.left_chars -= units;
+    }
+
+    /// Hands the usage the provider reported to the caller.
+    pub(crate) fn usage(&mut self, usage: tollgate_core::usage::Usage) {
+        if let Some(sink) = &self.sink {
+            if sink.send(Live::Usage(usage)).is_err() {
+                self.sink = None;
+            }
+        }
     }
 
     /// The provider's stream is read: the caller's reader ends.

@@ -132,6 +132,10 @@ async fn sc_213_text_reaches_the_caller_before_the_provider_sends_the_rest() {
     );
     release.notify_one();
     assert_eq!(deltas.recv().await, Some(Live::Text("second".into())));
+    let Some(Live::Usage(usage)) = deltas.recv().await else {
+        panic!("the provider's usage reaches the reader");
+    };
+    assert_eq!((usage.input, usage.output), (10, 5));
     assert_eq!(
         deltas.recv().await,
         None,

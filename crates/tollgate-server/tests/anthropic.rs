@@ -916,3 +916,168 @@ async fn sc_212_the_official_anthropic_node_sdk_is_a_working_client_on_postgres(
     )
     .await;
 }
+
+/// An Anthropic-protocol provider that reports its input counts, sends its first delta, then
+/// holds its stream open until `release`.
+struct HeldAnthropic {
+    base: String,
+    release: std::sync::Arc<tokio::sync::Notify>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl HeldAnthropic {
+    async fn start() -> Self {
+        use futures::StreamExt;
+        let release = std::sync::Arc::new(tokio::sync::Notify::new());
+        let held = release.clone();
+        let app = axum::Router::new().route(
+            "/v1/messages",
+            axum::routing::post(move || {
+                let held = held.clone();
+                async move {
+                    let event =
+                        |name: &str, data: Value| format!("event: {name}\ndata: {data}\n\n");
+                    let first = [
+                        event(
+                            "message_start",
+                            json!({"type": "message_start", "message": {
+                            "id": "msg_up", "type": "message", "role": "assistant", "content": [],
+                            "model": "claude-held", "stop_reason": null, "stop_sequence": null,
+                            "usage": {"input_tokens": 12, "output_tokens": 1}}}),
+                        ),
+                        event(
+                            "content_block_start",
+                            json!({"type": "content_block_start",
+                            "index": 0, "content_block": {"type": "text", "text": ""}}),
+                        ),
+                        event(
+                            "content_block_delta",
+                            json!({"type": "content_block_delta",
+                            "index": 0, "delta": {"type": "text_delta", "text": "first "}}),
+                        ),
+                    ]
+                    .concat();
+                    let rest = [
+                        event(
+                            "content_block_delta",
+                            json!({"type": "content_block_delta",
+                            "index": 0, "delta": {"type": "text_delta", "text": "second"}}),
+                        ),
+                        event(
+                            "content_block_stop",
+                            json!({"type": "content_block_stop", "index": 0}),
+                        ),
+                        event(
+                            "message_delta",
+                            json!({"type": "message_delta",
+                            "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+                            "usage": {"output_tokens": 2}}),
+                        ),
+                        event("message_stop", json!({"type": "message_stop"})),
+                    ]
+                    .concat();
+                    let body = futures::stream::once(async move { first })
+                        .chain(futures::stream::once(async move {
+                            held.notified().await;
+                            rest
+                        }))
+                        .map(|s| Ok::<_, std::convert::Infallible>(s.into_bytes()));
+                    (
+                        [("content-type", "text/event-stream")],
+                        axum::body::Body::from_stream(body),
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Self {
+            base,
+            release,
+            _task: task,
+        }
+    }
+}
+
+/// Reads `response`'s body into `seen` until it holds `text` (or the body ends), within 5 s.
+async fn read_until(
+    response: &mut reqwest::Response,
+    seen: &mut String,
+    text: &str,
+) -> Result<(), tokio::time::error::Elapsed> {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while !seen.contains(text) {
+            match response.chunk().await.unwrap() {
+                Some(bytes) => seen.push_str(std::str::from_utf8(&bytes).unwrap()),
+                None => break,
+            }
+        }
+    })
+    .await
+}
+
+/// SC-213 on the Messages door: a provider that reports its input counts before its text
+/// streams live — `message_start` with the real input count, the first delta while the
+/// provider still holds its stream, the output count after the settlement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_213_the_messages_door_streams_live_with_the_real_input_count_first() {
+    let provider = HeldAnthropic::start().await;
+    let profiles = format!(
+        "[[providers]]\nname = \"held\"\nkind = \"anthropic\"\nbase_url = \"{}\"\n\n\
+         [[prices]]\nversion = \"prices-h\"\ncurrency = \"USD\"\n\
+         [prices.models.\"claude-held\"]\ninput = \"1.00\"\noutput = \"2.00\"\n\
+         cache_read = \"0.10\"\ncache_write = \"1.25\"\nreasoning = \"2.00\"\n\n\
+         [[profiles]]\nname = \"held\"\nkind = \"text\"\nprovider = \"held\"\n\
+         model = \"claude-held\"\npolicy_version = \"policy-1\"\nprice_version = \"prices-h\"\n\
+         consumer = \"team-h\"\nmax_tokens = 64\nmax_input_chars = 200\n",
+        provider.base
+    );
+    let s = Server::start_with(tollgate_server::Backend::memory(), &profiles).await;
+    let mut body = ask("held", "hi");
+    body["stream"] = json!(true);
+    let mut response = s
+        .http
+        .post(format!("{}/v1/messages", s.base))
+        .header("x-api-key", &s.caller)
+        .header("anthropic-version", "2023-06-01")
+        .header("idempotency-key", "msg-live-1")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["tollgate-stream"], "live");
+    let mut seen = String::new();
+    read_until(&mut response, &mut seen, "first ")
+        .await
+        .expect("the first delta did not reach the client while the provider held its stream");
+    assert!(
+        seen.contains("first ") && !seen.contains("second"),
+        "{seen}"
+    );
+    provider.release.notify_one();
+    read_until(&mut response, &mut seen, "message_stop")
+        .await
+        .expect("the stream did not end");
+    let events = events(&seen);
+    assert_eq!(events[0].0, "message_start");
+    assert_eq!(events[0].1["message"]["usage"]["input_tokens"], 12);
+    let text: String = events
+        .iter()
+        .filter(|(name, _)| name == "content_block_delta")
+        .filter_map(|(_, e)| e["delta"]["text"].as_str())
+        .collect();
+    assert_eq!(text, "first second");
+    let delta = events
+        .iter()
+        .find(|(name, _)| name == "message_delta")
+        .expect("a message_delta");
+    assert_eq!(delta.1["usage"]["output_tokens"], 2);
+    assert_eq!(delta.1["usage"]["input_tokens"], 12);
+    assert_eq!(delta.1["tollgate"]["state"], "completed");
+    assert_eq!(events.last().unwrap().0, "message_stop");
+    s.stop().await;
+}

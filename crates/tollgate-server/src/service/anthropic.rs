@@ -752,6 +752,21 @@ pub async fn create(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Answered, ApiError> {
+    create_with(app, who, headers, body, None).await
+}
+
+/// [`create`], handing a streamed text call's events to `live` as the provider sends them
+/// (SC-213); `live` ends with nothing for every other request.
+///
+/// # Errors
+/// As [`create`].
+pub async fn create_with(
+    app: &App,
+    who: &Principal,
+    headers: &HeaderMap,
+    body: &[u8],
+    live: Option<tollgate_runner::live::LiveSink>,
+) -> Result<Answered, ApiError> {
     who.require(&[KeyRole::Caller])?;
     let request: MessagesRequest = parse(body)?;
     let ident = identity(headers)?;
@@ -801,7 +816,8 @@ pub async fn create(
             intent: ident.intent,
             input: InputBody { messages },
         };
-        let result = calls::create_narrowed(app, who, body, Some(config))
+        let live = live.filter(|_| stream);
+        let result = calls::create_live(app, who, body, Some(config), live)
             .instrument(span)
             .await;
         app.metrics.observe(&result);
@@ -992,15 +1008,159 @@ pub fn sse_body(message: &MessageObject) -> String {
             &json!({"type": "content_block_stop", "index": index}),
         );
     }
+    message_end(&mut body, message);
+    body
+}
+
+/// A streamed Messages request (SC-213). The call runs in a task of its own. `message_start`
+/// carries the input counts, so the stream goes out live only when the provider reports them
+/// before its first text, as Anthropic's own stream does (`tollgate-stream: live`): then each
+/// text delta goes out as the provider sends it, and `content_block_stop`, `message_delta` (the
+/// stop reason, the whole usage, the `tollgate` extension) and `message_stop` once the
+/// settlement committed. Otherwise — a provider that reports usage only at its end, a replay, a
+/// refusal, an error before the send, a profile that is not text — the whole stream is emitted
+/// after the settlement (`tollgate-stream: governed`), its `message_start` with the real counts.
+/// A caller that hangs up drops only its stream: the call completes and settles.
+pub async fn live_response(
+    app: App,
+    who: Principal,
+    headers: HeaderMap,
+    body: Bytes,
+    model: String,
+) -> Response {
+    use futures::StreamExt;
+    use tollgate_runner::live::Live;
+    let (sink, mut events) = tollgate_runner::live::channel();
+    let task =
+        tokio::spawn(async move { create_with(&app, &who, &headers, &body, Some(sink)).await });
+    let governed = |task: tokio::task::JoinHandle<Result<Answered, ApiError>>| async move {
+        match task.await.unwrap_or(Err(ApiError::Internal)) {
+            Ok(answer) => (
+                [
+                    (header::CONTENT_TYPE, "text/event-stream"),
+                    (header::CACHE_CONTROL, "no-cache"),
+                    (
+                        axum::http::HeaderName::from_static(
+                            crate::service::openai::STREAM_MODE_HEADER,
+                        ),
+                        "governed",
+                    ),
+                ],
+                sse_body(&answer.message),
+            )
+                .into_response(),
+            Err(e) => error_response(&e),
+        }
+    };
+    let Some(Live::Sent(sent)) = events.recv().await else {
+        return governed(task).await;
+    };
+    // The input counts first, or the stream waits for the settlement.
+    let Some(Live::Usage(usage)) = events.recv().await else {
+        drop(events);
+        return governed(task).await;
+    };
+    let mut opening = String::new();
+    let start = json!({
+        "id": format!("msg_{}", sent.0.simple()), "type": "message", "role": "assistant",
+        "content": [], "model": model, "stop_reason": null, "stop_sequence": null,
+        "usage": {
+            "input_tokens": usage.input,
+            "cache_creation_input_tokens": usage.cache_write,
+            "cache_read_input_tokens": usage.cache_read,
+            "output_tokens": usage.output.saturating_add(usage.reasoning)
+        }
+    });
+    event(
+        &mut opening,
+        "message_start",
+        &json!({"type": "message_start", "message": start}),
+    );
+    event(&mut opening, "ping", &json!({"type": "ping"}));
+    event(
+        &mut opening,
+        "content_block_start",
+        &json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}}),
+    );
+    let rest = futures::stream::unfold((events, Some(task)), |(mut events, task)| async move {
+        let task = task?;
+        match events.recv().await {
+            Some(Live::Text(text)) => {
+                let mut chunk = String::new();
+                event(
+                    &mut chunk,
+                    "content_block_delta",
+                    &json!({"type": "content_block_delta", "index": 0,
+                            "delta": {"type": "text_delta", "text": text}}),
+                );
+                Some((chunk, (events, Some(task))))
+            }
+            Some(Live::Sent(_) | Live::Usage(_)) => Some((String::new(), (events, Some(task)))),
+            // The provider's stream is read: the end goes out once the settlement committed.
+            None => {
+                let mut end = String::new();
+                match task.await.unwrap_or(Err(ApiError::Internal)) {
+                    Ok(answer) => live_end(&mut end, &answer.message),
+                    Err(e) => {
+                        let own = e.clone().into_response();
+                        let status = own.status();
+                        let retry = own.headers().contains_key(header::RETRY_AFTER);
+                        let mut detail = match e.body().get("error") {
+                            Some(Value::Object(fields)) => fields.clone(),
+                            _ => Map::new(),
+                        };
+                        detail.insert("type".into(), json!(anthropic_kind(status, retry).1));
+                        event(
+                            &mut end,
+                            "error",
+                            &json!({"type": "error", "error": detail}),
+                        );
+                    }
+                }
+                Some((end, (events, None)))
+            }
+        }
+    });
+    let body = futures::stream::once(async move { opening })
+        .chain(rest)
+        .map(|text| Ok::<_, std::convert::Infallible>(Bytes::from(text)));
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+            (
+                axum::http::HeaderName::from_static(crate::service::openai::STREAM_MODE_HEADER),
+                "live",
+            ),
+        ],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
+}
+
+/// The end of a live stream: the text block closed, then `message_delta` and `message_stop` as
+/// [`sse_body`] ends a stream.
+fn live_end(body: &mut String, message: &MessageObject) {
+    event(
+        body,
+        "content_block_stop",
+        &json!({"type": "content_block_stop", "index": 0}),
+    );
+    message_end(body, message);
+}
+
+/// `message_delta` (the stop reason, the whole usage with the output count, the `tollgate`
+/// extension) and `message_stop`.
+fn message_end(body: &mut String, message: &MessageObject) {
     let mut delta = json!({
         "type": "message_delta",
         "delta": {"stop_reason": message.stop_reason, "stop_sequence": message.stop_sequence},
-        "usage": usage,
+        "usage": message.usage,
     });
     delta["tollgate"] = serde_json::to_value(&message.tollgate).unwrap_or(Value::Null);
-    event(&mut body, "message_delta", &delta);
-    event(&mut body, "message_stop", &json!({"type": "message_stop"}));
-    body
+    event(body, "message_delta", &delta);
+    event(body, "message_stop", &json!({"type": "message_stop"}));
 }
 
 // ---- errors -----------------------------------------------------------------------------------
@@ -1116,7 +1276,13 @@ pub async fn messages_route(
     let result = match (who, body) {
         (Err(e), _) => Err(e),
         (Ok(_), Err(e)) => Err(ApiError::from(e)),
-        (Ok(who), Ok(body)) => create(&app, &who, &headers, &body).await,
+        (Ok(who), Ok(body)) => match crate::service::openai::wants_stream(&body) {
+            Some(model) => {
+                let response = live_response(app, who, headers.clone(), body, model).await;
+                return with_request_id(response, &headers);
+            }
+            None => create(&app, &who, &headers, &body).await,
+        },
     };
     let response = match result {
         Ok(answer) if answer.stream => {

@@ -792,7 +792,9 @@ pub async fn live_response(
                 let chunk = live_chunk(&id, &model, created, json!({"content": text}));
                 Some((chunk, (events, Some(task), id, model)))
             }
-            Some(Live::Sent(_)) => Some((String::new(), (events, Some(task), id, model))),
+            Some(Live::Sent(_) | Live::Usage(_)) => {
+                Some((String::new(), (events, Some(task), id, model)))
+            }
             // The provider's stream is read: the end goes out once the settlement committed.
             None => {
                 let end = match task.await.unwrap_or(Err(ApiError::Internal)) {
