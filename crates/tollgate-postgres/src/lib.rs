@@ -49,6 +49,7 @@
 mod api_keys;
 mod audit;
 mod batch;
+pub mod check;
 mod claim;
 mod definitions;
 mod error;

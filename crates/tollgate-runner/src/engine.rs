@@ -26,6 +26,7 @@ use tollgate_provider::{ProviderClient, ProviderRequest};
 use tollgate_store::{
     ClaimOutcome, ClaimRequest, ExecutionRecord, ExecutionView, StoreError, Stores,
 };
+use tracing::Instrument;
 
 /// Slack the caller waits past the read bound for the drive to record its outcome.
 const FINISH_SLACK_MS: u64 = 5_000;
@@ -411,12 +412,16 @@ impl Engine {
         let report_key = key.to_string();
         let policy = Arc::clone(&self.policy);
         let ctx = self.ctx.clone();
-        let mut task = self.drives.spawn(async move {
-            // Renewing until the drive's last write, even when the caller stops waiting.
-            let retry = Retry::new(ctx.settle_retry_ms, heartbeat.lost());
-            let _heartbeat = heartbeat;
-            drive(ctx, record, request, policy, read_ms, retry, live).await
-        });
+        // In the caller's span, so the drive's events carry the request's and the call's ids.
+        let mut task = self.drives.spawn(
+            async move {
+                // Renewing until the drive's last write, even when the caller stops waiting.
+                let retry = Retry::new(ctx.settle_retry_ms, heartbeat.lost());
+                let _heartbeat = heartbeat;
+                drive(ctx, record, request, policy, read_ms, retry, live).await
+            }
+            .in_current_span(),
+        );
         let interrupted = |cause| RunError::Interrupted {
             operation_key: key.clone(),
             cause,

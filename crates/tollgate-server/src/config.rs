@@ -21,8 +21,8 @@ use tollgate_provider::Protocol;
 use tollgate_store::{KeyDigest, KeyRole};
 
 pub use crate::sections::{
-    CapsSection, ConfigError, DatabaseSection, KeySection, ModelPricesSection, PriceSection,
-    ProfileSection, ProviderSection, RunnerSection, SchedulerSection, ServerSection,
+    CapsSection, ConfigError, DatabaseSection, KeySection, LogSection, ModelPricesSection,
+    PriceSection, ProfileSection, ProviderSection, RunnerSection, SchedulerSection, ServerSection,
 };
 
 /// The file read when `--config` is not given, if it exists.
@@ -70,9 +70,13 @@ pub const KEY_CACHE_MS_MAX: u64 = 600_000;
 pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 5_000;
 /// Default database pool size.
 pub const POOL_CONNECTIONS_DEFAULT: u32 = 16;
+/// The environment variable that sets the log format of `tollgate serve`; it wins over
+/// `[log] format`.
+pub const LOG_FORMAT_ENV: &str = "TOLLGATE_LOG_FORMAT";
 
-const SECTIONS: [&str; 8] = [
+const SECTIONS: [&str; 9] = [
     "server",
+    "log",
     "database",
     "scheduler",
     "runner",
@@ -93,6 +97,9 @@ pub struct FileConfig {
     /// `[server]`.
     #[serde(default)]
     pub server: ServerSection,
+    /// `[log]`.
+    #[serde(default)]
+    pub log: LogSection,
     /// `[database]`.
     #[serde(default)]
     pub database: DatabaseSection,
@@ -235,11 +242,35 @@ fn connection_limits(
     })
 }
 
+/// How `tollgate serve` writes its log on stderr (spec/service.md — Logs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Lines for people, coloured only when stderr is a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line, with the fields of the event and of its spans.
+    Json,
+}
+
+impl LogFormat {
+    fn parse(text: &str, field: &str) -> Result<Self, ConfigError> {
+        match text {
+            "text" => Ok(Self::Text),
+            "json" => Ok(Self::Json),
+            other => Err(err(format!(
+                "{field} must be \"text\" or \"json\", not {other:?}"
+            ))),
+        }
+    }
+}
+
 /// The validated configuration. Profiles are immutable once loaded.
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Listen address.
     pub listen: SocketAddr,
+    /// The log's format (`TOLLGATE_LOG_FORMAT`, else `[log] format`).
+    pub log_format: LogFormat,
     /// A second address serving `GET /metrics` alone, without a key (`[server] metrics_listen`);
     /// `None` → no second listener.
     pub metrics_listen: Option<SocketAddr>,
@@ -329,6 +360,21 @@ impl FileConfig {
         self.database.url.as_ref()
     }
 
+    /// The log's format: `TOLLGATE_LOG_FORMAT` of `env` when set, else `[log] format`, else
+    /// text.
+    ///
+    /// # Errors
+    /// A value other than `text` or `json`, naming where it came from.
+    pub fn log_format(&self, env: &Env) -> Result<LogFormat, ConfigError> {
+        match env.get(LOG_FORMAT_ENV) {
+            Some(text) => LogFormat::parse(text, LOG_FORMAT_ENV),
+            None => match &self.log.format {
+                Some(text) => LogFormat::parse(text, "log.format"),
+                None => Ok(LogFormat::Text),
+            },
+        }
+    }
+
     /// Whether no database is configured (→ the embedded default).
     pub fn is_embedded(&self) -> bool {
         self.database.url.is_none()
@@ -340,6 +386,7 @@ impl FileConfig {
     /// # Errors
     /// The first problem, naming the section and field.
     pub fn validate(self, env: &Env) -> Result<Settings, ConfigError> {
+        let log_format = self.log_format(env)?;
         let listen_text = self.server.listen.as_deref().unwrap_or(LISTEN_DEFAULT);
         let listen: SocketAddr = listen_text
             .parse()
@@ -446,6 +493,7 @@ impl FileConfig {
         let keys = keys(&self.keys)?;
         Ok(Settings {
             listen,
+            log_format,
             metrics_listen,
             shutdown_drain_ms,
             key_cache_ms,
@@ -592,6 +640,28 @@ mod tests {
         let bad =
             FileConfig::from_toml("", &env(&[("TOLLGATE_PROFILES__0__NAME", "x")])).unwrap_err();
         assert!(bad.0.contains("TOLLGATE_PROFILES__0__NAME"), "{bad}");
+    }
+
+    #[test]
+    fn sc_214_log_format_defaults_to_text_and_the_environment_wins() {
+        let none = Env::new();
+        let json = env(&[(LOG_FORMAT_ENV, "json")]);
+        let text = env(&[(LOG_FORMAT_ENV, "text")]);
+        let settings = |file: &str, e: &Env| FileConfig::from_toml(file, e).unwrap().validate(e);
+        assert_eq!(settings("", &none).unwrap().log_format, LogFormat::Text);
+        let file = "[log]\nformat = \"json\"\n";
+        assert_eq!(settings(file, &none).unwrap().log_format, LogFormat::Json);
+        assert_eq!(settings("", &json).unwrap().log_format, LogFormat::Json);
+        assert_eq!(settings(file, &text).unwrap().log_format, LogFormat::Text);
+        let bad = settings("[log]\nformat = \"yaml\"\n", &none).unwrap_err();
+        assert!(
+            bad.0.contains("log.format") && bad.0.contains("yaml"),
+            "{bad}"
+        );
+        let bad = settings("", &env(&[(LOG_FORMAT_ENV, "JSON")])).unwrap_err();
+        assert!(bad.0.contains(LOG_FORMAT_ENV), "{bad}");
+        let bad = FileConfig::from_toml("[log]\nlevel = \"info\"\n", &none).unwrap_err();
+        assert!(bad.0.contains("level"), "{bad}");
     }
 
     #[test]

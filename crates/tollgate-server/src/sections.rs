@@ -84,6 +84,15 @@ pub struct RunnerSection {
     pub settle_retry_ms: Option<u64>,
 }
 
+/// `[log]`: how `tollgate serve` writes its log on stderr (spec/service.md — Logs).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSection {
+    /// `text` (the default) or `json` (one JSON object per line); the environment variable
+    /// `TOLLGATE_LOG_FORMAT` wins over it.
+    pub format: Option<String>,
+}
+
 /// `[[providers]]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

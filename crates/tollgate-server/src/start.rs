@@ -5,7 +5,7 @@
 use crate::app::{App, StartError};
 use crate::auth::{self, KeyStore};
 use crate::backend::Backend;
-use crate::config::{Env, FileConfig, Settings};
+use crate::config::{Env, FileConfig, LogFormat, Settings};
 use crate::embedded;
 use crate::metrics::Metrics;
 use crate::scheduler::Scheduler;
@@ -42,10 +42,31 @@ fn start_error(e: impl std::fmt::Display) -> StartError {
     StartError(e.to_string())
 }
 
-/// Writes one line to stderr (start-up notices; never content).
-fn notice(line: &str) {
+/// Writes one line to stderr (start-up notices; never content): as it is, or in the JSON log
+/// format as one object with the fields of a log event, so every line of the log is JSON.
+fn notice(format: LogFormat, line: &str) {
+    let text = match format {
+        LogFormat::Text => line.to_string(),
+        LogFormat::Json => serde_json::json!({
+            "timestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+            "level": "INFO",
+            "target": "tollgate",
+            "message": line,
+        })
+        .to_string(),
+    };
     let mut stderr = std::io::stderr().lock();
-    let _ = writeln!(stderr, "{line}");
+    let _ = writeln!(stderr, "{text}");
+}
+
+/// The log format `tollgate serve` starts with, read before the logging starts:
+/// `TOLLGATE_LOG_FORMAT`, else `[log] format` of the configuration, else text. A configuration
+/// that cannot be read or holds a bad value gives text here; [`serve`] then fails naming it.
+pub fn log_format(options: &Options) -> LogFormat {
+    FileConfig::load(options.config.as_deref(), &options.env)
+        .unwrap_or_default()
+        .log_format(&options.env)
+        .unwrap_or_default()
 }
 
 /// The usage fetchers of the configured providers, by provider name (SC-110), for
@@ -108,19 +129,24 @@ pub async fn serve(options: Options, shutdown: CancellationToken) -> Result<(), 
         KeyStore::new(&settings.keys, backend.stores()).with_cache_ms(settings.key_cache_ms),
     );
     if let Some(mock) = &mock {
-        notice(&format!(
+        notice(
+            settings.log_format,
+            &format!(
             "tollgate: embedded default — in-memory stores (lost on exit) and the built-in mock provider at {}; profiles: {}",
             mock.base_url(),
             settings.profiles.keys().cloned().collect::<Vec<_>>().join(", ")
         ));
         if !keys.has_grants() {
             let demo = embedded::demo_keys(&keys).await?;
-            notice(&format!(
-                "tollgate: scope {} — caller key {}, operator key {} (shown once)",
-                embedded::DEMO_SCOPE,
-                demo.caller.expose(),
-                demo.operator.expose()
-            ));
+            notice(
+                settings.log_format,
+                &format!(
+                    "tollgate: scope {} — caller key {}, operator key {} (shown once)",
+                    embedded::DEMO_SCOPE,
+                    demo.caller.expose(),
+                    demo.operator.expose()
+                ),
+            );
         }
     }
     let result = serve_app(&settings, backend, keys, shutdown).await;
@@ -150,19 +176,25 @@ async fn serve_app(
         ),
         None => None,
     };
-    notice(&format!(
-        "tollgate: listening on http://{addr} (stores: {})",
-        backend.name()
-    ));
+    notice(
+        settings.log_format,
+        &format!(
+            "tollgate: listening on http://{addr} (stores: {})",
+            backend.name()
+        ),
+    );
     // The metrics address stops accepting with the main listener; its notice does not say
     // "listening on", which names the main address to whoever reads these lines.
     let scrape = match metrics_listener {
         Some(listener) => {
             let at = listener.local_addr().map_err(start_error)?;
-            notice(&format!(
-                "tollgate: metrics without a key at http://{at}{}",
-                crate::scrape::METRICS_PATH
-            ));
+            notice(
+                settings.log_format,
+                &format!(
+                    "tollgate: metrics without a key at http://{at}{}",
+                    crate::scrape::METRICS_PATH
+                ),
+            );
             let run = crate::scrape::run(listener, app.clone(), shutdown.clone().cancelled_owned());
             Some(tokio::spawn(run))
         }
@@ -200,7 +232,7 @@ pub async fn scheduler(options: Options, shutdown: CancellationToken) -> Result<
     })?;
     let backend =
         Backend::Postgres(connect(url, settings.max_connections, settings.session_timeouts).await?);
-    notice("tollgate: scheduler running on postgres");
+    notice(LogFormat::Text, "tollgate: scheduler running on postgres");
     let scheduler = Scheduler::new(
         backend,
         settings.scheduler,

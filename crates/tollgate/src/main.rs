@@ -1,5 +1,6 @@
 //! The `tollgate` binary: a thin shell over the library crates.
 
+mod check;
 mod database;
 #[cfg(feature = "demo")]
 mod demo;
@@ -33,6 +34,14 @@ enum Command {
     },
     /// The scheduler alone (no HTTP); needs a database.
     Scheduler {
+        /// Configuration file (default: tollgate.toml when present).
+        #[arg(long)]
+        config: Option<std::path::PathBuf>,
+    },
+    /// Check a deployment before going live: configuration, provider keys, the database, its
+    /// migrations, the server's role, durability, standby, connections and clock; one row per
+    /// check (ok, warn or FAIL), exit 1 when any FAILs.
+    Check {
         /// Configuration file (default: tollgate.toml when present).
         #[arg(long)]
         config: Option<std::path::PathBuf>,
@@ -251,15 +260,41 @@ enum Finance {
     },
 }
 
-fn main() -> ExitCode {
-    tracing_subscriber::fmt()
+/// The log on stderr, filtered by `RUST_LOG` (default `warn`): text, coloured only when stderr
+/// is a terminal; `serve` writes one JSON object per line instead when `TOLLGATE_LOG_FORMAT` or
+/// its configuration's `[log] format` says `json` (spec/service.md — Logs).
+fn init_logging(command: &Command) {
+    use std::io::IsTerminal;
+    use tollgate_server::config::LogFormat;
+    let format = match command {
+        Command::Serve { config } => tollgate_server::start::log_format(
+            &tollgate_server::start::Options::from_process(config.clone()),
+        ),
+        _ => LogFormat::Text,
+    };
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
+        );
+    match format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        // The event's fields at the top level; the fields of its spans (the request's id, the
+        // call's scope and operation key) in `spans`, outermost first.
+        LogFormat::Json => logs
+            .json()
+            .with_ansi(false)
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(true)
+            .init(),
+    }
+}
+
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging(&cli.command);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -271,6 +306,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve { config } => serve::serve(config).await,
             Command::Scheduler { config } => serve::scheduler(config).await,
+            Command::Check { config } => check::run(config, cli.json).await,
             Command::Keys {
                 what:
                     Keys::Create {
