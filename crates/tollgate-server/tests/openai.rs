@@ -766,3 +766,46 @@ async fn sc_213_a_streamed_call_reaches_the_client_as_the_provider_sends_it() {
     assert!(replayed.contains("first second"), "{replayed}");
     assert!(replayed.contains("\"replayed\":true"), "{replayed}");
 }
+
+/// SC-213: a client that hangs up in the middle of a live stream changes nothing: the call
+/// completes, settles and stores its whole output, and a replay answers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_213_a_client_that_hangs_up_mid_stream_changes_nothing() {
+    let provider = HeldProvider::start().await;
+    let s = Server::start_with(
+        tollgate_server::Backend::memory(),
+        &held_profiles(&provider.base),
+    )
+    .await;
+    let mut body = chat("held", "hi");
+    body["stream"] = json!(true);
+    let mut response = s
+        .http
+        .post(format!("{}/v1/chat/completions", s.base))
+        .bearer_auth(&s.caller)
+        .header("idempotency-key", "live-gone")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    read_until(&mut response, &mut seen, "first ").await;
+    // The client goes away while the provider still holds its stream.
+    drop(response);
+    provider.release.notify_one();
+    let mut view = Value::Null;
+    for _ in 0..100 {
+        let (status, answer, _) = s.get("/v1/calls/live-gone", &s.caller).await;
+        if status == StatusCode::OK && answer["state"] == "completed" {
+            view = answer;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        view["state"], "completed",
+        "the call did not complete: {view}"
+    );
+    assert_eq!(view["output"]["text"], "first second");
+    assert!(view["receipt"]["amount"].is_string(), "{view}");
+}
