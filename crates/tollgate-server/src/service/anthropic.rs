@@ -21,9 +21,8 @@
 //! The HTTP handlers live here, beside the wire types they answer with; [`crate::routes`] names
 //! them and [`AnthropicApi`] documents them.
 
-use super::calls::{self, CallBody};
-use super::roots::{self, StepBody};
-use super::{parse, InputBody};
+use super::door::{self, short_digest};
+use super::parse;
 use crate::app::{App, ProfileRunner};
 use crate::auth::Principal;
 use crate::error::{ApiError, UNKNOWN_PROFILE};
@@ -34,7 +33,6 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Number, Value};
-use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 use tollgate_core::config::CallConfig;
 use tollgate_core::hold::{fitted_hold, request_input_tokens_bound};
@@ -46,7 +44,6 @@ use tollgate_core::usage::Usage;
 use tollgate_core::view::{Receipt, View, ViewState};
 use tollgate_runner::input::check_input;
 use tollgate_store::KeyRole;
-use tracing::Instrument;
 use utoipa::ToSchema;
 
 /// The paths of this door: their errors are in Anthropic's shape, and their key may come in the
@@ -713,21 +710,6 @@ fn messages(input: Vec<InputMessage>) -> Result<Vec<Message>, ApiError> {
     Ok(out)
 }
 
-/// The default input revision: a digest of the messages, so that the same key with other
-/// messages is a conflict rather than a replay of the first answer.
-fn revision_of(messages: &[Message]) -> String {
-    let text = serde_json::to_vec(messages).unwrap_or_default();
-    format!("sha256-{}", short_digest(&text))
-}
-
-fn short_digest(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .take(16)
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 // ---- the door ---------------------------------------------------------------------------------
 
 /// A request answered: the message and whether to stream it.
@@ -789,41 +771,19 @@ pub async fn create_with(
     let span = door_span(headers)?;
     let stream = request.stream.unwrap_or(false);
     let messages = messages(request.messages)?;
-    let view = if step {
-        let root = ident.root_key.ok_or_else(|| {
-            ApiError::Invalid(format!(
-                "profile {model:?} is a step profile: name its root in the Tollgate-Root header"
-            ))
-        })?;
-        let body = StepBody {
-            operation_key,
-            input: InputBody { messages },
-        };
-        let result = roots::step_checked(app, who, root, body)
-            .instrument(span)
-            .await;
-        app.metrics.observe(&result);
-        result?
-    } else {
-        let input_revision = ident
-            .input_revision
-            .unwrap_or_else(|| revision_of(&messages));
-        let body = CallBody {
-            profile: model.clone(),
-            operation_key,
-            session_id: ident.session_id,
-            input_revision,
-            intent: ident.intent,
-            input: InputBody { messages },
-        };
-        let live = live.filter(|_| stream);
-        let result = calls::create_live(app, who, body, Some(config), live)
-            .instrument(span)
-            .await;
-        app.metrics.observe(&result);
-        result?
+    let call = door::DoorCall {
+        model: model.clone(),
+        operation_key,
+        session_id: ident.session_id,
+        intent: ident.intent,
+        input_revision: ident.input_revision,
+        root_key: ident.root_key,
+        messages,
+        config,
+        step,
     };
-    let view = calls::completed_answer(view)?;
+    let live = live.filter(|_| stream);
+    let view = door::run(app, who, call, live, span).await?;
     Ok(Answered {
         message: message(&model, view),
         stream,
@@ -1442,14 +1402,6 @@ mod tests {
             assert!(!text.contains("sk-secret"), "{text}");
             assert_eq!(e.status_code(), StatusCode::BAD_REQUEST);
         }
-    }
-
-    #[test]
-    fn the_default_revision_follows_the_messages() {
-        let a = revision_of(&[Message::text(Role::User, "a")]);
-        let b = revision_of(&[Message::text(Role::User, "b")]);
-        assert_ne!(a, b);
-        assert!(a.len() <= 200);
     }
 
     async fn status_and_kind(error: &ApiError) -> (u16, Value, Option<String>) {

@@ -9,6 +9,7 @@ pub mod admin;
 pub mod anthropic;
 pub mod backlog;
 pub mod calls;
+pub(crate) mod door;
 pub mod finance;
 pub mod keys;
 pub mod openai;

@@ -13,9 +13,8 @@
 //! emitted after settlement, so that its output is governed output a post-call block may
 //! withhold.
 
-use super::calls::{self, CallBody};
-use super::roots::{self, StepBody};
-use super::{parse, InputBody};
+use super::door::{self, short_digest};
+use super::parse;
 use crate::app::{App, ProfileRunner};
 use crate::auth::Principal;
 use crate::error::{ApiError, UNKNOWN_PROFILE};
@@ -23,7 +22,6 @@ use axum::http::HeaderMap;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use tollgate_core::config::CallConfig;
 use tollgate_core::message::{Message, Part, Role};
@@ -521,21 +519,6 @@ fn messages(chat: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
     Ok(out)
 }
 
-/// The default input revision: a digest of the messages, so that the same key with other
-/// messages is a conflict rather than a replay of the first answer.
-fn revision_of(messages: &[Message]) -> String {
-    let text = serde_json::to_vec(messages).unwrap_or_default();
-    format!("sha256-{}", short_digest(&text))
-}
-
-fn short_digest(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .take(16)
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// A parsed front-door request, ready to answer.
 pub struct Answered {
     /// The completion.
@@ -590,44 +573,27 @@ pub async fn complete_with(
     let config = narrowed(&loaded.profile.config, &request)?;
     let model = request.model;
     let messages = messages(request.messages)?;
-    let view = if matches!(loaded.runner, ProfileRunner::Step(_)) {
-        if config != loaded.profile.config {
-            return Err(ApiError::Malformed(
-                "max_tokens, sampling, user and metadata: a step runs under its root's \
-                 snapshot, which the profile fixes; leave them out or send the profile's values"
-                    .into(),
-            ));
-        }
-        let root = ident.root_key.ok_or_else(|| {
-            ApiError::Invalid(format!(
-                "profile {model:?} is a step profile: name its root in the Tollgate-Root header"
-            ))
-        })?;
-        let body = StepBody {
-            operation_key: ident.operation_key,
-            input: InputBody { messages },
-        };
-        let result = roots::step_checked(app, who, root, body).await;
-        app.metrics.observe(&result);
-        result?
-    } else {
-        let input_revision = ident
-            .input_revision
-            .unwrap_or_else(|| revision_of(&messages));
-        let body = CallBody {
-            profile: model.clone(),
-            operation_key: ident.operation_key,
-            session_id: ident.session_id,
-            input_revision,
-            intent: ident.intent,
-            input: InputBody { messages },
-        };
-        let live = live.filter(|_| stream);
-        let result = calls::create_live(app, who, body, Some(config), live).await;
-        app.metrics.observe(&result);
-        result?
+    let step = matches!(loaded.runner, ProfileRunner::Step(_));
+    if step && config != loaded.profile.config {
+        return Err(ApiError::Malformed(
+            "max_tokens, sampling, user and metadata: a step runs under its root's \
+             snapshot, which the profile fixes; leave them out or send the profile's values"
+                .into(),
+        ));
+    }
+    let call = door::DoorCall {
+        model: model.clone(),
+        operation_key: ident.operation_key,
+        session_id: ident.session_id,
+        intent: ident.intent,
+        input_revision: ident.input_revision,
+        root_key: ident.root_key,
+        messages,
+        config,
+        step,
     };
-    let view = calls::completed_answer(view)?;
+    let live = live.filter(|_| stream);
+    let view = door::run(app, who, call, live, tracing::Span::current()).await?;
     Ok(Answered {
         completion: completion(&model, view),
         stream,
@@ -1014,13 +980,5 @@ mod tests {
         assert!(check_tool_choice(&text, Some(&json!("none"))).is_ok());
         assert!(check_response_format(&text, Some(&json!({"type": "text"}))).is_ok());
         assert!(check_response_format(&text, Some(&json!({"type": "json_object"}))).is_err());
-    }
-
-    #[test]
-    fn the_default_revision_follows_the_messages() {
-        let a = revision_of(&[Message::text(Role::User, "a")]);
-        let b = revision_of(&[Message::text(Role::User, "b")]);
-        assert_ne!(a, b);
-        assert!(a.len() <= 200);
     }
 }

@@ -1,0 +1,124 @@
+//! What the OpenAI-compatible door and the Anthropic Messages door share: the run of one
+//! request, once each door has read its wire format into messages, a call's identity and the
+//! profile's snapshot narrowed by the request (SC-211). Governance is the native API's: a text,
+//! JSON or structured call through `calls`, a step under its root through `roots`.
+
+use super::calls::{self, CallBody};
+use super::roots::{self, StepBody};
+use super::InputBody;
+use crate::app::App;
+use crate::auth::Principal;
+use crate::error::ApiError;
+use sha2::{Digest, Sha256};
+use tollgate_core::config::CallConfig;
+use tollgate_core::message::Message;
+use tollgate_core::view::View;
+use tracing::Instrument;
+
+/// One door request, read.
+pub(crate) struct DoorCall {
+    /// The profile the request names.
+    pub model: String,
+    /// The `Idempotency-Key`.
+    pub operation_key: String,
+    /// The session (`Tollgate-Session`, or the door's default).
+    pub session_id: String,
+    /// The intent (`Tollgate-Intent`, or the door's default).
+    pub intent: String,
+    /// `Tollgate-Input-Revision`; by default a digest of the messages ([`revision_of`]).
+    pub input_revision: Option<String>,
+    /// `Tollgate-Root`: the root a step profile's step runs under.
+    pub root_key: Option<String>,
+    /// The conversation.
+    pub messages: Vec<Message>,
+    /// The profile's snapshot narrowed by the request (a text, JSON or structured call).
+    pub config: CallConfig,
+    /// Whether the profile is a step profile.
+    pub step: bool,
+}
+
+/// Runs `call` as the native API does, handing a streamed text call's events to `live`
+/// (SC-213), and answers its view when it completed (any other state is the error a client's
+/// retry rules understand, SC-209).
+///
+/// # Errors
+/// As `calls::create_live` and `roots::step_checked`, and `calls::completed_answer`'s; a step
+/// profile without `Tollgate-Root` is `invalid_request` (422).
+pub(crate) async fn run(
+    app: &App,
+    who: &Principal,
+    call: DoorCall,
+    live: Option<tollgate_runner::live::LiveSink>,
+    span: tracing::Span,
+) -> Result<View, ApiError> {
+    let DoorCall {
+        model,
+        operation_key,
+        session_id,
+        intent,
+        input_revision,
+        root_key,
+        messages,
+        config,
+        step,
+    } = call;
+    let result = if step {
+        let root = root_key.ok_or_else(|| {
+            ApiError::Invalid(format!(
+                "profile {model:?} is a step profile: name its root in the Tollgate-Root header"
+            ))
+        })?;
+        let body = StepBody {
+            operation_key,
+            input: InputBody { messages },
+        };
+        roots::step_checked(app, who, root, body)
+            .instrument(span)
+            .await
+    } else {
+        let input_revision = input_revision.unwrap_or_else(|| revision_of(&messages));
+        let body = CallBody {
+            profile: model,
+            operation_key,
+            session_id,
+            input_revision,
+            intent,
+            input: InputBody { messages },
+        };
+        calls::create_live(app, who, body, Some(config), live)
+            .instrument(span)
+            .await
+    };
+    app.metrics.observe(&result);
+    calls::completed_answer(result?)
+}
+
+/// The default input revision: a digest of the messages, so that the same key with other
+/// messages is a conflict rather than a replay of the first answer.
+pub(crate) fn revision_of(messages: &[Message]) -> String {
+    let text = serde_json::to_vec(messages).unwrap_or_default();
+    format!("sha256-{}", short_digest(&text))
+}
+
+/// The first 16 bytes of the SHA-256 of `bytes`, in hex.
+pub(crate) fn short_digest(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::message::Role;
+
+    #[test]
+    fn the_default_revision_follows_the_messages() {
+        let a = revision_of(&[Message::text(Role::User, "a")]);
+        let b = revision_of(&[Message::text(Role::User, "b")]);
+        assert_ne!(a, b);
+        assert!(a.len() <= 200);
+    }
+}
