@@ -46,11 +46,13 @@ async function main() {
   const headers = (op, more = {}) => ({ headers: { "Idempotency-Key": op, "Tollgate-Session": `sdk-${run}`, ...more } });
   const hello = [{ role: "user", content: "hello from the sdk" }];
   const maxTokens = profiles[text].max_tokens;
-  // What ordinary SDK code passes narrows the profile's call: a lower max_tokens (a lower hold)
-  // and the end user (recorded with the call). Both are part of what the key is bound to.
+  // What ordinary SDK code passes narrows the profile's call: a lower max_tokens (a lower hold),
+  // a temperature the profile leaves open and the end user (recorded with the call). All are
+  // part of what the key is bound to.
   const call = {
     model: text,
     max_tokens: Math.min(32, maxTokens),
+    temperature: 0.5,
     metadata: { user_id: `sdk-user-${run}` },
     messages: hello,
   };

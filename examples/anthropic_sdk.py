@@ -51,11 +51,14 @@ def main() -> int:
     hello = [{"role": "user", "content": "hello from the sdk"}]
     max_tokens = profiles[text]["max_tokens"]
     # What ordinary SDK code passes narrows the profile's call: a lower max_tokens (a lower
-    # hold) and the end user (recorded with the call). Both are part of what the key is bound to.
+    # hold), a temperature the profile leaves open (this SDK's create() takes it as an extra
+    # body field) and the end user (recorded with the call). All are part of what the key is
+    # bound to.
     call = {
         "model": text,
         "max_tokens": min(32, max_tokens),
         "metadata": {"user_id": f"sdk-user-{run}"},
+        "extra_body": {"temperature": 0.5},
         "messages": hello,
     }
 
