@@ -654,19 +654,13 @@ pub async fn chat_completions(
     let result = match (who, body) {
         (Err(e), _) => Err(e),
         (Ok(_), Err(e)) => Err(ApiError::from(e)),
-        (Ok(who), Ok(body)) => match openai::wants_stream(&body) {
+        (Ok(who), Ok(body)) => match crate::service::door::wants_stream(&body) {
             Some(model) => return openai::live_response(app, who, headers, body, model).await,
             None => openai::complete(&app, &who, &headers, &body).await,
         },
     };
+    // A stream went to `live_response` above.
     match result {
-        Ok(answer) if answer.stream => {
-            let content_type = [
-                (header::CONTENT_TYPE, "text/event-stream"),
-                (header::CACHE_CONTROL, "no-cache"),
-            ];
-            (content_type, openai::sse_body(&answer)).into_response()
-        }
         Ok(answer) => Json(answer.completion).into_response(),
         Err(e) => openai::error_response(&e),
     }

@@ -988,27 +988,13 @@ pub async fn live_response(
     body: Bytes,
     model: String,
 ) -> Response {
-    use futures::StreamExt;
     use tollgate_runner::live::Live;
     let (sink, mut events) = tollgate_runner::live::channel();
     let task =
         tokio::spawn(async move { create_with(&app, &who, &headers, &body, Some(sink)).await });
     let governed = |task: tokio::task::JoinHandle<Result<Answered, ApiError>>| async move {
         match task.await.unwrap_or(Err(ApiError::Internal)) {
-            Ok(answer) => (
-                [
-                    (header::CONTENT_TYPE, "text/event-stream"),
-                    (header::CACHE_CONTROL, "no-cache"),
-                    (
-                        axum::http::HeaderName::from_static(
-                            crate::service::openai::STREAM_MODE_HEADER,
-                        ),
-                        "governed",
-                    ),
-                ],
-                sse_body(&answer.message),
-            )
-                .into_response(),
+            Ok(answer) => door::event_stream("governed", sse_body(&answer.message).into()),
             Err(e) => error_response(&e),
         }
     };
@@ -1043,60 +1029,25 @@ pub async fn live_response(
         &json!({"type": "content_block_start", "index": 0,
                 "content_block": {"type": "text", "text": ""}}),
     );
-    let rest = futures::stream::unfold((events, Some(task)), |(mut events, task)| async move {
-        let task = task?;
-        match events.recv().await {
-            Some(Live::Text(text)) => {
-                let mut chunk = String::new();
-                event(
-                    &mut chunk,
-                    "content_block_delta",
-                    &json!({"type": "content_block_delta", "index": 0,
-                            "delta": {"type": "text_delta", "text": text}}),
-                );
-                Some((chunk, (events, Some(task))))
-            }
-            Some(Live::Sent(_) | Live::Usage(_)) => Some((String::new(), (events, Some(task)))),
-            // The provider's stream is read: the end goes out once the settlement committed.
-            None => {
-                let mut end = String::new();
-                match task.await.unwrap_or(Err(ApiError::Internal)) {
-                    Ok(answer) => live_end(&mut end, &answer.message),
-                    Err(e) => {
-                        let own = e.clone().into_response();
-                        let status = own.status();
-                        let retry = own.headers().contains_key(header::RETRY_AFTER);
-                        let mut detail = match e.body().get("error") {
-                            Some(Value::Object(fields)) => fields.clone(),
-                            _ => Map::new(),
-                        };
-                        detail.insert("type".into(), json!(anthropic_kind(status, retry).1));
-                        event(
-                            &mut end,
-                            "error",
-                            &json!({"type": "error", "error": detail}),
-                        );
-                    }
-                }
-                Some((end, (events, None)))
-            }
+    let text = |delta: String| {
+        let mut chunk = String::new();
+        event(
+            &mut chunk,
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": delta}}),
+        );
+        chunk
+    };
+    let end = |answered: Result<Answered, ApiError>| {
+        let mut end = String::new();
+        match answered {
+            Ok(answer) => live_end(&mut end, &answer.message),
+            Err(e) => event(&mut end, "error", &error_body(&e).1),
         }
-    });
-    let body = futures::stream::once(async move { opening })
-        .chain(rest)
-        .map(|text| Ok::<_, std::convert::Infallible>(Bytes::from(text)));
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-            (
-                axum::http::HeaderName::from_static(crate::service::openai::STREAM_MODE_HEADER),
-                "live",
-            ),
-        ],
-        axum::body::Body::from_stream(body),
-    )
-        .into_response()
+        end
+    };
+    door::event_stream("live", door::live_body(opening, events, task, text, end))
 }
 
 /// The end of a live stream: the text block closed, then `message_delta` and `message_stop` as
@@ -1147,6 +1098,21 @@ fn anthropic_kind(status: StatusCode, retry_after: bool) -> (StatusCode, &'stati
     }
 }
 
+/// tollgate's own answer to `error`, and its body in Anthropic's shape: `{"type": "error",
+/// "error": {"type", "message", "code", …}}`, Anthropic's error type beside tollgate's code
+/// and extra fields.
+fn error_body(error: &ApiError) -> (Response, Value) {
+    let own = error.clone().into_response();
+    let retry_after = own.headers().contains_key(header::RETRY_AFTER);
+    let (_, kind) = anthropic_kind(own.status(), retry_after);
+    let mut detail = match error.body().get("error") {
+        Some(Value::Object(fields)) => fields.clone(),
+        _ => Map::new(),
+    };
+    detail.insert("type".into(), json!(kind));
+    (own, json!({"type": "error", "error": detail}))
+}
+
 /// `error` in Anthropic's shape, `{"type": "error", "error": {"type", "message", "code", …}}`:
 /// the status, headers (`Retry-After`, `x-should-retry` and any other) and extra fields of
 /// tollgate's own answer, with Anthropic's error type. Where tollgate's answer does not say
@@ -1155,15 +1121,9 @@ fn anthropic_kind(status: StatusCode, retry_after: bool) -> (StatusCode, &'stati
 /// retry with the same `Idempotency-Key` replays or waits, never sends twice); `false`
 /// otherwise, so a conflict or a closed root is not sent again in vain.
 pub fn error_response(error: &ApiError) -> Response {
-    let own = error.clone().into_response();
+    let (own, body) = error_body(error);
     let retry_after = own.headers().contains_key(header::RETRY_AFTER);
-    let (status, kind) = anthropic_kind(own.status(), retry_after);
-    let mut detail = match error.body().get("error") {
-        Some(Value::Object(fields)) => fields.clone(),
-        _ => Map::new(),
-    };
-    detail.insert("type".into(), json!(kind));
-    let body = json!({"type": "error", "error": detail});
+    let (status, _) = anthropic_kind(own.status(), retry_after);
     let retry = retry_after || status == StatusCode::REQUEST_TIMEOUT || status.is_server_error();
     let mut response = (status, axum::Json(body)).into_response();
     for (name, value) in own.headers() {
@@ -1210,7 +1170,7 @@ fn with_request_id(mut response: Response, headers: &HeaderMap) -> Response {
         ("Tollgate-Root" = Option<String>, Header, description = "the root of a step profile's step (required on step profiles)")
     ),
     responses(
-        (status = 200, description = "a message, or with `stream: true` Anthropic's server-sent events (message_start … message_stop) emitted after settlement", body = MessageObject),
+        (status = 200, description = "a message, or with `stream: true` Anthropic's server-sent events (message_start … message_stop): live when the provider reports its input counts before its text (`tollgate-stream: live`), else after settlement (`governed`)", body = MessageObject),
         (status = 400, description = "invalid_request (invalid_request_error): no Idempotency-Key, malformed body, a field refused by name, a value above the profile's or a field the profile fixes (system, tools, tool_choice, top_k)", body = AnthropicErrorBody),
         (status = 401, description = "unauthenticated (authentication_error)", body = AnthropicErrorBody),
         (status = 402, description = "cap_blocked (billing_error): `kind` exceeds_cap, the call's own hold exceeds what the cap allows; no retry helps", body = AnthropicErrorBody),
@@ -1236,7 +1196,7 @@ pub async fn messages_route(
     let result = match (who, body) {
         (Err(e), _) => Err(e),
         (Ok(_), Err(e)) => Err(ApiError::from(e)),
-        (Ok(who), Ok(body)) => match crate::service::openai::wants_stream(&body) {
+        (Ok(who), Ok(body)) => match door::wants_stream(&body) {
             Some(model) => {
                 let response = live_response(app, who, headers.clone(), body, model).await;
                 return with_request_id(response, &headers);
@@ -1244,14 +1204,8 @@ pub async fn messages_route(
             None => create(&app, &who, &headers, &body).await,
         },
     };
+    // A stream went to `live_response` above.
     let response = match result {
-        Ok(answer) if answer.stream => {
-            let content_type = [
-                (header::CONTENT_TYPE, "text/event-stream"),
-                (header::CACHE_CONTROL, "no-cache"),
-            ];
-            (content_type, sse_body(&answer.message)).into_response()
-        }
         Ok(answer) => axum::Json(answer.message).into_response(),
         Err(e) => error_response(&e),
     };

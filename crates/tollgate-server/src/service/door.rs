@@ -93,6 +93,80 @@ pub(crate) async fn run(
     calls::completed_answer(result?)
 }
 
+/// The `stream` and `model` of a door's request, read without the rest of it: `Some(model)` when
+/// it asks for a stream. A body that does not parse is left to the door, which names what is
+/// wrong.
+pub(crate) fn wants_stream(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Peek {
+        #[serde(default)]
+        stream: Option<bool>,
+        #[serde(default)]
+        model: Option<String>,
+    }
+    let peek: Peek = serde_json::from_slice(body).ok()?;
+    peek.stream
+        .unwrap_or(false)
+        .then(|| peek.model.unwrap_or_default())
+}
+
+/// The header that says how a stream was answered: `live` (its text as the provider sent it,
+/// its end after the settlement) or `governed` (all of it after the settlement).
+pub const STREAM_MODE_HEADER: &str = "tollgate-stream";
+
+/// A stream of server-sent events, answered in `mode` (`live` or `governed`).
+pub(crate) fn event_stream(mode: &'static str, body: axum::body::Body) -> axum::response::Response {
+    use axum::http::{header, HeaderName};
+    use axum::response::IntoResponse;
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+            (HeaderName::from_static(STREAM_MODE_HEADER), mode),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// The body of a live stream: `opening`, then each text delta as `text` writes it (the other
+/// events carry nothing for the caller), then, once the provider's stream is read and the
+/// call's task answered (after its settlement), `end` of that answer. A caller that hangs up
+/// drops only this body: the task goes on.
+pub(crate) fn live_body<A: Send + 'static>(
+    opening: String,
+    events: tollgate_runner::live::LiveDeltas,
+    task: tokio::task::JoinHandle<Result<A, ApiError>>,
+    text: impl Fn(String) -> String + Send + 'static,
+    end: impl FnOnce(Result<A, ApiError>) -> String + Send + 'static,
+) -> axum::body::Body {
+    use futures::StreamExt;
+    use tollgate_runner::live::Live;
+    let rest = futures::stream::unfold(
+        (events, text, Some((task, end))),
+        |(mut events, text, pending)| async move {
+            let (task, end) = pending?;
+            match events.recv().await {
+                Some(Live::Text(delta)) => {
+                    let chunk = text(delta);
+                    Some((chunk, (events, text, Some((task, end)))))
+                }
+                Some(Live::Sent(_) | Live::Usage(_)) => {
+                    Some((String::new(), (events, text, Some((task, end)))))
+                }
+                None => {
+                    let answered = task.await.unwrap_or(Err(ApiError::Internal));
+                    Some((end(answered), (events, text, None)))
+                }
+            }
+        },
+    );
+    let body = futures::stream::once(async move { opening })
+        .chain(rest)
+        .map(|text| Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(text)));
+    axum::body::Body::from_stream(body)
+}
+
 /// The default input revision: a digest of the messages, so that the same key with other
 /// messages is a conflict rather than a replay of the first answer.
 pub(crate) fn revision_of(messages: &[Message]) -> String {

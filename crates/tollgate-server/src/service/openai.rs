@@ -19,7 +19,6 @@ use crate::app::{App, ProfileRunner};
 use crate::auth::Principal;
 use crate::error::{ApiError, UNKNOWN_PROFILE};
 use axum::http::HeaderMap;
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -684,23 +683,6 @@ pub fn completion(model: &str, view: View) -> ChatCompletion {
     }
 }
 
-/// The `stream` and `model` of a chat request, read without the rest of it: `Some(model)` when
-/// it asks for a stream. A body that does not parse is left to [`complete`], which names what is
-/// wrong.
-pub fn wants_stream(body: &[u8]) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Peek {
-        #[serde(default)]
-        stream: Option<bool>,
-        #[serde(default)]
-        model: Option<String>,
-    }
-    let peek: Peek = serde_json::from_slice(body).ok()?;
-    peek.stream
-        .unwrap_or(false)
-        .then(|| peek.model.unwrap_or_default())
-}
-
 /// A streamed chat completion (Live streaming, SC-213). The call runs in a task of its own; the
 /// first thing it reports decides the answer. A call sent live opens the stream at once
 /// (`tollgate-stream: live`): each text delta goes out as the provider sends it, and the
@@ -715,32 +697,16 @@ pub async fn live_response(
     body: axum::body::Bytes,
     model: String,
 ) -> axum::response::Response {
-    use axum::response::IntoResponse;
     use tollgate_runner::live::Live;
     let (sink, mut events) = tollgate_runner::live::channel();
     let task =
         tokio::spawn(async move { complete_with(&app, &who, &headers, &body, Some(sink)).await });
-    let sent = match events.recv().await {
-        Some(Live::Sent(id)) => id,
+    let Some(Live::Sent(sent)) = events.recv().await else {
         // Not sent live: the answer as ever.
-        _ => {
-            let answered = task.await.unwrap_or(Err(ApiError::Internal));
-            return match answered {
-                Ok(answer) => (
-                    [
-                        (axum::http::header::CONTENT_TYPE, "text/event-stream"),
-                        (axum::http::header::CACHE_CONTROL, "no-cache"),
-                        (
-                            axum::http::HeaderName::from_static(STREAM_MODE_HEADER),
-                            "governed",
-                        ),
-                    ],
-                    sse_body(&answer),
-                )
-                    .into_response(),
-                Err(e) => error_response(&e),
-            };
-        }
+        return match task.await.unwrap_or(Err(ApiError::Internal)) {
+            Ok(answer) => door::event_stream("governed", sse_body(&answer).into()),
+            Err(e) => error_response(&e),
+        };
     };
     let id = format!("chatcmpl-{sent}");
     let created = chrono::Utc::now().timestamp();
@@ -750,47 +716,13 @@ pub async fn live_response(
         created,
         json!({"role": "assistant", "content": ""}),
     );
-    let state = (events, Some(task), id, model);
-    let rest = futures::stream::unfold(state, move |(mut events, task, id, model)| async move {
-        let task = task?;
-        match events.recv().await {
-            Some(Live::Text(text)) => {
-                let chunk = live_chunk(&id, &model, created, json!({"content": text}));
-                Some((chunk, (events, Some(task), id, model)))
-            }
-            Some(Live::Sent(_) | Live::Usage(_)) => {
-                Some((String::new(), (events, Some(task), id, model)))
-            }
-            // The provider's stream is read: the end goes out once the settlement committed.
-            None => {
-                let end = match task.await.unwrap_or(Err(ApiError::Internal)) {
-                    Ok(answer) => live_end(&answer),
-                    Err(e) => format!("{}data: [DONE]\n\n", live_error(&e)),
-                };
-                Some((end, (events, None, id, model)))
-            }
-        }
-    });
-    let body = futures::stream::once(async move { opening })
-        .chain(rest)
-        .map(|text| Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(text)));
-    (
-        [
-            (axum::http::header::CONTENT_TYPE, "text/event-stream"),
-            (axum::http::header::CACHE_CONTROL, "no-cache"),
-            (
-                axum::http::HeaderName::from_static(STREAM_MODE_HEADER),
-                "live",
-            ),
-        ],
-        axum::body::Body::from_stream(body),
-    )
-        .into_response()
+    let text = move |delta: String| live_chunk(&id, &model, created, json!({"content": delta}));
+    let end = |answered: Result<Answered, ApiError>| match answered {
+        Ok(answer) => live_end(&answer),
+        Err(e) => format!("{}data: [DONE]\n\n", live_error(&e)),
+    };
+    door::event_stream("live", door::live_body(opening, events, task, text, end))
 }
-
-/// The header that says how a stream was answered: `live` (its text as the provider sent it,
-/// its last chunk after the settlement) or `governed` (all of it after the settlement).
-pub const STREAM_MODE_HEADER: &str = "tollgate-stream";
 
 /// The opening chunk of a live stream (its role) and one text delta, as server-sent events.
 pub fn live_chunk(id: &str, model: &str, created: i64, delta: Value) -> String {
