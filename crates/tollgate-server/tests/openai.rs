@@ -8,7 +8,7 @@ mod support;
 use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use support::{Server, SECRET};
+use support::{read_until, Server, SECRET};
 
 fn chat(model: &str, text: &str) -> Value {
     json!({"model": model, "messages": [{"role": "user", "content": text}]})
@@ -687,24 +687,6 @@ fn held_profiles(base: &str) -> String {
          consumer = \"team-h\"\nmax_tokens = 64\nmax_input_chars = 200\n\
          [profiles.caps]\nsession_block = \"1.00\"\n"
     )
-}
-
-/// Reads `response`'s body until it holds `text`, or fails after five seconds.
-async fn read_until(response: &mut reqwest::Response, seen: &mut String, text: &str) {
-    let found = tokio::time::timeout(std::time::Duration::from_secs(5), async {
-        while !seen.contains(text) {
-            match response.chunk().await.unwrap() {
-                Some(bytes) => seen.push_str(std::str::from_utf8(&bytes).unwrap()),
-                None => return false,
-            }
-        }
-        true
-    })
-    .await;
-    assert!(
-        matches!(found, Ok(true)),
-        "{text:?} did not reach the client; it read {seen:?}"
-    );
 }
 
 /// SC-213: a streamed text call reaches the client as the provider sends it: the client reads

@@ -272,3 +272,21 @@ pub fn admin_url() -> String {
     std::env::var("TOLLGATE_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
+
+/// Reads `response`'s body until it holds `text`, or fails after five seconds.
+pub async fn read_until(response: &mut reqwest::Response, seen: &mut String, text: &str) {
+    let found = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while !seen.contains(text) {
+            match response.chunk().await.unwrap() {
+                Some(bytes) => seen.push_str(std::str::from_utf8(&bytes).unwrap()),
+                None => return false,
+            }
+        }
+        true
+    })
+    .await;
+    assert!(
+        matches!(found, Ok(true)),
+        "{text:?} did not reach the client; it read {seen:?}"
+    );
+}
