@@ -10,6 +10,7 @@ mod support;
 use serde_json::Value;
 use std::process::Output;
 use support::{fresh_database, run, stderr, stdout, tollgate, TempFile};
+use tollgate_testkit::pg::cluster::{Pgbouncer, PoolMode, Replicated};
 use tollgate_testkit::pg::TestDatabase;
 
 /// The provider key variable the configurations name.
@@ -125,6 +126,7 @@ async fn sc_215_a_healthy_deployment_passes_with_warnings_only() {
             "config",
             "provider_keys",
             "database",
+            "sessions",
             "migrations",
             "role",
             "durability",
@@ -210,4 +212,99 @@ async fn sc_215_synchronous_commit_off_fails_durability() {
     let output = check(&config(""), Some(&url), true);
     assert_fails_naming(&output, "durability");
     assert_eq!(status_of(&output, "role"), "ok");
+}
+
+/// Behind pgbouncer in `pool_mode = transaction` two connections share one server session:
+/// `tollgate check` fails the sessions row and `tollgate serve` refuses to start, both naming
+/// `pool_mode = session`; in `pool_mode = session` the row passes.
+#[tokio::test]
+async fn sc_217_a_pooler_per_transaction_fails_check_and_is_refused_by_serve() {
+    let db = migrated().await;
+    let per_transaction = Pgbouncer::in_front_of(db.url(), PoolMode::Transaction)
+        .await
+        .unwrap();
+    let url = per_transaction.url(db.name());
+    let output = check(&config(""), Some(&url), true);
+    assert_fails_naming(&output, "sessions");
+    assert!(
+        stdout(&output).contains("pool_mode = session"),
+        "{}",
+        stdout(&output)
+    );
+
+    let serve = run(tollgate()
+        .args(["serve", "--config"])
+        .arg(&config("").0)
+        .env(KEY_VAR, "sk-test-not-a-secret")
+        .env("DATABASE_URL", &url));
+    assert!(
+        !serve.status.success(),
+        "serve started behind a pooler per transaction"
+    );
+    assert!(
+        stderr(&serve).contains("pool_mode = session"),
+        "{}",
+        stderr(&serve)
+    );
+
+    let per_session = Pgbouncer::in_front_of(db.url(), PoolMode::Session)
+        .await
+        .unwrap();
+    let output = check(&config(""), Some(&per_session.url(db.name())), true);
+    assert_eq!(status_of(&output, "sessions"), "ok", "{}", stdout(&output));
+    assert_eq!(
+        status_of(&output, "migrations"),
+        "ok",
+        "{}",
+        stdout(&output)
+    );
+
+    // A pgbouncer that refuses the driver's startup parameter: named, with the setting.
+    let strict = Pgbouncer::in_front_of_ignoring(db.url(), PoolMode::Session, "")
+        .await
+        .unwrap();
+    let output = check(&config(""), Some(&strict.url(db.name())), true);
+    assert_fails_naming(&output, "database");
+    assert!(
+        stdout(&output).contains("ignore_startup_parameters"),
+        "{}",
+        stdout(&output)
+    );
+}
+
+/// A URL naming a primary and its synchronous standby: `tollgate check` reaches the primary
+/// (the host that accepts writes, whichever comes first in the list) and passes the standby row.
+#[tokio::test]
+async fn sc_216_check_finds_the_primary_and_its_synchronous_standby_in_a_list_of_hosts() {
+    let replicated = Replicated::start().await.unwrap();
+    replicated.create_database("tollgate_check").await.unwrap();
+    let both = replicated.url("tollgate_check");
+    let migrated = run(tollgate().arg("migrate").env("DATABASE_URL", &both));
+    assert!(migrated.status.success(), "{}", stderr(&migrated));
+    // The standby first: the check skips it and reads the primary.
+    let (hosts, rest) = both
+        .trim_start_matches("postgres://postgres@")
+        .split_once('/')
+        .unwrap();
+    let (primary, standby) = hosts.split_once(',').unwrap();
+    let standby_first = format!("postgres://postgres@{standby},{primary}/{rest}");
+    for url in [both.as_str(), standby_first.as_str()] {
+        let output = check(&config(""), Some(url), true);
+        assert_eq!(status_of(&output, "database"), "ok", "{}", stdout(&output));
+        assert_eq!(status_of(&output, "standby"), "ok", "{}", stdout(&output));
+        assert_eq!(
+            status_of(&output, "migrations"),
+            "ok",
+            "{}",
+            stdout(&output)
+        );
+    }
+    // The standby alone is no place to run.
+    let alone = check(
+        &config(""),
+        Some(&replicated.standby_url("tollgate_check")),
+        true,
+    );
+    assert_fails_naming(&alone, "database");
+    assert!(stdout(&alone).contains("standby"), "{}", stdout(&alone));
 }

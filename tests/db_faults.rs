@@ -49,6 +49,8 @@ use tollgate_store::{
     ExecutionRecord, ExecutionStore, KeyDigest, ResultStore, SettlementRecord, SettlementStore,
     StoreError,
 };
+use tollgate_testkit::pg::cluster::{Pgbouncer, PoolMode, Replicated};
+use tollgate_testkit::pg::TestDatabase;
 
 /// The scope of every key.
 const SCOPE: &str = "dbfaults";
@@ -368,6 +370,8 @@ enum Fault {
     BlackHoleResumed,
     /// The proxy forwards nothing for `BLACK_HOLE_MS`, then closes every connection.
     BlackHoleReset,
+    /// The primary's postmaster is killed with SIGKILL and its synchronous standby promoted.
+    Failover,
 }
 
 impl Fault {
@@ -378,6 +382,7 @@ impl Fault {
             Fault::Outage => format!("outage {OUTAGE_MS} ms"),
             Fault::BlackHoleResumed => format!("black hole {BLACK_HOLE_MS} ms, resumed"),
             Fault::BlackHoleReset => format!("black hole {BLACK_HOLE_MS} ms, reset"),
+            Fault::Failover => "primary killed, standby promoted".into(),
         }
     }
 }
@@ -668,12 +673,24 @@ impl Reply {
     }
 }
 
-/// One HTTP request of a client or a probe.
+/// Why a request was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A client's call (or its retry on the other server).
+    Load,
+    /// A fresh call right after a fault, until one succeeds.
+    Probe,
+    /// After the drain, the same call again, for a key whose call was acknowledged.
+    Replay,
+}
+
+/// One HTTP request of a client, a probe or a replay.
 #[derive(Debug, Clone)]
 struct Request {
     key: String,
+    profile: &'static str,
     server: usize,
-    probe: bool,
+    kind: Kind,
     /// Since the start of the load.
     began: Duration,
     took: Duration,
@@ -692,7 +709,7 @@ struct Load {
 }
 
 impl Load {
-    async fn post(&self, server: usize, key: &str, profile: &str, probe: bool) -> Reply {
+    async fn post(&self, server: usize, key: &str, profile: &'static str, kind: Kind) -> Reply {
         let began = self.started.elapsed();
         let session = format!("s-{}", key.split('-').next().unwrap_or(key));
         let body = call_body(profile, key, &session);
@@ -726,8 +743,9 @@ impl Load {
         };
         lock(&self.requests).push(Request {
             key: key.to_string(),
+            profile,
             server,
-            probe,
+            kind,
             began,
             took: self.started.elapsed() - began,
             reply: reply.clone(),
@@ -749,12 +767,12 @@ impl Load {
                 _ => PROFILES[0],
             };
             let server = (rng.next() % 2) as usize;
-            let reply = self.post(server, &key, profile, false).await;
+            let reply = self.post(server, &key, profile, Kind::Load).await;
             let uncertain = matches!(reply, Reply::Transport(_)) || reply.status() == Some(503);
             if uncertain {
                 // Pacing of the caller's retry, not a wait for anything.
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                self.post(1 - server, &key, profile, false).await;
+                self.post(1 - server, &key, profile, Kind::Load).await;
             }
         }
     }
@@ -770,7 +788,11 @@ impl Load {
         loop {
             attempt += 1;
             let key = format!("p{fault}-s{server}-a{attempt}");
-            if self.post(server, &key, "echo", true).await.succeeded() {
+            if self
+                .post(server, &key, "echo", Kind::Probe)
+                .await
+                .succeeded()
+            {
                 return Some((since.elapsed(), attempt));
             }
             if since.elapsed() > PROBE_FOR {
@@ -778,6 +800,37 @@ impl Load {
             }
             // Pacing of the probes, not a wait for anything.
             tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+impl Load {
+    /// Sends every acknowledged call once more (the same key, the same body), [`CLIENTS`] at a
+    /// time, alternating the servers: each must answer its stored outcome and send nothing.
+    async fn replay_acknowledged(self: &Arc<Self>) {
+        let mut acknowledged: Vec<(String, &'static str)> = Vec::new();
+        for r in lock(&self.requests).iter() {
+            if r.reply.succeeded() && !acknowledged.iter().any(|(k, _)| k == &r.key) {
+                acknowledged.push((r.key.clone(), r.profile));
+            }
+        }
+        let queue = Arc::new(Mutex::new(acknowledged));
+        let replayers: Vec<_> = (0..CLIENTS)
+            .map(|n| {
+                let (load, queue) = (self.clone(), queue.clone());
+                tokio::spawn(async move {
+                    let server = usize::from(n % 2 == 1);
+                    loop {
+                        let Some((key, profile)) = lock(&queue).pop() else {
+                            return;
+                        };
+                        load.post(server, &key, profile, Kind::Replay).await;
+                    }
+                })
+            })
+            .collect();
+        for replayer in replayers {
+            replayer.await.unwrap();
         }
     }
 }
@@ -870,6 +923,129 @@ async fn drain(stores: &PgStores, scope: &Scope, context: &str, servers: &[Serve
     }
 }
 
+// ---- the database -------------------------------------------------------------------------------
+
+/// Where the servers' database is, and what stands between them and it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Topology {
+    /// A fresh database of the test server, behind the test's proxy.
+    Proxied,
+    /// The same, with pgbouncer (`pool_mode = session`) between the servers and the proxy.
+    Pooled,
+    /// A primary and its synchronous standby of the test's own; the servers' URL names both
+    /// hosts, and there is no proxy.
+    Replicated,
+}
+
+/// Name of the database of a [`Topology::Replicated`] case.
+const REPLICATED_DATABASE: &str = "tollgate_failover";
+
+/// The database of a case and what the faults strike.
+struct Database {
+    /// The URL the servers get (through the proxy, pgbouncer, or both hosts).
+    servers_url: String,
+    /// The URL the test's commands (`migrate`, `audit`) and its own stores use: the database
+    /// itself, or both hosts.
+    direct_url: String,
+    /// A fresh database of the test server (not with [`Topology::Replicated`]).
+    fresh: Option<TestDatabase>,
+    proxy: Option<Proxy>,
+    pooler: Option<Pgbouncer>,
+    replicated: Option<Replicated>,
+}
+
+impl Database {
+    /// Sets up `topology` and migrates the database with the binary (`tollgate migrate`).
+    async fn start(topology: Topology, context: &str) -> Self {
+        let database = match topology {
+            Topology::Proxied | Topology::Pooled => {
+                let db = support::fresh_database().await;
+                let (before_host, upstream, after_host) = split_url(db.url());
+                let proxy = Proxy::start(&upstream).await;
+                let (servers_url, pooler) = if topology == Topology::Pooled {
+                    let pooler = Pgbouncer::start(proxy.port, PoolMode::Session)
+                        .await
+                        .unwrap_or_else(|e| panic!("{context}: pgbouncer: {e}"));
+                    (pooler.url(db.name()), Some(pooler))
+                } else {
+                    (
+                        format!("{before_host}127.0.0.1:{}{after_host}", proxy.port),
+                        None,
+                    )
+                };
+                Self {
+                    servers_url,
+                    direct_url: db.url().to_string(),
+                    fresh: Some(db),
+                    proxy: Some(proxy),
+                    pooler,
+                    replicated: None,
+                }
+            }
+            Topology::Replicated => {
+                let replicated = Replicated::start()
+                    .await
+                    .unwrap_or_else(|e| panic!("{context}: primary and standby: {e}"));
+                replicated
+                    .create_database(REPLICATED_DATABASE)
+                    .await
+                    .unwrap_or_else(|e| panic!("{context}: create database: {e}"));
+                let url = replicated.url(REPLICATED_DATABASE);
+                Self {
+                    servers_url: url.clone(),
+                    direct_url: url,
+                    fresh: None,
+                    proxy: None,
+                    pooler: None,
+                    replicated: Some(replicated),
+                }
+            }
+        };
+        let migrated = support::run(
+            tollgate()
+                .arg("migrate")
+                .env("DATABASE_URL", &database.direct_url),
+        );
+        assert!(
+            migrated.status.success(),
+            "{context}: migrate: {}",
+            support::stderr(&migrated)
+        );
+        database
+    }
+
+    /// The test's own stores, on [`Database::direct_url`] (with both hosts they follow the
+    /// failover as the servers do).
+    async fn stores(&self) -> PgStores {
+        match &self.fresh {
+            Some(db) => db.stores(4).await.unwrap(),
+            None => PgStores::connect(&self.direct_url, 4).await.unwrap(),
+        }
+    }
+
+    fn proxy(&self) -> &Proxy {
+        self.proxy
+            .as_ref()
+            .expect("a fault of the proxy in a case with a proxy")
+    }
+
+    fn proxy_counts(&self) -> ProxyCounts {
+        self.proxy.as_ref().map(Proxy::counts).unwrap_or_default()
+    }
+
+    /// Connections open now: the proxy's, or the primary's client backends.
+    async fn open(&self) -> u64 {
+        match (&self.proxy, &self.replicated) {
+            (Some(proxy), _) => proxy.open(),
+            (None, Some(replicated)) => replicated
+                .primary_connections(REPLICATED_DATABASE)
+                .await
+                .map_or(0, |n| u64::try_from(n).unwrap_or(0)),
+            (None, None) => 0,
+        }
+    }
+}
+
 // ---- the case -----------------------------------------------------------------------------------
 
 /// The figures of a case, for the table and the assertions.
@@ -879,6 +1055,15 @@ struct Figures {
     keys: usize,
     requests: usize,
     probes: usize,
+    replays: usize,
+    /// Replays that did not answer the stored success.
+    replays_failed: usize,
+    /// Calls acknowledged (answered completed and successful) before the first fault began.
+    acknowledged_before: usize,
+    /// Acknowledged calls whose execution is not completed with one settlement.
+    acknowledged_lost: usize,
+    /// Logins pgbouncer logged (with a pooler).
+    pooler_logins: Option<usize>,
     sends: u64,
     settled: usize,
     states: BTreeMap<String, usize>,
@@ -896,7 +1081,7 @@ struct Figures {
 
 /// Runs one case: a fresh database, the proxy, two servers, the load, `plan`'s faults at seeded
 /// moments, the drain, the checks; prints the figures and fails on any finding.
-async fn run_case(case: &str, mut plan: Vec<Fault>) {
+async fn run_case(case: &str, topology: Topology, mut plan: Vec<Fault>) {
     let _serial = SERIAL.lock().await;
     let test_started = Instant::now();
     let seed = seed();
@@ -909,31 +1094,22 @@ async fn run_case(case: &str, mut plan: Vec<Fault>) {
          faults in order: {names:?}"
     );
 
-    // 1. A fresh database, migrated by the binary over a direct connection.
-    let db = support::fresh_database().await;
-    let migrated = support::run(tollgate().arg("migrate").env("DATABASE_URL", db.url()));
-    assert!(
-        migrated.status.success(),
-        "{context}: migrate: {}",
-        support::stderr(&migrated)
-    );
+    // 1. The database, migrated by the binary, and what stands in front of it.
+    let database = Database::start(topology, &context).await;
 
-    // 2. The proxy in front of the database, and the mock provider, both in this process.
-    let (before_host, upstream, after_host) = split_url(db.url());
-    let proxy = Proxy::start(&upstream).await;
-    let proxied_url = format!("{before_host}127.0.0.1:{}{after_host}", proxy.port);
+    // 2. The mock provider, in this process.
     let mock = MockProvider::start(([127, 0, 0, 1], 0).into())
         .await
         .unwrap();
 
-    // 3. Two servers whose database is the proxy.
+    // 3. Two servers on it.
     let caller = generate_key().expose().to_string();
     let dir = TempDir::new("tollgate-db-faults");
     let config = dir.0.join("tollgate.toml");
     std::fs::write(
         &config,
         config_text(
-            &proxied_url,
+            &database.servers_url,
             &mock.base_url(),
             &KeyDigest::of_key(&caller).to_hex(),
         ),
@@ -969,7 +1145,7 @@ async fn run_case(case: &str, mut plan: Vec<Fault>) {
 
     // 5. The faults, each at a seeded moment, each followed by fresh calls to both servers
     //    until they succeed.
-    let stores = db.stores(4).await.unwrap();
+    let stores = database.stores().await;
     let scope = Scope::parse(SCOPE).unwrap();
     let mut struck = Vec::new();
     tokio::time::sleep(Duration::from_millis(rng.range(FIRST_FAULT_AFTER_MS))).await;
@@ -981,12 +1157,13 @@ async fn run_case(case: &str, mut plan: Vec<Fault>) {
             server.assert_alive(&context);
         }
         let in_flight = in_flight(&stores, &scope).await.len();
-        let counts_before = proxy.counts();
-        let open_before = proxy.open();
+        let counts_before = database.proxy_counts();
+        let open_before = database.open().await;
         let began = load.started.elapsed();
         let mut terminated = None;
         let open = match fault {
             Fault::Terminate => {
+                let db = database.fresh.as_ref().expect("a fresh database");
                 match tokio::time::timeout(TERMINATE_WAIT, db.terminate_backends()).await {
                     Ok(Ok(n)) => terminated = Some(n),
                     Ok(Err(e)) => panic!("{context}: terminate backends: {e}"),
@@ -996,10 +1173,21 @@ async fn run_case(case: &str, mut plan: Vec<Fault>) {
                 }
                 open_before
             }
-            Fault::Reset => proxy.reset().await,
-            Fault::Outage => proxy.outage(OUTAGE_MS).await,
-            Fault::BlackHoleResumed => proxy.black_hole(BLACK_HOLE_MS, false).await,
-            Fault::BlackHoleReset => proxy.black_hole(BLACK_HOLE_MS, true).await,
+            Fault::Reset => database.proxy().reset().await,
+            Fault::Outage => database.proxy().outage(OUTAGE_MS).await,
+            Fault::BlackHoleResumed => database.proxy().black_hole(BLACK_HOLE_MS, false).await,
+            Fault::BlackHoleReset => database.proxy().black_hole(BLACK_HOLE_MS, true).await,
+            Fault::Failover => {
+                let replicated = database.replicated.as_ref().expect("a standby");
+                replicated
+                    .kill_primary()
+                    .await
+                    .unwrap_or_else(|e| panic!("{context}: kill the primary: {e}"));
+                replicated
+                    .promote_standby()
+                    .unwrap_or_else(|e| panic!("{context}: promote the standby: {e}"));
+                open_before
+            }
         };
         let ended_at = Instant::now();
         let ended = load.started.elapsed();
@@ -1014,7 +1202,7 @@ async fn run_case(case: &str, mut plan: Vec<Fault>) {
             in_flight,
             terminated,
             open,
-            proxy: proxy.counts().since(counts_before),
+            proxy: database.proxy_counts().since(counts_before),
             first_success: [a, b],
         });
     }
@@ -1028,14 +1216,27 @@ async fn run_case(case: &str, mut plan: Vec<Fault>) {
         server.assert_alive(&format!("{context}: after the load"));
     }
 
-    // 6. The schedulers finish what is left in flight; then the checks.
+    // 6. The schedulers finish what is left in flight; every acknowledged call is sent again
+    //    (a replay); then the checks.
     let drain_time = drain(&stores, &scope, &context, &servers).await;
+    load.replay_acknowledged().await;
     let requests = lock(&load.requests).clone();
     let mut figures = Figures {
         requests: requests.len(),
-        probes: requests.iter().filter(|r| r.probe).count(),
+        probes: requests.iter().filter(|r| r.kind == Kind::Probe).count(),
+        replays: requests.iter().filter(|r| r.kind == Kind::Replay).count(),
         ..Figures::default()
     };
+    if let Some(pooler) = &database.pooler {
+        // Every connection of the servers went through pgbouncer: it logged their logins.
+        let logins = pooler.log_text().matches("login attempt").count();
+        if logins == 0 {
+            figures
+                .failures
+                .push(format!("{context}: pgbouncer logged no login"));
+        }
+        figures.pooler_logins = Some(logins);
+    }
     check(
         &context,
         &stores,
@@ -1053,7 +1254,11 @@ async fn run_case(case: &str, mut plan: Vec<Fault>) {
             "audit ledger",
         ),
     ] {
-        let output = support::run(tollgate().args(&command).env("DATABASE_URL", db.url()));
+        let output = support::run(
+            tollgate()
+                .args(&command)
+                .env("DATABASE_URL", &database.direct_url),
+        );
         let report: Value =
             serde_json::from_str(support::stdout(&output).trim()).unwrap_or(Value::Null);
         let clean = output.status.success() && (what != "audit ledger" || report["ok"] == true);
@@ -1078,7 +1283,7 @@ async fn run_case(case: &str, mut plan: Vec<Fault>) {
     mock.shutdown().await;
     let logs = format!("{}\n{}", servers[0].log_tail(), servers[1].log_tail());
     drop(servers);
-    drop(proxy);
+    drop(database);
     assert!(
         figures.failures.is_empty(),
         "{table}\n{} failure(s):\n{}\n{logs}",
@@ -1235,8 +1440,51 @@ async fn check(
         }
     }
 
+    // Every acknowledged call is completed with one settlement (after a failover: on the new
+    // primary), and its replay answered the stored success (sending nothing: counted above).
+    let first_fault = struck.first().map(|s| s.began);
+    let mut acknowledged: BTreeMap<&str, bool> = BTreeMap::new();
+    for r in requests
+        .iter()
+        .filter(|r| r.kind != Kind::Replay && r.reply.succeeded())
+    {
+        let before = first_fault.is_some_and(|at| r.began + r.took < at);
+        *acknowledged.entry(r.key.as_str()).or_default() |= before;
+    }
+    figures.acknowledged_before = acknowledged.values().filter(|b| **b).count();
+    for key in acknowledged.keys() {
+        let kept = by_key.get(key).is_some_and(|e| {
+            e.state == ExecutionState::Completed && settled.get(&e.id) == Some(&1)
+        });
+        if !kept {
+            figures.acknowledged_lost += 1;
+            failures.push(format!(
+                "{context}: key {key} was acknowledged, and is {}: {}",
+                by_key.get(key).map_or("gone".to_string(), |e| format!(
+                    "{} with {} settlement(s)",
+                    e.state,
+                    settled.get(&e.id).copied().unwrap_or(0)
+                )),
+                story(key)
+            ));
+        }
+    }
+    for r in requests.iter().filter(|r| r.kind == Kind::Replay) {
+        if !r.reply.succeeded() {
+            figures.replays_failed += 1;
+            failures.push(format!(
+                "{context}: the replay of acknowledged key {} answered {}",
+                r.key,
+                r.reply.short()
+            ));
+        }
+    }
+
     // Fresh calls right after a fault that did not succeed.
-    for r in requests.iter().filter(|r| r.probe && !r.reply.succeeded()) {
+    for r in requests
+        .iter()
+        .filter(|r| r.kind == Kind::Probe && !r.reply.succeeded())
+    {
         figures.notes.push(format!(
             "probe {} to server {} at {:.2}s ({}): {} in {} ms",
             r.key,
@@ -1371,11 +1619,23 @@ fn figures_table(
             slowest.as_millis()
         ));
     }
-    let rows: [(&str, String); 12] = [
+    let rows: [(&str, String); 15] = [
         ("calls (keys, probes included)", f.keys.to_string()),
         (
-            "HTTP requests (probes)",
-            format!("{} ({})", f.requests, f.probes),
+            "HTTP requests (probes; replays)",
+            format!("{} ({}; {})", f.requests, f.probes, f.replays),
+        ),
+        (
+            "acknowledged before the first fault",
+            f.acknowledged_before.to_string(),
+        ),
+        (
+            "acknowledged, then not completed and settled",
+            f.acknowledged_lost.to_string(),
+        ),
+        (
+            "replays not answered their stored success",
+            f.replays_failed.to_string(),
         ),
         ("sends at the mock", f.sends.to_string()),
         ("settled executions", f.settled.to_string()),
@@ -1397,10 +1657,14 @@ fn figures_table(
         ),
         ("failures", f.failures.len().to_string()),
     ];
+    let pooler = f
+        .pooler_logins
+        .map(|n| format!("\npgbouncer (pool_mode = session) logged {n} logins of the servers\n"));
     out.push_str("\n| figure | value |\n|---|---|\n");
     for (name, value) in rows {
         out.push_str(&format!("| {name} | {value} |\n"));
     }
+    out.push_str(&pooler.unwrap_or_default());
     for note in &f.notes {
         out.push_str(&format!("\n{note}"));
     }
@@ -1414,7 +1678,12 @@ fn figures_table(
 async fn sc_204_sc_202_terminations_resets_and_an_outage_lose_no_output() {
     let mut plan = vec![Fault::Terminate; 3];
     plan.extend([Fault::Reset, Fault::Reset, Fault::Outage]);
-    run_case("terminations, resets and an outage", plan).await;
+    run_case(
+        "terminations, resets and an outage",
+        Topology::Proxied,
+        plan,
+    )
+    .await;
 }
 
 /// A route that forwards nothing for a second, once resumed, once reset at its end.
@@ -1422,9 +1691,33 @@ async fn sc_204_sc_202_terminations_resets_and_an_outage_lose_no_output() {
 async fn sc_204_a_black_holed_route_loses_no_output_and_hangs_no_request() {
     run_case(
         "black hole",
+        Topology::Proxied,
         vec![Fault::BlackHoleResumed, Fault::BlackHoleReset],
     )
     .await;
+}
+
+/// The primary's postmaster killed with SIGKILL mid-load and its synchronous standby promoted:
+/// the servers, whose URL names both hosts, find the new primary without a restart; every call
+/// acknowledged before the failover is there with its settlement, no key is sent twice, the
+/// replays of acknowledged calls send nothing, and calls succeed again within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_216_a_failover_to_a_synchronous_standby_loses_no_acknowledged_call() {
+    run_case(
+        "failover to a synchronous standby",
+        Topology::Replicated,
+        vec![Fault::Failover],
+    )
+    .await;
+}
+
+/// The servers behind a real pgbouncer in `pool_mode = session`, with the terminations,
+/// resets and outage of the first case between pgbouncer and the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_217_behind_pgbouncer_in_session_mode_nothing_is_sent_or_charged_twice() {
+    let mut plan = vec![Fault::Terminate; 2];
+    plan.extend([Fault::Reset, Fault::Outage]);
+    run_case("behind pgbouncer, session mode", Topology::Pooled, plan).await;
 }
 
 #[test]

@@ -1,15 +1,16 @@
 //! The facts `tollgate check` judges (spec/storage.md — Checking a deployment, SC-215): what
 //! the database says about itself, its schema, the connecting role, its durability settings, its
-//! standbys, its connection slots and its clock. Read-only: every statement here is a `SELECT`
-//! on one connection opened with the stores' session bounds, so the settings read are the ones
-//! the server's own connections get (the role's, the database's and the URL's `options`).
+//! standbys, its connection slots, its clock, and whether a pooler in front shares server
+//! sessions. Read-only: every statement here is a `SELECT` on a connection opened as the
+//! stores open theirs (to the URL's host that accepts writes, with the stores' session bounds),
+//! so the settings read are the ones the server's own connections get.
 
 use crate::error::{db, sqlstate, DbResultExt, UNDEFINED_TABLE};
+use crate::hosts::{accepts_writes, sessions_shared, Target};
 use crate::{definitions, SessionTimeouts, MIGRATOR};
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::postgres::PgConnection;
 use sqlx::Connection;
-use std::str::FromStr;
 use std::time::Duration;
 use tollgate_store::StoreError;
 
@@ -63,6 +64,11 @@ pub struct DatabaseFacts {
     pub reserved_connections: i64,
     /// Client connections open now, other than this one.
     pub connections_in_use: i64,
+    /// Whether the server accepts writes (neither a standby nor read-only by default).
+    pub accepts_writes: bool,
+    /// Whether two open connections share one server session (a pooler per transaction in
+    /// front of the database: `hosts::sessions_shared`).
+    pub shared_sessions: bool,
     /// The host's clock just before the database's clock was read.
     pub host_before: DateTime<Utc>,
     /// `clock_timestamp()` of the database.
@@ -82,19 +88,24 @@ pub async fn database_facts(
     url: &str,
     connect_timeout: Duration,
 ) -> Result<DatabaseFacts, StoreError> {
-    let options = SessionTimeouts::default().apply(PgConnectOptions::from_str(url).store_err()?);
-    let mut conn = tokio::time::timeout(connect_timeout, PgConnection::connect_with(&options))
+    let target = Target::new(url, SessionTimeouts::default())?;
+    let mut conn = tokio::time::timeout(connect_timeout, target.find_writable())
         .await
         .map_err(|_| {
             StoreError::Unavailable(format!(
                 "no connection within {} ms",
                 connect_timeout.as_millis()
             ))
-        })?
-        .store_err()?;
+        })??;
     let facts = read(&mut conn).await;
+    let writable = accepts_writes(&mut conn).await;
+    let shared_sessions = sessions_shared(&mut conn, &target).await;
     let _ = conn.close().await;
-    facts
+    Ok(DatabaseFacts {
+        accepts_writes: writable?,
+        shared_sessions: shared_sessions?,
+        ..facts?
+    })
 }
 
 async fn read(conn: &mut PgConnection) -> Result<DatabaseFacts, StoreError> {
@@ -209,6 +220,8 @@ async fn read(conn: &mut PgConnection) -> Result<DatabaseFacts, StoreError> {
         superuser_reserved_connections,
         reserved_connections,
         connections_in_use,
+        accepts_writes: true,
+        shared_sessions: false,
         host_before,
         database_now,
         host_after,

@@ -18,9 +18,9 @@
 //! between the pool and the lane ([`split`]).
 
 use crate::error::{ends_connection, DbResultExt};
+use crate::hosts::Target;
 use crate::PING_AFTER_IDLE_MS;
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection, PgPool, Postgres};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -42,7 +42,8 @@ pub(crate) fn split(max_connections: u32) -> (u32, u32) {
 
 /// A bounded set of connections for single statements outside a transaction.
 pub(crate) struct Lane {
-    options: PgConnectOptions,
+    /// Where new connections go (the host that accepts writes) and their session settings.
+    target: Arc<Target>,
     /// Idle connections with the moment each went idle, the most recent last.
     idle: Mutex<Vec<(PgConnection, Instant)>>,
     /// One permit per connection the lane may have open (idle or in use).
@@ -60,14 +61,10 @@ impl std::fmt::Debug for Lane {
 }
 
 impl Lane {
-    /// A lane of at most `connections` connections made with `options`; none is opened yet.
-    pub(crate) fn new(
-        options: PgConnectOptions,
-        connections: u32,
-        acquire_timeout: Duration,
-    ) -> Self {
+    /// A lane of at most `connections` connections to `target`; none is opened yet.
+    pub(crate) fn new(target: Arc<Target>, connections: u32, acquire_timeout: Duration) -> Self {
         Self {
-            options,
+            target,
             idle: Mutex::new(Vec::new()),
             permits: Arc::new(Semaphore::new(
                 usize::try_from(connections).unwrap_or(usize::MAX),
@@ -127,13 +124,9 @@ impl Lane {
         }
         // A connect to a server that does not answer (a dropped route) ends at the acquire
         // timeout too, so no wait on the lane is unbounded (SC-206).
-        let conn = tokio::time::timeout(
-            self.acquire_timeout,
-            PgConnection::connect_with(&self.options),
-        )
-        .await
-        .map_err(|_| StoreError::Unavailable("database connect timed out".into()))?
-        .store_err()?;
+        let conn = tokio::time::timeout(self.acquire_timeout, self.target.connect())
+            .await
+            .map_err(|_| StoreError::Unavailable("database connect timed out".into()))??;
         Ok(self.hand_out(conn, permit))
     }
 

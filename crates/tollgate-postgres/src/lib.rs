@@ -29,7 +29,8 @@
 //! answer (`function.rs`), and the function's source (`claim.sql`, `settle.sql`) side by side.
 //! `batch/` sends the calls of either as batches; `journal.rs` holds the fenced transitions
 //! between claim and settlement; `seen_keys.rs` the keys seen with a row, which decide the
-//! claim's first statement.
+//! claim's first statement. `hosts.rs` holds the hosts of the database URL, the one that accepts writes (followed
+//! through a failover) and the settings every connection gets once it opens.
 //!
 //! # SQL functions and migrations
 //! The schema (tables, domains, indexes, grants) is made by the versioned migrations, embedded
@@ -54,6 +55,7 @@ mod claim;
 mod definitions;
 mod error;
 mod executions;
+pub mod hosts;
 mod inbox;
 mod journal;
 mod lane;
@@ -74,8 +76,7 @@ pub use definitions::{Definition, DEFINITIONS};
 use error::{db, sqlstate, DbResultExt, UNDEFINED_TABLE};
 use lane::{CallConnection, Lane};
 use sqlx::migrate::{MigrateError, Migrator};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use std::str::FromStr;
+use sqlx::postgres::{PgPool, PgPoolOptions};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::Semaphore;
@@ -167,23 +168,30 @@ impl SessionTimeouts {
         std::time::Duration::from_millis(server_ms.saturating_add(STATEMENT_DEADLINE_SLACK_MS))
     }
 
-    /// The options with the bounds as session parameters, and the server's TCP keepalive on
-    /// the connection ([`TCP_KEEPALIVES_IDLE_S`]).
-    fn apply(self, options: PgConnectOptions) -> PgConnectOptions {
-        options.options([
-            ("statement_timeout", self.statement_timeout_ms.to_string()),
-            ("lock_timeout", self.lock_timeout_ms.to_string()),
-            (
-                "idle_in_transaction_session_timeout",
-                self.idle_in_transaction_timeout_ms.to_string(),
-            ),
-            ("tcp_keepalives_idle", TCP_KEEPALIVES_IDLE_S.to_string()),
-            (
-                "tcp_keepalives_interval",
-                TCP_KEEPALIVES_INTERVAL_S.to_string(),
-            ),
-            ("tcp_keepalives_count", TCP_KEEPALIVES_COUNT.to_string()),
-        ])
+    /// The statement that gives a new connection the bounds and the server's TCP keepalive
+    /// ([`TCP_KEEPALIVES_IDLE_S`]), once, right after it opens. It is plain `SET`s in the simple
+    /// protocol, so that a pooler in session mode passes them on as they are (pgbouncer refuses
+    /// them as the startup parameter `options`).
+    fn session_sql(self) -> String {
+        format!(
+            "SET statement_timeout = {}; SET lock_timeout = {}; \
+             SET idle_in_transaction_session_timeout = {}; SET tcp_keepalives_idle = {}; \
+             SET tcp_keepalives_interval = {}; SET tcp_keepalives_count = {}",
+            self.statement_timeout_ms,
+            self.lock_timeout_ms,
+            self.idle_in_transaction_timeout_ms,
+            TCP_KEEPALIVES_IDLE_S,
+            TCP_KEEPALIVES_INTERVAL_S,
+            TCP_KEEPALIVES_COUNT
+        )
+    }
+
+    /// Gives `conn` the session settings of [`SessionTimeouts::session_sql`].
+    pub(crate) async fn prepare(self, conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+        let sql = self.session_sql();
+        sqlx::Executor::execute(conn, sql.as_str())
+            .await
+            .map(|_| ())
     }
 }
 
@@ -346,40 +354,38 @@ impl PgStores {
 
     /// Like [`PgStores::connect`], with the session bounds `timeouts` on every connection.
     ///
+    /// `url` may name several hosts (`postgres://user@db-1,db-2/tollgate`): the stores connect
+    /// to the first that accepts writes and follow a promoted standby ([`hosts`]). Either way
+    /// two open connections must not share one server session (a pooler per transaction), or
+    /// the connect fails naming the setting to change.
+    ///
     /// # Errors
-    /// [`StoreError::Unavailable`] when the URL is not valid or the database cannot be reached;
-    /// the message never holds the URL.
+    /// [`StoreError::Unavailable`] when the URL is not valid, the database cannot be reached,
+    /// no host accepts writes or the connections are pooled per transaction; the message never
+    /// holds the URL.
     pub async fn connect_with(
         url: &str,
         max_connections: u32,
         timeouts: SessionTimeouts,
     ) -> Result<Self, StoreError> {
-        let options = timeouts.apply(PgConnectOptions::from_str(url).store_err()?);
+        let target = Arc::new(hosts::Target::new(url, timeouts)?);
+        let mut first = target.find_writable().await?;
+        let shared = hosts::refuse_shared_sessions(&mut first, &target).await;
+        let _ = sqlx::Connection::close(first).await;
+        shared?;
         let (pool_connections, lane_connections) = lane::split(max_connections);
         let pool = ping_when_idle(PgPoolOptions::new())
             .max_connections(pool_connections)
-            .connect_with(options.clone())
+            .after_connect(move |conn, _| Box::pin(timeouts.prepare(conn)))
+            .connect_with(target.options())
             .await
             .store_err()?;
+        target.watch(pool.clone());
         let stores = Self {
             statement_deadline: timeouts.statement_deadline(),
             ..Self::new(pool)
         };
-        Ok(stores.with_lane(options, lane_connections))
-    }
-
-    /// Like [`PgStores::connect`], but opens connections only when first needed.
-    ///
-    /// # Errors
-    /// [`StoreError::Unavailable`] when the URL is not valid.
-    pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let options =
-            SessionTimeouts::default().apply(PgConnectOptions::from_str(url).store_err()?);
-        let (pool_connections, lane_connections) = lane::split(max_connections);
-        let pool = ping_when_idle(PgPoolOptions::new())
-            .max_connections(pool_connections)
-            .connect_lazy_with(options.clone());
-        Ok(Self::new(pool).with_lane(options, lane_connections))
+        Ok(stores.with_lane(target, lane_connections))
     }
 
     /// Stores over an existing pool; every statement takes it (no lane, so no batches either).
@@ -407,22 +413,21 @@ impl PgStores {
         self.reads_first.load(Ordering::Relaxed)
     }
 
-    /// These stores with a lane of `connections` connections made with `options` for a call's
+    /// These stores with a lane of `connections` connections to `target`'s host for a call's
     /// own single statements; none with zero. Its connections wait for a free one as long
     /// as the pool's acquire does.
     ///
     /// A lane of two connections or more gives [`LEASE_CONNECTIONS`] of them to the lease
     /// renewals alone.
-    pub(crate) fn with_lane(self, options: PgConnectOptions, connections: u32) -> Self {
+    pub(crate) fn with_lane(self, target: Arc<hosts::Target>, connections: u32) -> Self {
         let acquire_timeout = self.pool.options().get_acquire_timeout();
         let (calls, leases) = if connections > LEASE_CONNECTIONS {
             (connections - LEASE_CONNECTIONS, LEASE_CONNECTIONS)
         } else {
             (connections, 0)
         };
-        let lane =
-            (calls > 0).then(|| Arc::new(Lane::new(options.clone(), calls, acquire_timeout)));
-        let leases = (leases > 0).then(|| Arc::new(Lane::new(options, leases, acquire_timeout)));
+        let lane = (calls > 0).then(|| Arc::new(Lane::new(target.clone(), calls, acquire_timeout)));
+        let leases = (leases > 0).then(|| Arc::new(Lane::new(target, leases, acquire_timeout)));
         let batches = lane
             .as_ref()
             .map(|_| Arc::new(Batches::new(calls, self.statement_deadline)));

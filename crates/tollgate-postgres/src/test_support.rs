@@ -28,10 +28,11 @@ pub fn split_connections(max_connections: u32) -> (u32, u32) {
     crate::lane::split(max_connections)
 }
 
-/// `stores` with a call lane of `connections` connections made with `options`, as
-/// [`PgStores::connect`] builds it (H-27); none with zero.
+/// `stores` with a call lane of `connections` connections made with `options` and the default
+/// session settings, as [`PgStores::connect`] builds it (H-27); none with zero.
 pub fn with_lane(stores: PgStores, options: PgConnectOptions, connections: u32) -> PgStores {
-    stores.with_lane(options, connections)
+    let target = crate::hosts::Target::from_options(options, crate::SessionTimeouts::default());
+    stores.with_lane(std::sync::Arc::new(target), connections)
 }
 
 /// The charge's `INSERT` as `settle` runs it (its `UNIQUE (execution_id)` violation mapped to

@@ -21,10 +21,11 @@ pub const CLOCK_BOUND_MS: i64 = 1_000;
 const EMBEDDED_PLACEHOLDER_URL: &str = "http://127.0.0.1:9";
 
 /// The names of the rows, in order.
-pub const CHECKS: [&str; 9] = [
+pub const CHECKS: [&str; 10] = [
     "config",
     "provider_keys",
     "database",
+    "sessions",
     "migrations",
     "role",
     "durability",
@@ -293,15 +294,21 @@ fn validated(mut file: FileConfig, env: &Env) -> (Row, Configured) {
 /// The database rows (from `database` on) for `facts`, with `pool` the configured
 /// `[database] max_connections`.
 pub fn judge_database(facts: &DatabaseFacts, pool: u32) -> Vec<Row> {
+    let reached = format!(
+        "PostgreSQL {}, database {} as role {}",
+        facts.server_version, facts.database, facts.user
+    );
     vec![
-        row(
-            "database",
-            Status::Ok,
-            format!(
-                "PostgreSQL {}, database {} as role {}",
-                facts.server_version, facts.database, facts.user
-            ),
-        ),
+        if facts.accepts_writes {
+            row("database", Status::Ok, reached)
+        } else {
+            row(
+                "database",
+                Status::Fail,
+                format!("{reached}: a standby or read-only, where tollgate cannot write"),
+            )
+        },
+        sessions(facts),
         migrations(facts),
         role(facts),
         durability(facts),
@@ -309,6 +316,22 @@ pub fn judge_database(facts: &DatabaseFacts, pool: u32) -> Vec<Row> {
         connections(facts, pool),
         clock(facts),
     ]
+}
+
+fn sessions(facts: &DatabaseFacts) -> Row {
+    if facts.shared_sessions {
+        row(
+            "sessions",
+            Status::Fail,
+            tollgate_postgres::hosts::SHARED_SESSIONS,
+        )
+    } else {
+        row(
+            "sessions",
+            Status::Ok,
+            "each connection has a server session of its own",
+        )
+    }
 }
 
 fn migrations(facts: &DatabaseFacts) -> Row {
@@ -552,6 +575,8 @@ mod tests {
             superuser_reserved_connections: 3,
             reserved_connections: 0,
             connections_in_use: 10,
+            accepts_writes: true,
+            shared_sessions: false,
             host_before: now,
             database_now: now + TimeDelta::milliseconds(2),
             host_after: now + TimeDelta::milliseconds(4),
@@ -602,6 +627,32 @@ mod tests {
             status(&judge_database(&local, 16), "durability"),
             Status::Warn
         );
+    }
+
+    #[test]
+    fn sc_216_a_standby_fails_the_database_row() {
+        let rows = judge_database(
+            &DatabaseFacts {
+                accepts_writes: false,
+                ..healthy()
+            },
+            16,
+        );
+        assert_eq!(status(&rows, "database"), Status::Fail);
+    }
+
+    #[test]
+    fn sc_217_shared_server_sessions_fail_naming_the_pool_mode() {
+        let rows = judge_database(
+            &DatabaseFacts {
+                shared_sessions: true,
+                ..healthy()
+            },
+            16,
+        );
+        assert_eq!(status(&rows, "sessions"), Status::Fail);
+        let detail = &rows.iter().find(|r| r.name == "sessions").unwrap().detail;
+        assert!(detail.contains("pool_mode = session"), "{detail}");
     }
 
     #[test]

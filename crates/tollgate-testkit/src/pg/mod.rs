@@ -11,6 +11,8 @@
 //! database per test stay far below the server's `max_connections` even when tests run in
 //! parallel.
 
+pub mod cluster;
+
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgConnection};
 use std::str::FromStr;
