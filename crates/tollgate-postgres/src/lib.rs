@@ -29,8 +29,8 @@
 //! answer (`function.rs`), and the function's source (`claim.sql`, `settle.sql`) side by side.
 //! `batch/` sends the calls of either as batches; `journal.rs` holds the fenced transitions
 //! between claim and settlement; `seen_keys.rs` the keys seen with a row, which decide the
-//! claim's first statement. `hosts.rs` holds the hosts of the database URL, the one that accepts writes (followed
-//! through a failover) and the settings every connection gets once it opens.
+//! claim's first statement; `hosts.rs` the hosts of the database URL, the one that accepts
+//! writes (followed through a failover) and the settings every connection gets once it opens.
 //!
 //! # SQL functions and migrations
 //! The schema (tables, domains, indexes, grants) is made by the versioned migrations, embedded
