@@ -7,6 +7,10 @@
 //! Every mutating method is one transaction at `READ COMMITTED`. Rows are locked in this order,
 //! everywhere, so that concurrent transactions cannot deadlock:
 //!
+//! 0. in the claim and settlement functions and their batches only, before any row: the
+//!    advisory lock of each audit chain group the statement writes to, in ascending order
+//!    (spec/performance.md, H-35), so that statements of one group from different instances
+//!    run one after the other;
 //! 1. the execution row (a fresh insert in `claim`, `SELECT … FOR UPDATE` or a fenced `UPDATE`
 //!    elsewhere; result and evidence rows of that execution come with it);
 //! 2. the operation root's row, "the root lock" (`SELECT … FOR UPDATE` in `claim`,

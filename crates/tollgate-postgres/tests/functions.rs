@@ -916,3 +916,54 @@ async fn h_32_a_batch_leaves_out_a_call_that_would_wait_for_a_lock() {
         .unwrap();
     assert_eq!(keys, 5);
 }
+
+/// The claim and settlement functions take their audit chain group's advisory lock before any
+/// row (H-35): while another transaction holds it, a settlement and a claim of that group wait,
+/// and both finish once it is released.
+#[tokio::test]
+async fn h_35_the_functions_wait_for_their_chain_group_s_lock() {
+    let (database, s) = fresh().await;
+    let r = claimed(&s, "k1", "0.1").await;
+    let group = i32::from(tollgate_store::rows::AuditChain::of_execution(r.id).0 >> 3);
+    let mut holder = PgConnection::connect(database.url()).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut holder).await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(1953459308, $1)")
+        .bind(group)
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let settling = {
+        let s = s.clone();
+        let request = settle_req(&r, "0.05", "x");
+        tokio::spawn(async move { s.settle(request).await })
+    };
+    // The same consumer's next execution is in the same group.
+    let claiming = {
+        let s = s.clone();
+        tokio::spawn(async move { claimed(&s, "k2", "0.1").await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !settling.is_finished(),
+        "the settlement went past its group's lock"
+    );
+    assert!(
+        !claiming.is_finished(),
+        "the claim went past its group's lock"
+    );
+    sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
+    let done = tokio::time::timeout(Duration::from_secs(10), settling)
+        .await
+        .expect("the settlement finishes once the lock is released")
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.record.state, ExecutionState::Completed);
+    let next = tokio::time::timeout(Duration::from_secs(10), claiming)
+        .await
+        .expect("the claim finishes once the lock is released")
+        .unwrap();
+    assert_eq!(
+        tollgate_store::rows::AuditChain::of_execution(next.id).0 >> 3,
+        tollgate_store::rows::AuditChain::of_execution(r.id).0 >> 3
+    );
+}

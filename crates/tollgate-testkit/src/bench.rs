@@ -238,6 +238,21 @@ fn collect_generic(plan: &serde_json::Value, out: &mut GenericPlan) {
 }
 
 impl TestDatabase {
+    /// The server's setting `name` (`current_setting`), as text.
+    ///
+    /// # Errors
+    /// The database cannot be reached, or there is no such setting.
+    pub async fn setting(&self, name: &str) -> Result<String, StoreError> {
+        let mut conn = self.connection().await?;
+        let value = sqlx::query_scalar("SELECT current_setting($1)")
+            .bind(name)
+            .fetch_one(&mut conn)
+            .await
+            .store_err();
+        let _ = conn.close().await;
+        value
+    }
+
     /// The database's counters now. Statistics reach `pg_stat_database` when a backend goes idle
     /// (at most about once a second), so read them a moment after the work.
     ///

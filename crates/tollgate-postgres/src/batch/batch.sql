@@ -13,6 +13,10 @@
 -- - The answer is one row per call, in the order of the calls: `row` with the single function's
 --   row, `none` when it answered no row (a claim whose key already has a row), or `alone`.
 -- - The call types' fields are the single functions' parameters, in their order.
+-- - Before any row, the batch takes the advisory lock of each of its calls' audit chain groups
+--   (H-35), in ascending order, waiting as long as the session's lock timeout allows: a batch or
+--   a single function of another instance on one of those groups runs before or after it, not
+--   beside it, so two instances' batches do not leave each other's calls out.
 
 CREATE TYPE tollgate_claim_call AS (
     id uuid,
@@ -95,7 +99,12 @@ LANGUAGE plpgsql AS $$
 DECLARE
     c tollgate_claim_call;
     answer executions;
+    g integer;
 BEGIN
+    -- The calls' chain groups, locked in ascending order before any row (H-35).
+    FOR g IN SELECT DISTINCT (x.chain >> 3)::integer FROM unnest(p_calls) AS x ORDER BY 1 LOOP
+        PERFORM pg_advisory_xact_lock(1953459308, g);
+    END LOOP;
     FOR i IN 1 .. cardinality(p_calls) LOOP
         c := p_calls[i];
         IF i = 2 THEN
@@ -128,7 +137,12 @@ LANGUAGE plpgsql AS $$
 DECLARE
     c tollgate_settle_call;
     answer tollgate_settled;
+    g integer;
 BEGIN
+    -- The calls' chain groups, locked in ascending order before any row (H-35).
+    FOR g IN SELECT DISTINCT (x.chain >> 3)::integer FROM unnest(p_calls) AS x ORDER BY 1 LOOP
+        PERFORM pg_advisory_xact_lock(1953459308, g);
+    END LOOP;
     FOR i IN 1 .. cardinality(p_calls) LOOP
         c := p_calls[i];
         IF i = 2 THEN

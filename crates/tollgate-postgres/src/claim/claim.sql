@@ -2,8 +2,8 @@
 -- statement, outside an explicit transaction, so the claim is one round trip and one commit, and
 -- the locks it takes are held for the function and the commit only (spec/performance.md, H-17).
 --
--- In the crate's lock order: the new execution row (the insert), the head of its audit chain, the
--- session spend row, the day spend row.
+-- In the crate's lock order: the chain group's advisory lock, the new execution row (the insert),
+-- the head of its audit chain, the session spend row, the day spend row.
 --
 -- - The key already has a row: nothing is written and no row is returned (the caller reads the
 --   existing row). The insert waits for a concurrent claimer of the key, so that row is committed.
@@ -60,6 +60,8 @@ DECLARE
     day_settled numeric;
     day_held numeric;
 BEGIN
+    -- The chain group's lock across instances (H-35), before any row.
+    PERFORM pg_advisory_xact_lock(1953459308, (p_chain >> 3)::integer);
     INSERT INTO executions (id, scope, operation_key, kind, root_key, binding, binding_digest,
         accounting_day, state, not_dispatched_cause, outcome, fence, lease_expires_at, hold,
         provider_ref, created_at, updated_at, reconciliation_reason)

@@ -160,6 +160,8 @@ DECLARE
     no_caps boolean := p_session_warn IS NULL AND p_session_block IS NULL
         AND p_daily_warn IS NULL AND p_daily_block IS NULL;
 BEGIN
+    -- The chain group's lock across instances (H-35), before any row.
+    PERFORM pg_advisory_xact_lock(1953459308, (p_chain >> 3)::integer);
     -- The row, then the head of its chain: one statement, in the lock order.
     WITH x AS (SELECT * FROM executions x WHERE x.id = p_id FOR UPDATE)
     SELECT x.*, h.last_seq AS head_last_seq, h.last_hash AS head_last_hash INTO e
