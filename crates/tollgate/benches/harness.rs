@@ -771,18 +771,29 @@ async fn peak_rss(
                     Ok(r) => {
                         let status = r.status().as_u16();
                         let v: Value = r.json().await.unwrap_or(Value::Null);
-                        completed(status, &v)
+                        if completed(status, &v) {
+                            "completed".to_string()
+                        } else {
+                            format!("{status} {}", v["error"]["code"].as_str().unwrap_or("-"))
+                        }
                     }
-                    Err(_) => false,
+                    Err(e) if e.is_connect() => "connect error".to_string(),
+                    Err(e) if e.is_timeout() => "timed out".to_string(),
+                    Err(_) => "transport error".to_string(),
                 }
             })
         })
         .collect();
     let mut ok = 0;
+    let mut failures: BTreeMap<String, u64> = BTreeMap::new();
     for t in tasks {
-        if t.await.unwrap_or(false) {
-            ok += 1;
+        match t.await.unwrap_or_else(|_| "task failed".to_string()) {
+            done if done == "completed" => ok += 1,
+            other => *failures.entry(other).or_default() += 1,
         }
+    }
+    if !failures.is_empty() {
+        println!("  {in_flight} in flight, failures by kind: {failures:?}");
     }
     let wall = started.elapsed();
     (

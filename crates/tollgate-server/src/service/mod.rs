@@ -104,17 +104,25 @@ pub fn store_failure(key: &OperationKey, source: StoreError) -> ApiError {
 /// does for any caller signal (a call not yet sent is not sent; a sent one drains and settles in
 /// the background, SC-60).
 ///
+/// The task is spawned here, before the answer is awaited, so the future the caller awaits holds
+/// the task's handle and `cancel`'s guard only: a call's run (tens of KiB of state) lives once,
+/// in its task, and not a second time in the request's future while it waits.
+///
 /// # Errors
 /// `work`'s error; `internal` if the task panicked.
-pub async fn detached<T: Send + 'static>(
+pub fn detached<T: Send + 'static>(
     work: impl Future<Output = Result<T, ApiError>> + Send + 'static,
     cancel: CancellationToken,
-) -> Result<T, ApiError> {
-    let _cancel_on_drop = cancel.drop_guard();
-    tokio::spawn(work).await.map_err(|e| {
-        tracing::error!(error = %e, "run task failed");
-        ApiError::Internal
-    })?
+) -> impl Future<Output = Result<T, ApiError>> + Send {
+    let cancel_on_drop = cancel.drop_guard();
+    let task = tokio::spawn(work);
+    async move {
+        let _cancel_on_drop = cancel_on_drop;
+        task.await.map_err(|e| {
+            tracing::error!(error = %e, "run task failed");
+            ApiError::Internal
+        })?
+    }
 }
 
 /// Readiness: the stores answer and, on Postgres, every migration is applied.
