@@ -398,7 +398,11 @@ impl Engine {
     /// Runs the drive as its own task, so that a caller who stops waiting does not stop the
     /// stream: it is drained to its end or its read bound, and its evidence settles the call
     /// (SC-60). Failures in the background are reported as metadata only.
-    async fn drive_in_background(
+    ///
+    /// The task is spawned here, before anything is awaited, so the future the caller awaits
+    /// holds the task's handle and its bounds only: the drive's state (the request, the record,
+    /// the stream's collector) lives once, in its task.
+    fn drive_in_background(
         &self,
         record: ExecutionRecord,
         request: ProviderRequest,
@@ -406,7 +410,7 @@ impl Engine {
         read_ms: u64,
         heartbeat: Heartbeat,
         live: Option<LiveSink>,
-    ) -> Result<Driven, RunError> {
+    ) -> impl std::future::Future<Output = Result<Driven, RunError>> + Send + 'static {
         let key = record.operation_key.clone();
         let report = self.background_error.clone();
         let report_key = key.to_string();
@@ -422,22 +426,24 @@ impl Engine {
             }
             .in_current_span(),
         );
-        let interrupted = |cause| RunError::Interrupted {
-            operation_key: key.clone(),
-            cause,
-        };
-        tokio::select! {
-            // In order: a finished drive's answer wins over a cancel or the deadline that
-            // came at the same instant, and runs replay alike (the simulation's traces).
-            biased;
-            joined = &mut task => joined.map_err(|_| interrupted(Interruption::Aborted))?,
-            _ = cancel.cancelled() => {
-                tokio::spawn(report_when_done(task, report, report_key));
-                Err(interrupted(Interruption::Aborted))
-            }
-            _ = tokio::time::sleep(Duration::from_millis(read_ms + FINISH_SLACK_MS)) => {
-                tokio::spawn(report_when_done(task, report, report_key));
-                Err(interrupted(Interruption::Timeout))
+        async move {
+            let interrupted = |cause| RunError::Interrupted {
+                operation_key: key.clone(),
+                cause,
+            };
+            tokio::select! {
+                // In order: a finished drive's answer wins over a cancel or the deadline that
+                // came at the same instant, and runs replay alike (the simulation's traces).
+                biased;
+                joined = &mut task => joined.map_err(|_| interrupted(Interruption::Aborted))?,
+                _ = cancel.cancelled() => {
+                    tokio::spawn(report_when_done(task, report, report_key));
+                    Err(interrupted(Interruption::Aborted))
+                }
+                _ = tokio::time::sleep(Duration::from_millis(read_ms + FINISH_SLACK_MS)) => {
+                    tokio::spawn(report_when_done(task, report, report_key));
+                    Err(interrupted(Interruption::Timeout))
+                }
             }
         }
     }

@@ -172,17 +172,15 @@ impl SingleCallRunner {
             }
             _ => None,
         };
-        let claim = self
-            .engine
-            .claim(
-                &request.scope,
-                &request.operation_key,
-                None,
-                &binding,
-                inline,
-                ready.is_some(),
-            )
-            .await?;
+        let claim = Box::pin(self.engine.claim(
+            &request.scope,
+            &request.operation_key,
+            None,
+            &binding,
+            inline,
+            ready.is_some(),
+        ))
+        .await?;
         let record = match claim {
             ClaimOutcome::Claimed(record) => record,
             ClaimOutcome::Blocked(blocked) => {
@@ -199,15 +197,27 @@ impl SingleCallRunner {
         };
         let read_ms = self.engine.config.run_timeout_ms;
         match ready {
+            // Each branch's state on the heap, only the one taken: a call in flight holds it
+            // while it waits for its drive.
             Some(provider_request) if record.state == ExecutionState::Dispatched => {
-                self.engine
-                    .run_dispatched(record, provider_request, request.cancel, read_ms, live)
-                    .await
+                Box::pin(self.engine.run_dispatched(
+                    record,
+                    provider_request,
+                    request.cancel,
+                    read_ms,
+                    live,
+                ))
+                .await
             }
             _ => {
-                self.engine
-                    .run_claimed(record, request.load_input, request.cancel, read_ms, live)
-                    .await
+                Box::pin(self.engine.run_claimed(
+                    record,
+                    request.load_input,
+                    request.cancel,
+                    read_ms,
+                    live,
+                ))
+                .await
             }
         }
     }

@@ -206,12 +206,16 @@ async fn run(
     messages: &[Message],
     live: Option<tollgate_runner::live::LiveSink>,
 ) -> Result<View, ApiError> {
+    // Each kind's run on the heap, only the one taken: a call in flight holds its own state,
+    // not room for the largest kind's.
     let view = match (runner, live) {
         (ProfileRunner::Single(runner), Some(live)) => {
-            runner.run_live(request, Some(messages), live).await?
+            Box::pin(runner.run_live(request, Some(messages), live)).await?
         }
-        (ProfileRunner::Single(runner), None) => runner.run_inline(request, messages).await?,
-        (ProfileRunner::Structured(runner), _) => runner.run(request).await?,
+        (ProfileRunner::Single(runner), None) => {
+            Box::pin(runner.run_inline(request, messages)).await?
+        }
+        (ProfileRunner::Structured(runner), _) => Box::pin(runner.run(request)).await?,
         (ProfileRunner::Step(_), _) => return Err(ApiError::Internal),
     };
     answered(view)
