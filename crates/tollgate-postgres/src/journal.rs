@@ -2,6 +2,7 @@
 //! takeover (spec/journal.md). The claim is in `claim/`, the settlement in `settle/`.
 
 use crate::audit;
+use crate::batch::Answer;
 use crate::error::{db, DbResultExt};
 use crate::locks;
 use crate::rows::{execution_columns, ExecutionRow};
@@ -58,6 +59,25 @@ pub(crate) const RENEW_LEASE: &str = concat!(
      WHERE id = $1 AND fence = $2 AND state = ANY($5) RETURNING ",
     execution_columns!()
 );
+
+/// The renewals of several executions in one statement (H-36): each is the `UPDATE` of
+/// [`RENEW_LEASE`] for its own `(id, fence)` and lease, and answers its row (`r_n`, the
+/// renewal's place in the arrays, then the row) only when it renewed.
+pub(crate) const RENEW_LEASES: &str = concat!(
+    "UPDATE executions \
+     SET lease_expires_at = COALESCE(r.r_now, clock_timestamp()) + r.r_ms * interval '1 millisecond' \
+     FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::timestamptz[]) WITH ORDINALITY \
+     AS r(r_id, r_fence, r_ms, r_now, r_n) \
+     WHERE id = r.r_id AND fence = r.r_fence AND state = ANY($5) RETURNING r.r_n, ",
+    execution_columns!()
+);
+
+/// One lease renewal waiting in the renewals' queue.
+pub(crate) struct Renewal {
+    fence: Fence,
+    lease_ms: i64,
+    now: Option<DateTime<Utc>>,
+}
 
 /// A lease in milliseconds as the database's `bigint` (a lease past its range fails there).
 pub(crate) fn lease_millis(lease_ms: u64) -> i64 {
@@ -248,6 +268,116 @@ impl PgStores {
 
     /// The heartbeat (`ExecutionStore::renew_lease`): one fenced statement, no audit row.
     pub(crate) async fn renew_lease_tx(
+        &self,
+        fence: Fence,
+        lease_ms: u64,
+        now: DateTime<Utc>,
+    ) -> StoreResult<ExecutionRecord> {
+        if let Some(queue) = &self.renewals {
+            let renewal = Renewal {
+                fence,
+                lease_ms: lease_millis(lease_ms),
+                now: self.lease_now(now),
+            };
+            let stores = self.clone();
+            let (answer, _) = queue
+                .submit(renewal, move |renewals| {
+                    let stores = stores.clone();
+                    async move { stores.renew_together(renewals).await }
+                })
+                .await?;
+            match answer {
+                Answer::Row(row) => return ExecutionRow::from_row(&row).store_err()?.into_record(),
+                Answer::Failed(e) | Answer::Lost(e) => return Err(e),
+                // Not renewed (the fence or the state moved on), or left to go alone: the single
+                // statement says which, as for any renewal.
+                Answer::NoRow | Answer::Alone | Answer::Single(_) => {}
+            }
+        }
+        self.renew_alone(fence, lease_ms, now).await
+    }
+
+    /// The renewals waiting together (H-36) in one statement on the renewals' connection: each
+    /// answered its row, or `NoRow` when its fence or state moved on; a second renewal of one
+    /// execution in the same statement goes alone.
+    async fn renew_together(&self, renewals: Vec<Renewal>) -> (Vec<Answer>, Vec<Renewal>) {
+        let mut first = std::collections::HashSet::new();
+        let once: Vec<bool> = renewals
+            .iter()
+            .map(|r| first.insert(r.fence.execution_id))
+            .collect();
+        let sent: Vec<&Renewal> = renewals
+            .iter()
+            .zip(&once)
+            .filter_map(|(r, once)| once.then_some(r))
+            .collect();
+        let ids: Vec<uuid::Uuid> = sent.iter().map(|r| r.fence.execution_id.0).collect();
+        let fences: Vec<i64> = sent.iter().map(|r| r.fence.token.0).collect();
+        let leases: Vec<i64> = sent.iter().map(|r| r.lease_ms).collect();
+        let nows: Vec<Option<DateTime<Utc>>> = sent.iter().map(|r| r.now).collect();
+        if sent.len() > 1 {
+            self.renewed_together.fetch_add(
+                u64::try_from(sent.len()).unwrap_or(u64::MAX),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+        let answered = async {
+            let mut call = self.lease_connection().await?;
+            let rows = sqlx::query(RENEW_LEASES)
+                .bind(&ids)
+                .bind(&fences)
+                .bind(&leases)
+                .bind(&nows)
+                .bind(state_names(&rules::LEASED))
+                .fetch_all(call.conn()?)
+                .await;
+            Ok::<_, StoreError>(call.check(rows))
+        }
+        .await;
+        let rows = match answered {
+            Ok(Ok(rows)) => rows,
+            Ok(Err(e)) => {
+                let lost = crate::error::ends_connection(&e);
+                let error = db(e);
+                let answers = renewals
+                    .iter()
+                    .map(|_| {
+                        if lost {
+                            Answer::Lost(error.clone())
+                        } else {
+                            Answer::Failed(error.clone())
+                        }
+                    })
+                    .collect();
+                return (answers, renewals);
+            }
+            Err(e) => return (crate::batch::failed(&e, renewals.len()), renewals),
+        };
+        // `r_n` counts from 1 over the renewals sent (the first of each execution).
+        let mut by_place: Vec<Option<PgRow>> = (0..ids.len()).map(|_| None).collect();
+        for row in rows {
+            let place: Result<i64, _> = row.try_get("r_n");
+            if let Some(slot) = place
+                .ok()
+                .and_then(|n| usize::try_from(n - 1).ok())
+                .and_then(|n| by_place.get_mut(n))
+            {
+                *slot = Some(row);
+            }
+        }
+        let mut sent = by_place.into_iter();
+        let answers = once
+            .iter()
+            .map(|once| match once {
+                true => sent.next().flatten().map_or(Answer::NoRow, Answer::Row),
+                false => Answer::Alone,
+            })
+            .collect();
+        (answers, renewals)
+    }
+
+    /// One renewal as its own statement; a renewal that changed nothing says why.
+    async fn renew_alone(
         &self,
         fence: Fence,
         lease_ms: u64,

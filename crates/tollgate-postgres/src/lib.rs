@@ -224,6 +224,11 @@ pub struct PgStores {
     /// statement and one commit (H-32), with
     /// the lane.
     batches: Option<Arc<Batches>>,
+    /// The queue that sends the lease renewals waiting at once as one statement (H-36), with
+    /// the renewals' own connection.
+    renewals: Option<Arc<batch::Batcher<journal::Renewal>>>,
+    /// How many renewals went in a statement with others, for tests and the harness.
+    renewed_together: Arc<AtomicU64>,
     /// The keys these stores have seen with a row: they decide which statement a claim sends
     /// first.
     seen_keys: Arc<seen_keys::SeenKeys>,
@@ -399,6 +404,8 @@ impl PgStores {
             lane: None,
             leases: None,
             batches: None,
+            renewals: None,
+            renewed_together: Arc::new(AtomicU64::new(0)),
             seen_keys: Arc::new(seen_keys::SeenKeys::new(
                 seen_keys::SEEN_KEYS_PER_GENERATION,
             )),
@@ -408,6 +415,11 @@ impl PgStores {
             #[cfg(feature = "test-support")]
             general_only: false,
         }
+    }
+
+    /// How many lease renewals went in one statement with others (H-36).
+    pub fn renewed_together(&self) -> u64 {
+        self.renewed_together.load(Ordering::Relaxed)
     }
 
     /// How many claims read their key before claiming it: claims of keys these stores have seen
@@ -435,10 +447,15 @@ impl PgStores {
         let batches = lane
             .as_ref()
             .map(|_| Arc::new(Batches::new(calls, self.statement_deadline)));
+        // One renewal statement in flight; the renewals that arrive meanwhile go together.
+        let renewals = leases
+            .as_ref()
+            .map(|_| batch::Batcher::new(&Arc::new(Semaphore::new(1)), self.statement_deadline));
         Self {
             lane,
             leases,
             batches,
+            renewals,
             ..self
         }
     }

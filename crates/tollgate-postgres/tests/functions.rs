@@ -967,3 +967,58 @@ async fn h_35_the_functions_wait_for_their_chain_group_s_lock() {
         tollgate_store::rows::AuditChain::of_execution(r.id).0 >> 3
     );
 }
+
+/// Lease renewals that arrive together go in one statement (H-36), each decided as alone: every
+/// live fence is renewed, the same fence twice in one statement is renewed twice, a stale fence
+/// answers `StaleFence` and an unknown execution `NotFound`.
+#[tokio::test]
+async fn h_36_renewals_arriving_together_share_a_statement_each_decided_as_alone() {
+    use tollgate_core::ids::{ExecutionId, FenceToken};
+    use tollgate_store::{Fence, StoreError};
+    let database = TestDatabase::create(&test_admin_url()).await.unwrap();
+    let s = database.stores(8).await.unwrap();
+    s.migrate().await.unwrap();
+    let s = s.with_caller_lease_clock();
+    let mut records = Vec::new();
+    for i in 0..40 {
+        records.push(claimed(&s, &format!("r{i}"), "0.01").await);
+    }
+    let later = records[0].created_at + chrono::TimeDelta::seconds(5);
+    for round in 0..5 {
+        let mut renewals = Vec::new();
+        for r in &records {
+            renewals.push(s.renew_lease(r.fence(), 60_000, later));
+        }
+        // The first fence once more, a stale one and an unknown one, in the same burst.
+        renewals.push(s.renew_lease(records[0].fence(), 60_000, later));
+        let stale = Fence {
+            execution_id: records[1].id,
+            token: FenceToken(records[1].fence().token.0 + 7),
+        };
+        let unknown = Fence {
+            execution_id: ExecutionId(uuid::Uuid::new_v4()),
+            token: FenceToken(1),
+        };
+        renewals.push(s.renew_lease(stale, 60_000, later));
+        renewals.push(s.renew_lease(unknown, 60_000, later));
+        let answers = futures::future::join_all(renewals).await;
+        for (r, answer) in records.iter().zip(&answers) {
+            let renewed = answer
+                .as_ref()
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert_eq!(renewed.id, r.id);
+            assert_eq!(
+                renewed.lease_expires_at,
+                later + chrono::TimeDelta::milliseconds(60_000)
+            );
+        }
+        let n = records.len();
+        assert!(answers[n].is_ok(), "the same fence twice: {:?}", answers[n]);
+        assert!(matches!(answers[n + 1], Err(StoreError::StaleFence(id)) if id == records[1].id));
+        assert!(matches!(answers[n + 2], Err(StoreError::NotFound(_))));
+    }
+    assert!(
+        s.renewed_together() > 0,
+        "no renewal went in a statement with others"
+    );
+}
