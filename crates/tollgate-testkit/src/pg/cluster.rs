@@ -131,6 +131,14 @@ struct Node {
 }
 
 impl Node {
+    /// A server whose data directory is `<dir>/<name>`, on a free port.
+    fn in_dir(dir: &Path, name: &str) -> Result<Self, StoreError> {
+        Ok(Self {
+            data: dir.join(name),
+            port: free_port()?,
+        })
+    }
+
     fn url(&self, database: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
     }
@@ -203,10 +211,7 @@ impl Replicated {
     pub async fn start() -> Result<Self, StoreError> {
         let bin = postgres_bin()?;
         let dir = ServerDir::new("tollgate-replicated")?;
-        let primary = Node {
-            data: dir.0.join("primary"),
-            port: free_port()?,
-        };
+        let primary = Node::in_dir(&dir.0, "primary")?;
         run(
             "initdb",
             as_server_user(&bin.join("initdb"))
@@ -221,10 +226,7 @@ impl Replicated {
             primary.port
         ))?;
         primary.start(&bin)?;
-        let standby = Node {
-            data: dir.0.join("standby"),
-            port: free_port()?,
-        };
+        let standby = Node::in_dir(&dir.0, "standby")?;
         run(
             "pg_basebackup",
             as_server_user(&bin.join("pg_basebackup"))
