@@ -6,11 +6,10 @@
 //! so the settings read are the ones the server's own connections get.
 
 use crate::error::{db, sqlstate, DbResultExt, UNDEFINED_TABLE};
-use crate::hosts::{accepts_writes, sessions_shared, Target};
+use crate::hosts::{accepts_writes, close_quickly, sessions_shared, Target};
 use crate::{definitions, SessionTimeouts, MIGRATOR};
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgConnection;
-use sqlx::Connection;
 use std::time::Duration;
 use tollgate_store::StoreError;
 
@@ -100,7 +99,7 @@ pub async fn database_facts(
     let facts = read(&mut conn).await;
     let writable = accepts_writes(&mut conn).await;
     let shared_sessions = sessions_shared(&mut conn, &target).await;
-    let _ = conn.close().await;
+    close_quickly(conn).await;
     Ok(DatabaseFacts {
         accepts_writes: writable?,
         shared_sessions: shared_sessions?,

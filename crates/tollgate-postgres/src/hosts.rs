@@ -13,7 +13,7 @@
 
 use crate::error::DbResultExt;
 use crate::SessionTimeouts;
-use sqlx::postgres::{PgConnectOptions, PgPool};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
 use sqlx::{Connection, Executor, PgConnection, Row};
 use std::str::FromStr;
 use std::sync::{Arc, PoisonError, RwLock, Weak};
@@ -127,13 +127,32 @@ fn refused_startup(error: sqlx::Error) -> StoreError {
     crate::error::db(error)
 }
 
+/// The one row `sql` answers on `conn`, asked in the simple protocol and given up after
+/// [`HOST_CONNECT_TIMEOUT_MS`]: a host that took the connection and then stopped answering (a
+/// dropped route, a failover under way) cannot hold a connect or the watcher.
+async fn ask(conn: &mut PgConnection, sql: &'static str) -> StoreResult<PgRow> {
+    tokio::time::timeout(
+        Duration::from_millis(HOST_CONNECT_TIMEOUT_MS),
+        conn.fetch_one(sql),
+    )
+    .await
+    .map_err(|_| StoreError::Unavailable(format!("no answer within {HOST_CONNECT_TIMEOUT_MS} ms")))?
+    .store_err()
+}
+
+/// Closes `conn`, waiting at most 100 ms for the server to take its goodbye.
+pub(crate) async fn close_quickly(conn: PgConnection) {
+    let _ = tokio::time::timeout(Duration::from_millis(100), conn.close()).await;
+}
+
 /// Whether the server on `conn` accepts writes: neither in recovery (a standby) nor read-only
 /// by default.
 pub(crate) async fn accepts_writes(conn: &mut PgConnection) -> StoreResult<bool> {
-    let row = conn
-        .fetch_one("SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only')")
-        .await
-        .store_err()?;
+    let row = ask(
+        conn,
+        "SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only')",
+    )
+    .await?;
     let in_recovery: bool = row.try_get(0).store_err()?;
     let read_only: String = row.try_get(1).store_err()?;
     Ok(!in_recovery && read_only == "off")
@@ -141,11 +160,10 @@ pub(crate) async fn accepts_writes(conn: &mut PgConnection) -> StoreResult<bool>
 
 /// The server process of `conn` (`pg_backend_pid()`), asked in the simple protocol.
 async fn backend_pid(conn: &mut PgConnection) -> StoreResult<i32> {
-    let row = conn
-        .fetch_one("SELECT pg_backend_pid()")
-        .await
-        .store_err()?;
-    row.try_get(0).store_err()
+    ask(conn, "SELECT pg_backend_pid()")
+        .await?
+        .try_get(0)
+        .store_err()
 }
 
 /// Whether two open connections share one server session, as a pooler that pools per
@@ -164,7 +182,7 @@ pub(crate) async fn sessions_shared(
     let first_pid = backend_pid(first).await?;
     let mut second = target.connect().await?;
     let second_pid = backend_pid(&mut second).await;
-    let _ = tokio::time::timeout(Duration::from_millis(100), second.close()).await;
+    close_quickly(second).await;
     Ok(second_pid? == first_pid)
 }
 
@@ -291,12 +309,7 @@ async fn watch(target: Weak<Target>, pool: PgPool) {
             return;
         }
         let asked = match probe.as_mut() {
-            Some(conn) => tokio::time::timeout(
-                Duration::from_millis(HOST_CONNECT_TIMEOUT_MS),
-                accepts_writes(conn),
-            )
-            .await
-            .unwrap_or_else(|_| Err(StoreError::Unavailable("no answer".into()))),
+            Some(conn) => accepts_writes(conn).await,
             None => match target.connect().await {
                 Ok(mut conn) => {
                     let answer = accepts_writes(&mut conn).await;
@@ -310,7 +323,7 @@ async fn watch(target: Weak<Target>, pool: PgPool) {
             continue;
         }
         if let Some(conn) = probe.take() {
-            let _ = tokio::time::timeout(Duration::from_millis(100), conn.close()).await;
+            close_quickly(conn).await;
         }
         let before = target.current();
         match target.find_writable().await {

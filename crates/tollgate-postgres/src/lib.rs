@@ -380,7 +380,7 @@ impl PgStores {
         let target = Arc::new(hosts::Target::new(url, timeouts)?);
         let mut first = target.find_writable().await?;
         let shared = hosts::refuse_shared_sessions(&mut first, &target).await;
-        let _ = sqlx::Connection::close(first).await;
+        hosts::close_quickly(first).await;
         shared?;
         let (pool_connections, lane_connections) = lane::split(max_connections);
         let pool = ping_when_idle(PgPoolOptions::new())
