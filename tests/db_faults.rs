@@ -60,6 +60,9 @@ const CLIENTS: u64 = 8;
 const DEFAULT_SEED: u64 = 0x6462_6661_2026;
 /// `[runner] lease_ms`: the default lease, longer than the outage.
 const LEASE_MS: u64 = 3_000;
+/// `[runner] lease_ms` of the failover case: a promotion on a loaded two-core machine has taken
+/// 5 s, and a call in flight must keep its fence through it to settle its own output.
+const FAILOVER_LEASE_MS: u64 = 20_000;
 /// `[scheduler] interval_ms`: short, so that what is left in flight is recovered quickly.
 const INTERVAL_MS: u64 = 300;
 /// Run timeout of both profiles: far above a call's own time, so only the database decides.
@@ -416,7 +419,7 @@ const PROFILES: [(&str, &str, &str, &str); 2] = [
     ("slow", "mock-anthropic", "mock-slow-300", "team-b"),
 ];
 
-fn config_text(database_url: &str, mock_url: &str, caller_sha: &str) -> String {
+fn config_text(database_url: &str, mock_url: &str, caller_sha: &str, lease_ms: u64) -> String {
     let mut text = format!(
         r#"
 [server]
@@ -431,7 +434,7 @@ interval_ms = {INTERVAL_MS}
 batch = 100
 
 [runner]
-lease_ms = {LEASE_MS}
+lease_ms = {lease_ms}
 
 [[providers]]
 name = "mock-chat"
@@ -1112,6 +1115,11 @@ async fn run_case(case: &str, topology: Topology, mut plan: Vec<Fault>) {
             &database.servers_url,
             &mock.base_url(),
             &KeyDigest::of_key(&caller).to_hex(),
+            if topology == Topology::Replicated {
+                FAILOVER_LEASE_MS
+            } else {
+                LEASE_MS
+            },
         ),
     )
     .unwrap();
