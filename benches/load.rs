@@ -60,6 +60,7 @@ async fn round(runner: Arc<SingleCallRunner>, tag: &str) -> Round {
                 load_input: async { Ok(vec![Message::text(Role::User, "summarize order 123")]) }
                     .boxed(),
                 cancel: CancellationToken::new(),
+                limits: Vec::new(),
             };
             let t = Instant::now();
             let ok = runner.run(request).await.is_ok();

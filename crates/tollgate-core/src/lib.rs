@@ -12,6 +12,7 @@ pub mod event;
 pub mod hold;
 pub mod ids;
 pub mod invalid;
+pub mod limits;
 pub mod message;
 pub mod money;
 pub mod narrow;

@@ -17,7 +17,7 @@ const ONE_ROW_PER_KEY: &str = "api_keys_pkey";
 const INSERT: &str = concat!(
     "INSERT INTO api_keys (",
     api_key_columns!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7)"
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
 );
 
 const LIST: &str = concat!(
@@ -53,6 +53,7 @@ impl ApiKeyStore for PgStores {
                 .bind(key.expires_at)
                 .bind(key.revoked_at)
                 .bind(key.last_used_at)
+                .bind((!key.limits.is_empty()).then_some(sqlx::types::Json(key.limits)))
                 .execute(self.pool())
                 .await
                 .map_err(|e| {

@@ -38,9 +38,9 @@ pub struct Definition {
 }
 
 /// The sources of the schema's functions and composite types, in the order they are applied: a
-/// function that a later one calls comes first (the cap rule before the claim and the settlement;
-/// the single functions before the batches that call them).
-pub const DEFINITIONS: [Definition; 5] = [
+/// function that a later one calls comes first (the cap rule and the limits before the claim and
+/// the settlement; the single functions before the batches that call them).
+pub const DEFINITIONS: [Definition; 6] = [
     Definition {
         path: "caps.sql",
         sql: include_str!("caps.sql"),
@@ -48,6 +48,10 @@ pub const DEFINITIONS: [Definition; 5] = [
     Definition {
         path: "audit.sql",
         sql: include_str!("audit.sql"),
+    },
+    Definition {
+        path: "limits.sql",
+        sql: include_str!("limits.sql"),
     },
     Definition {
         path: "claim/claim.sql",
@@ -442,6 +446,8 @@ mod tests {
                 (Kind::Function, "tollgate_cap_crossed"),
                 (Kind::Function, "tollgate_crossed"),
                 (Kind::Function, "audit_log_append_only"),
+                (Kind::Function, "tollgate_limits_admit"),
+                (Kind::Function, "tollgate_limits_end"),
                 (Kind::Function, "tollgate_claim"),
                 (Kind::Type, "tollgate_settled"),
                 (Kind::Function, "tollgate_charge_spend"),

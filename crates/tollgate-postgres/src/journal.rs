@@ -4,6 +4,7 @@
 use crate::audit;
 use crate::batch::Answer;
 use crate::error::{db, DbResultExt};
+use crate::limits;
 use crate::locks;
 use crate::rows::{execution_columns, ExecutionRow};
 use crate::spend::{self, SpendKeys};
@@ -12,6 +13,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgConnection, Row};
 use tollgate_core::ids::{ExecutionId, OperationKey, Scope};
+use tollgate_core::limits::LimitEnd;
 use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
 use tollgate_store::rows::*;
 use tollgate_store::rules;
@@ -20,20 +22,24 @@ use tollgate_store::{StoreError, StoreResult};
 /// A fenced state change: only the current fence, only from an allowed state. In the same round
 /// trip, after the row, it locks the head of the row's audit chain (`$8`) and returns it as
 /// `seq:hash` (`NULL` before the scope's first append), so the transition's audit append needs
-/// one statement more, not two (H-11). Row, then head: the crate's lock order.
+/// one statement more, not two (H-11). Row, then head: the crate's lock order. Answers the row's
+/// `limits` too (what a limited call counted, for the end of its flight).
 pub(crate) const FENCED: &str = concat!(
     "WITH e AS (UPDATE executions SET state = $4, provider_ref = COALESCE($5, provider_ref), \
      updated_at = $6, reconciliation_reason = COALESCE($7, reconciliation_reason) \
      WHERE id = $1 AND fence = $2 AND state = ANY($3) RETURNING ",
     execution_columns!(),
-    ") SELECT e.*, (SELECT h.last_seq::text || ':' || h.last_hash FROM audit_heads h \
+    ", limits) SELECT e.*, (SELECT h.last_seq::text || ':' || h.last_hash FROM audit_heads h \
      WHERE h.scope = e.scope AND h.chain = $8 FOR UPDATE) AS audit_head FROM e"
 );
 
+/// `prepared → not_dispatched`; answers the row's `limits` too (what a limited call counted, to
+/// give back).
 const NOT_DISPATCHED: &str = concat!(
     "UPDATE executions SET state = $2, not_dispatched_cause = $3, hold = 0, updated_at = $4 \
      WHERE id = $1 RETURNING ",
-    execution_columns!()
+    execution_columns!(),
+    ", limits"
 );
 
 const DISPATCHED_WITH_HOLD: &str = concat!(
@@ -104,7 +110,7 @@ async fn refused(conn: &mut PgConnection, id: ExecutionId) -> StoreError {
 
 impl PgStores {
     /// A fenced transition to `to` (keeping the provider reference unless one is given),
-    /// audited as `kind`.
+    /// audited as `kind`; to `reconciliation_required`, a call under limits leaves flight.
     pub(crate) async fn fenced_tx(
         &self,
         fence: Fence,
@@ -134,6 +140,7 @@ impl PgStores {
             return Err(refused(&mut tx, fence.execution_id).await);
         };
         let head: Option<String> = row.try_get("audit_head").store_err()?;
+        let held = limits::limits_of(&row)?;
         let record = ExecutionRow::from_row(&row).store_err()?.into_record()?;
         let event = rules::transition_event(&record, kind, now);
         match head {
@@ -145,12 +152,18 @@ impl PgStores {
                 audit::append(&mut tx, event).await?;
             }
         }
+        // A limited call parked for an operator is no longer in flight (SC-222); its windows are
+        // the last locks.
+        if let (ExecutionState::ReconciliationRequired, Some(held)) = (to, &held) {
+            limits::end(&mut tx, record.scope.as_str(), held, LimitEnd::Parked).await?;
+        }
         tx.commit().await.store_err()?;
         Ok(record)
     }
 
     /// `prepared → not_dispatched(cause)`, releasing the hold from the root (under the root
-    /// lock, for a call under a root) and from both spend rows.
+    /// lock, for a call under a root) and from both spend rows, and, for a call under limits,
+    /// giving back what it counted.
     pub(crate) async fn not_dispatched_tx(
         &self,
         fence: Fence,
@@ -167,7 +180,7 @@ impl PgStores {
                 locks::write_totals(&mut tx, root.id, totals, None).await?;
             }
         }
-        let row: ExecutionRow = sqlx::query_as(NOT_DISPATCHED)
+        let row: PgRow = sqlx::query(NOT_DISPATCHED)
             .bind(before.id.0)
             .bind(ExecutionState::NotDispatched.as_str())
             .bind(cause.as_str())
@@ -175,7 +188,8 @@ impl PgStores {
             .fetch_one(&mut *tx)
             .await
             .store_err()?;
-        let record = row.into_record()?;
+        let held = limits::limits_of(&row)?;
+        let record = ExecutionRow::from_row(&row).store_err()?.into_record()?;
         audit::append(
             &mut tx,
             rules::transition_event(&record, "not_dispatched", now),
@@ -188,6 +202,11 @@ impl PgStores {
         let session = rules::release_hold(session, before.hold)?;
         let daily = rules::release_hold(daily, before.hold)?;
         spend::write(&mut tx, &keys, session, daily).await?;
+        // A limited call never sent gives its request and tokens back (SC-223), after the spend
+        // rows: the windows are the last locks.
+        if let Some(held) = &held {
+            limits::end(&mut tx, before.scope.as_str(), held, LimitEnd::NotSent).await?;
+        }
         tx.commit().await.store_err()?;
         Ok(record)
     }

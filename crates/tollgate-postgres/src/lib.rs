@@ -18,10 +18,14 @@
 //!    root receipts come with it; `reconcile_roots` skips locked roots instead of waiting);
 //! 3. the head of the audit chain the event goes to (`audit_heads`: 64 per scope, chosen by
 //!    execution id), which serializes that chain's appends and makes its `seq` gapless;
-//! 4. last, the consumer's session spend row, then its day spend row (upserted and locked in
+//! 4. the consumer's session spend row, then its day spend row (upserted and locked in
 //!    one statement, so they exist before they are locked). They are the hottest rows (every
-//!    call of a consumer takes them), so they come last: a transaction holding them has at most
-//!    its writes and its commit left.
+//!    call of a consumer takes them), so they come last but for the limit windows: a transaction
+//!    holding them has at most its writes (and a limited call's windows) and its commit left;
+//! 5. after them, for a call under rate or concurrency limits only, its subjects' limit windows
+//!    (`limit_windows`, spec/limits.md), in ascending order of the subjects' stored text: taken by
+//!    its claim (`tollgate_limits_admit`) and by its end (`tollgate_limits_end`, in the
+//!    transaction of `mark_not_dispatched`, `mark_reconciliation_required` and `settle`).
 //!
 //! A batch of calls (`batch/`) holds the locks of several calls in one transaction, each call in
 //! this order; from its second call on it waits for a lock at most `BATCH_LOCK_TIMEOUT_MS` and
@@ -40,8 +44,8 @@
 //! The schema (tables, domains, indexes, grants) is made by the versioned migrations, embedded
 //! from the workspace's `migrations/` directory. The SQL functions and composite types are not:
 //! each has one live source, a `.sql` file beside the Rust that calls it ([`DEFINITIONS`]: the
-//! cap rule in `caps.sql`, the audit log's trigger function in `audit.sql`, then the claim, the
-//! settlement and the batches). [`PgStores::migrate`] applies them after the migrations whenever
+//! cap rule in `caps.sql`, the audit log's trigger function in `audit.sql`, the limits in
+//! `limits.sql`, then the claim, the settlement and the batches). [`PgStores::migrate`] applies them after the migrations whenever
 //! their digest differs from the one the database records (`definitions.rs`). The migrations up
 //! to `20261202000000_call_batches.sql` that create functions hold the bodies they applied and
 //! stay as they are (sqlx refuses an applied migration whose checksum changed); the sources
@@ -64,6 +68,7 @@ mod inbox;
 mod journal;
 mod lane;
 mod ledger;
+mod limits;
 mod locks;
 mod results;
 mod roots;

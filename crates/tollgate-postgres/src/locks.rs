@@ -26,11 +26,12 @@ pub(crate) const EXECUTION_LOCK: &str = concat!(
 
 /// Locks the execution row, then, for an execution outside a root, the head of its audit chain
 /// (`$2`), in one round trip; the head as `seq:hash`, `NULL` under a root (whose lock comes
-/// between the two) and before the scope's first append (H-11).
+/// between the two) and before the scope's first append (H-11). Answers the row's `limits` too
+/// (what a limited call counted, for its settlement).
 const EXECUTION_LOCK_WITH_HEAD: &str = concat!(
     "WITH e AS (SELECT ",
     execution_columns!(),
-    " FROM executions WHERE id = $1 FOR UPDATE) \
+    ", limits FROM executions WHERE id = $1 FOR UPDATE) \
      SELECT e.*, (SELECT h.last_seq::text || ':' || h.last_hash FROM audit_heads h \
      WHERE e.root_key IS NULL AND h.scope = e.scope AND h.chain = $2 FOR UPDATE) AS audit_head \
      FROM e"
@@ -46,7 +47,7 @@ const EXECUTION_LOCK_WITH_HEAD_AND_EVIDENCE: &str = concat!(
      VALUES ($3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) RETURNING id), \
      e AS (SELECT ",
     execution_columns!(),
-    " FROM executions WHERE id = $1 FOR UPDATE) \
+    ", limits FROM executions WHERE id = $1 FOR UPDATE) \
      SELECT e.*, (SELECT h.last_seq::text || ':' || h.last_hash FROM audit_heads h \
      WHERE e.root_key IS NULL AND h.scope = e.scope AND h.chain = $2 FOR UPDATE) AS audit_head, \
      (SELECT ev.id FROM ev) AS evidence_id \
@@ -129,6 +130,7 @@ pub(crate) async fn lock_execution_and_head(
         None => None,
     };
     Ok(Locked {
+        limits: crate::limits::limits_of(&row)?,
         record: ExecutionRow::from_row(&row).store_err()?.into_record()?,
         head: head.as_deref().map(parse_head).transpose()?,
         evidence_id: evidence_id.map(EvidenceId),
@@ -143,6 +145,8 @@ pub(crate) struct Locked {
     pub(crate) head: Option<(i64, String)>,
     /// The evidence appended, when some was given.
     pub(crate) evidence_id: Option<EvidenceId>,
+    /// What the call counted against its limits (`None`: it was admitted under none).
+    pub(crate) limits: Option<serde_json::Value>,
 }
 
 /// A locked audit head as `seq:hash` (see [`lock_execution_and_head`]).

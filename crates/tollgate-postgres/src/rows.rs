@@ -87,7 +87,7 @@ pub(crate) use root_columns;
 /// Columns of `api_keys`, in [`ApiKeyRow`] order.
 macro_rules! api_key_columns {
     () => {
-        "sha256, scope, role, created_at, expires_at, revoked_at, last_used_at"
+        "sha256, scope, role, created_at, expires_at, revoked_at, last_used_at, limits"
     };
 }
 pub(crate) use api_key_columns;
@@ -515,6 +515,7 @@ pub(crate) struct ApiKeyRow {
     expires_at: Option<DateTime<Utc>>,
     revoked_at: Option<DateTime<Utc>>,
     last_used_at: Option<DateTime<Utc>>,
+    limits: Option<sqlx::types::Json<tollgate_core::limits::RateLimits>>,
 }
 
 impl ApiKeyRow {
@@ -528,6 +529,7 @@ impl ApiKeyRow {
             expires_at: self.expires_at,
             revoked_at: self.revoked_at,
             last_used_at: self.last_used_at,
+            limits: self.limits.map(|l| l.0).unwrap_or_default(),
         })
     }
 }

@@ -166,6 +166,18 @@ impl SpendStore for PgStores {
         })
         .await
     }
+
+    async fn limit_windows(
+        &self,
+        scope: &Scope,
+    ) -> StoreResult<
+        Vec<(
+            tollgate_core::limits::LimitSubject,
+            tollgate_core::limits::LimitWindow,
+        )>,
+    > {
+        self.bounded(self.limit_windows_of(scope)).await
+    }
 }
 
 /// The block caps' verdict on a hold of `hold` over the totals before it of a call's session

@@ -122,6 +122,8 @@ async fn the_migrated_functions_and_types_are_their_sources() {
             "function tollgate_claim",
             "function tollgate_claim_batch",
             "function tollgate_crossed",
+            "function tollgate_limits_admit",
+            "function tollgate_limits_end",
             "function tollgate_settle",
             "function tollgate_settle_batch",
             "type tollgate_claim_call",

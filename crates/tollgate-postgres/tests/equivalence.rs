@@ -133,6 +133,9 @@ fn claim_answer(answer: &StoreResult<ClaimOutcome>) -> Value {
             json!({"kind": "Blocked", "blocked": to_json(blocked)})
         }
         Ok(ClaimOutcome::RootRefused(_)) => json!({"kind": "RootRefused"}),
+        Ok(ClaimOutcome::Limited(refused)) => {
+            json!({"kind": "Limited", "refused": to_json(refused)})
+        }
         Err(e) => json!({"kind": "Err", "error": error_kind(e)}),
     }
 }

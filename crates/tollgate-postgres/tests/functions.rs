@@ -331,6 +331,7 @@ async fn h_25_column_rules_are_domains_that_still_refuse_bad_values() {
         "audit_heads",
         "roots",
         "root_receipts",
+        "limit_windows",
     ];
     let single: Vec<String> = sqlx::query_scalar(
         "SELECT conrelid::regclass::text || '.' || conname FROM pg_constraint \
@@ -371,7 +372,7 @@ async fn h_25_column_rules_are_domains_that_still_refuse_bad_values() {
     .fetch_all(s.pool())
     .await
     .unwrap();
-    assert_eq!(domains.len(), 39, "{domains:?}");
+    assert_eq!(domains.len(), 43, "{domains:?}");
     for (column, domain, base) in [
         ("executions.state", "tollgate_execution_state", "text"),
         ("executions.hold", "tollgate_money", "numeric"),
@@ -382,6 +383,8 @@ async fn h_25_column_rules_are_domains_that_still_refuse_bad_values() {
         ("spend_days.held", "tollgate_money", "numeric"),
         ("audit_log.chain", "tollgate_chain", "smallint"),
         ("roots.state", "tollgate_root_state", "text"),
+        ("limit_windows.requests", "tollgate_count", "bigint"),
+        ("limit_windows.in_flight", "tollgate_count", "bigint"),
     ] {
         assert!(
             domains.contains(&(column.into(), domain.into(), base.into())),
@@ -559,7 +562,7 @@ async fn h_29_the_call_tables_keep_only_the_indexes_they_need() {
         "SELECT tablename::text, indexname::text FROM pg_indexes \
          WHERE schemaname = 'public' AND tablename IN ('executions', 'execution_results', \
            'usage_inbox', 'cost_settlements', 'audit_log', 'audit_heads', 'spend_sessions', \
-           'spend_days') \
+           'spend_days', 'limit_windows') \
          ORDER BY tablename, indexname",
     )
     .fetch_all(s.pool())
@@ -583,6 +586,7 @@ async fn h_29_the_call_tables_keep_only_the_indexes_they_need() {
             "executions.executions_pkey",
             "executions.executions_scope_root_key_idx",
             "executions.executions_state_scope_created_idx",
+            "limit_windows.limit_windows_pkey",
             "spend_days.spend_days_pkey",
             "spend_sessions.spend_sessions_pkey",
             "usage_inbox.usage_inbox_acknowledged_scope_idx",
@@ -1020,5 +1024,890 @@ async fn h_36_renewals_arriving_together_share_a_statement_each_decided_as_alone
     assert!(
         s.renewed_together() > 0,
         "no renewal went in a statement with others"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rate and concurrency limits (SC-220..SC-223).
+
+use std::collections::BTreeMap;
+use tollgate_core::ids::ConsumerId;
+use tollgate_core::limits::{
+    self as rule, ClaimLimits, LimitCharge, LimitEnd, LimitKind, LimitRefused, LimitSubject,
+    LimitTokens, LimitWindow, RateLimits,
+};
+use tollgate_testkit::conformance::t0;
+
+fn consumer_subject(name: &str) -> LimitSubject {
+    LimitSubject::Consumer(ConsumerId::parse(name).unwrap())
+}
+
+fn key_subject() -> LimitSubject {
+    LimitSubject::Key("ab12cd".into())
+}
+
+/// `ms` milliseconds after [`t0`].
+fn at(ms: i64) -> chrono::DateTime<chrono::Utc> {
+    t0() + chrono::TimeDelta::milliseconds(ms)
+}
+
+/// `us` microseconds after [`t0`].
+fn at_us(us: i64) -> chrono::DateTime<chrono::Utc> {
+    t0() + chrono::TimeDelta::microseconds(us)
+}
+
+fn window(started_ms: i64, counts: [u64; 4]) -> LimitWindow {
+    let [requests, input_tokens, output_tokens, in_flight] = counts;
+    LimitWindow {
+        started_at: at(started_ms),
+        requests,
+        input_tokens,
+        output_tokens,
+        in_flight,
+    }
+}
+
+fn tokens(input: u64, output: u64) -> LimitTokens {
+    LimitTokens { input, output }
+}
+
+fn charge(subject: LimitSubject, limits: RateLimits) -> LimitCharge {
+    LimitCharge { subject, limits }
+}
+
+fn rpm(n: u64) -> RateLimits {
+    RateLimits {
+        requests_per_minute: Some(n),
+        ..RateLimits::default()
+    }
+}
+
+/// A claim's limits as `tollgate_limits_admit` takes them, written out here (not by the
+/// crate's encoder), so that the comparison also checks the shape the function reads.
+fn admit_json(charges: &[LimitCharge], t: LimitTokens) -> serde_json::Value {
+    let charges: Vec<serde_json::Value> = charges
+        .iter()
+        .map(|c| {
+            let mut kinds = serde_json::Map::new();
+            for (name, limit) in [
+                ("in_flight", c.limits.in_flight),
+                ("requests", c.limits.requests_per_minute),
+                ("input_tokens", c.limits.input_tokens_per_minute),
+                ("output_tokens", c.limits.output_tokens_per_minute),
+            ] {
+                if let Some(limit) = limit {
+                    kinds.insert(name.into(), limit.into());
+                }
+            }
+            serde_json::json!({"subject": c.subject.stored(), "limits": kinds})
+        })
+        .collect();
+    serde_json::json!({"charges": charges, "tokens": {"input": t.input, "output": t.output}})
+}
+
+/// The refusal in a `TG003` error's detail.
+fn refusal_of(error: &sqlx::Error) -> LimitRefused {
+    let db = error.as_database_error().expect("a database error");
+    assert_eq!(db.code().as_deref(), Some("TG003"), "{error}");
+    let detail = db
+        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+        .and_then(|e| e.detail())
+        .expect("a detail");
+    let v: serde_json::Value = serde_json::from_str(detail).unwrap();
+    LimitRefused {
+        subject: LimitSubject::parse(v["subject"].as_str().unwrap()).unwrap(),
+        kind: LimitKind::parse(v["kind"].as_str().unwrap()).unwrap(),
+        limit: v["limit"].as_u64().unwrap(),
+        used: v["used"].as_u64().unwrap(),
+        asked: v["asked"].as_u64().unwrap(),
+        reset_ms: v["reset_ms"].as_u64().unwrap(),
+    }
+}
+
+/// The windows of scope `a` as stored, by subject.
+async fn stored_windows(conn: &mut PgConnection) -> Vec<(LimitSubject, LimitWindow)> {
+    let rows: Vec<(String, chrono::DateTime<chrono::Utc>, i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT subject, started_at, requests, input_tokens, output_tokens, in_flight \
+         FROM limit_windows WHERE scope = 'a'",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    let mut windows: Vec<_> = rows
+        .into_iter()
+        .map(|(s, started_at, r, i, o, f)| {
+            (
+                LimitSubject::parse(&s).unwrap(),
+                LimitWindow {
+                    started_at,
+                    requests: r.try_into().unwrap(),
+                    input_tokens: i.try_into().unwrap(),
+                    output_tokens: o.try_into().unwrap(),
+                    in_flight: f.try_into().unwrap(),
+                },
+            )
+        })
+        .collect();
+    windows.sort_by(|a, b| a.0.cmp(&b.0));
+    windows
+}
+
+/// Replaces scope `a`'s windows with `before` (in the caller's transaction).
+async fn put_windows(conn: &mut PgConnection, before: &[(LimitSubject, LimitWindow)]) {
+    sqlx::query("DELETE FROM limit_windows")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    for (subject, w) in before {
+        sqlx::query(
+            "INSERT INTO limit_windows (scope, subject, started_at, requests, input_tokens, \
+             output_tokens, in_flight) VALUES ('a', $1, $2, $3, $4, $5, $6)",
+        )
+        .bind(subject.stored())
+        .bind(w.started_at)
+        .bind(i64::try_from(w.requests).unwrap())
+        .bind(i64::try_from(w.input_tokens).unwrap())
+        .bind(i64::try_from(w.output_tokens).unwrap())
+        .bind(i64::try_from(w.in_flight).unwrap())
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    }
+}
+
+/// What an admission leaves: every window by subject and, per charge, the window that counted
+/// the call; or the refusal.
+type Admitted = Result<(Vec<(LimitSubject, LimitWindow)>, Vec<LimitSubjectStart>), LimitRefused>;
+type LimitSubjectStart = (LimitSubject, chrono::DateTime<chrono::Utc>);
+
+/// `tollgate_core::limits::admit` for each charge, on the windows before the claim.
+fn rust_admit(
+    before: &[(LimitSubject, LimitWindow)],
+    charges: &[LimitCharge],
+    t: LimitTokens,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Admitted {
+    let stored: BTreeMap<LimitSubject, LimitWindow> = before.iter().cloned().collect();
+    let mut after = stored.clone();
+    let mut kept = Vec::new();
+    for c in charges {
+        let w = rule::admit(stored.get(&c.subject), c, t, now)?;
+        kept.push((c.subject.clone(), w.started_at));
+        after.insert(c.subject.clone(), w);
+    }
+    Ok((after.into_iter().collect(), kept))
+}
+
+/// `tollgate_limits_admit` on the same windows, in a transaction rolled back after.
+async fn sql_admit(
+    conn: &mut PgConnection,
+    before: &[(LimitSubject, LimitWindow)],
+    charges: &[LimitCharge],
+    t: LimitTokens,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Admitted {
+    sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
+    put_windows(conn, before).await;
+    let answer =
+        sqlx::query_scalar::<_, serde_json::Value>("SELECT tollgate_limits_admit('a', $1, $2)")
+            .bind(admit_json(charges, t))
+            .bind(now)
+            .fetch_one(&mut *conn)
+            .await;
+    let out = match answer {
+        Err(e) => Err(refusal_of(&e)),
+        Ok(kept) => {
+            assert_eq!(
+                kept["tokens"],
+                serde_json::json!({"input": t.input, "output": t.output})
+            );
+            let kept = kept["windows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|w| {
+                    (
+                        LimitSubject::parse(w["subject"].as_str().unwrap()).unwrap(),
+                        serde_json::from_value(w["started_at"].clone()).unwrap(),
+                    )
+                })
+                .collect();
+            Ok((stored_windows(conn).await, kept))
+        }
+    };
+    sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
+    out
+}
+
+/// One admission case: the windows before, the charges, the tokens and the time.
+struct AdmitCase {
+    name: &'static str,
+    before: Vec<(LimitSubject, LimitWindow)>,
+    charges: Vec<LimitCharge>,
+    tokens: LimitTokens,
+    now: chrono::DateTime<chrono::Utc>,
+}
+
+/// Each case through both rules: the same windows after, or the same refusal.
+async fn compare_admissions(cases: Vec<AdmitCase>) -> Vec<Admitted> {
+    let (_database, s) = fresh().await;
+    let mut conn = PgConnection::connect(_database.url()).await.unwrap();
+    let mut out = Vec::new();
+    for case in cases {
+        let rust = rust_admit(&case.before, &case.charges, case.tokens, case.now);
+        let sql = sql_admit(
+            &mut conn,
+            &case.before,
+            &case.charges,
+            case.tokens,
+            case.now,
+        )
+        .await;
+        assert_eq!(sql, rust, "{}", case.name);
+        out.push(rust);
+    }
+    drop(s);
+    out
+}
+
+/// One end case: the window, when the call was counted, what it counted, and its end.
+struct EndCase {
+    name: &'static str,
+    before: LimitWindow,
+    counted_at: chrono::DateTime<chrono::Utc>,
+    held: LimitTokens,
+    end: LimitEnd,
+}
+
+/// Each end through `tollgate_core::limits::end` and `tollgate_limits_end`: the same window.
+async fn compare_ends(cases: Vec<EndCase>) -> Vec<LimitWindow> {
+    let (database, _s) = fresh().await;
+    let mut conn = PgConnection::connect(database.url()).await.unwrap();
+    let subject = consumer_subject("team-a");
+    let mut out = Vec::new();
+    for case in cases {
+        let rust = rule::end(case.before, case.counted_at, case.held, case.end);
+        let (name, settled, from_flight) = match case.end {
+            LimitEnd::NotSent => ("not_sent", None, false),
+            LimitEnd::Parked => ("parked", None, false),
+            LimitEnd::Settled {
+                tokens,
+                from_flight,
+            } => ("settled", Some(tokens), from_flight),
+        };
+        let held = serde_json::json!({
+            "windows": [{"subject": subject.stored(), "started_at": case.counted_at}],
+            "tokens": {"input": case.held.input, "output": case.held.output},
+        });
+        sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
+        put_windows(&mut conn, &[(subject.clone(), case.before)]).await;
+        sqlx::query("SELECT tollgate_limits_end('a', $1, $2, $3, $4, $5)")
+            .bind(held)
+            .bind(name)
+            .bind(settled.map(|t| i64::try_from(t.input).unwrap()))
+            .bind(settled.map(|t| i64::try_from(t.output).unwrap()))
+            .bind(from_flight)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let sql = stored_windows(&mut conn).await;
+        sqlx::query("ROLLBACK").execute(&mut conn).await.unwrap();
+        assert_eq!(sql, [(subject.clone(), rust)], "{}", case.name);
+        out.push(rust);
+    }
+    out
+}
+
+/// SC-220 through the batched claim function: 200 claims of one consumer at once under 50
+/// requests a minute admit exactly 50; each refusal (a batch call rolled back alone, then sent by
+/// the single function, which states it) names the limit, and writes nothing.
+#[tokio::test]
+async fn sc_220_two_hundred_concurrent_batched_claims_admit_exactly_the_requests_limit() {
+    let (database, s) = fresh().await;
+    assert!(s.batch_shard("a", "team-a").is_some(), "batches are on");
+    let subject = consumer_subject("team-a");
+    let limits = ClaimLimits {
+        charges: vec![charge(subject.clone(), rpm(50))],
+        tokens: tokens(10, 5),
+    };
+    let s = std::sync::Arc::new(s);
+    let claims = (0..200).map(|i| {
+        let s = std::sync::Arc::clone(&s);
+        let mut request = claim_of("team-a", &format!("k{i}"), text_config());
+        request.limits = limits.clone();
+        tokio::spawn(async move { s.claim(request).await.unwrap() })
+    });
+    let (mut admitted, mut limited) = (0, 0);
+    for outcome in futures::future::join_all(claims).await {
+        match outcome.unwrap() {
+            ClaimOutcome::Claimed(r) => {
+                assert_eq!(r.state, ExecutionState::Dispatched);
+                admitted += 1;
+            }
+            ClaimOutcome::Limited(refused) => {
+                assert_eq!(refused.subject, subject);
+                assert_eq!(refused.kind, LimitKind::Requests);
+                assert_eq!((refused.limit, refused.used, refused.asked), (50, 50, 1));
+                assert!((1..=60_000).contains(&refused.reset_ms), "{refused:?}");
+                limited += 1;
+            }
+            other => panic!("expected a claim or a limit, got {other:?}"),
+        }
+    }
+    assert_eq!((admitted, limited), (50, 150));
+    assert!(calls(&database, "tollgate_claim_batch", 1).await >= 1);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM executions")
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 50);
+    let counted: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM executions WHERE limits IS NOT NULL")
+            .fetch_one(s.pool())
+            .await
+            .unwrap();
+    assert_eq!(counted, 50);
+    let windows = tollgate_store::SpendStore::limit_windows(&*s, &scope("a"))
+        .await
+        .unwrap();
+    assert_eq!(
+        windows,
+        [(
+            subject,
+            LimitWindow {
+                started_at: t0(),
+                requests: 50,
+                input_tokens: 500,
+                output_tokens: 250,
+                in_flight: 50,
+            }
+        )]
+    );
+    let held: rust_decimal::Decimal =
+        sqlx::query_scalar("SELECT COALESCE(sum(held), 0) FROM spend_days")
+            .fetch_one(s.pool())
+            .await
+            .unwrap();
+    assert_eq!(money(&held.to_string()), money("5.0"));
+    let audit = s
+        .audit_rows(&scope("a"), AuditPosition::START, 1000)
+        .await
+        .unwrap();
+    assert_eq!(audit.len(), 2 * 50);
+    let mut verifier = tollgate_store::audit::ChainVerifier::default();
+    audit.iter().for_each(|row| verifier.push(row).unwrap());
+    verifier
+        .finish(&s.audit_heads(&scope("a")).await.unwrap())
+        .unwrap();
+}
+
+/// SC-221: `tollgate_limits_admit` is `tollgate_core::limits::admit` on its boundaries: exactly
+/// at a limit, one over, a call that asks more than the limit, a window that closed exactly
+/// 60 000 ms after it opened (or has a microsecond left), several subjects, the kinds' order.
+#[tokio::test]
+async fn sc_221_the_sql_admission_agrees_with_the_rust_rule() {
+    let c = || consumer_subject("team-a");
+    let input = |n| RateLimits {
+        input_tokens_per_minute: Some(n),
+        ..RateLimits::default()
+    };
+    let output = |n| RateLimits {
+        output_tokens_per_minute: Some(n),
+        ..RateLimits::default()
+    };
+    let t = tokens(10, 5);
+    let case = |name, before, charges, tokens, now| AdmitCase {
+        name,
+        before,
+        charges,
+        tokens,
+        now,
+    };
+    let cases = vec![
+        case("no window yet", vec![], vec![charge(c(), rpm(3))], t, at(5)),
+        case(
+            "exactly at the requests limit",
+            vec![(c(), window(0, [2, 0, 0, 2]))],
+            vec![charge(c(), rpm(3))],
+            t,
+            at(1_000),
+        ),
+        case(
+            "one over the requests limit",
+            vec![(c(), window(0, [3, 0, 0, 3]))],
+            vec![charge(c(), rpm(3))],
+            t,
+            at(1_000),
+        ),
+        case(
+            "exactly at the input limit",
+            vec![(c(), window(0, [1, 15, 0, 1]))],
+            vec![charge(c(), input(25))],
+            t,
+            at(1),
+        ),
+        case(
+            "one over the input limit",
+            vec![(c(), window(0, [1, 16, 0, 1]))],
+            vec![charge(c(), input(25))],
+            t,
+            at(1),
+        ),
+        case(
+            "exactly at the output limit",
+            vec![(c(), window(0, [1, 0, 95, 1]))],
+            vec![charge(c(), output(100))],
+            t,
+            at(1),
+        ),
+        case(
+            "one over the output limit",
+            vec![(c(), window(0, [1, 0, 96, 1]))],
+            vec![charge(c(), output(100))],
+            t,
+            at(1),
+        ),
+        case(
+            "asks more than the limit itself",
+            vec![],
+            vec![charge(c(), input(9))],
+            t,
+            at(0),
+        ),
+        case(
+            "the window closed at exactly 60 000 ms",
+            vec![(c(), window(0, [3, 30, 15, 2]))],
+            vec![charge(c(), rpm(3))],
+            t,
+            at(60_000),
+        ),
+        case(
+            "one millisecond before the window closes",
+            vec![(c(), window(0, [3, 30, 15, 2]))],
+            vec![charge(c(), rpm(3))],
+            t,
+            at(59_999),
+        ),
+        case(
+            "half a millisecond before the window closes",
+            vec![(c(), window(0, [3, 30, 15, 2]))],
+            vec![charge(c(), rpm(3))],
+            t,
+            at_us(59_999_500),
+        ),
+        case(
+            "a microsecond short of a whole second left",
+            vec![(c(), window(0, [3, 30, 15, 2]))],
+            vec![charge(c(), rpm(3))],
+            t,
+            at_us(59_000_001),
+        ),
+        case(
+            "a charge without limits still counts",
+            vec![(c(), window(0, [3, 30, 15, 2]))],
+            vec![charge(c(), RateLimits::default())],
+            t,
+            at(10),
+        ),
+        case(
+            "the consumer admits, the key refuses: the key is named",
+            vec![
+                (c(), window(0, [0, 0, 0, 0])),
+                (key_subject(), window(0, [2, 0, 0, 0])),
+            ],
+            vec![charge(c(), rpm(5)), charge(key_subject(), rpm(2))],
+            t,
+            at(10),
+        ),
+        case(
+            "both subjects admit, the key's row is new",
+            vec![(c(), window(0, [1, 10, 5, 1]))],
+            vec![charge(c(), rpm(5)), charge(key_subject(), rpm(2))],
+            t,
+            at(10),
+        ),
+        case(
+            "calls in flight are judged before requests",
+            vec![(c(), window(0, [1, 0, 0, 1]))],
+            vec![charge(
+                c(),
+                RateLimits {
+                    requests_per_minute: Some(1),
+                    in_flight: Some(1),
+                    ..RateLimits::default()
+                },
+            )],
+            t,
+            at(10),
+        ),
+    ];
+    let results = compare_admissions(cases).await;
+    // The rule's verdicts, as the cases mean them.
+    let refused = |i: usize| results[i].clone().unwrap_err();
+    assert!(results[1].is_ok());
+    assert_eq!(
+        (refused(2).kind, refused(2).used, refused(2).reset_ms),
+        (LimitKind::Requests, 3, 59_000)
+    );
+    assert!(results[3].is_ok());
+    assert_eq!(
+        (refused(4).kind, refused(4).used),
+        (LimitKind::InputTokens, 16)
+    );
+    assert!(results[5].is_ok());
+    assert_eq!(refused(6).kind, LimitKind::OutputTokens);
+    assert!(!refused(7).retryable());
+    let reopened = results[8].clone().unwrap().0;
+    assert_eq!(
+        reopened[0].1,
+        LimitWindow {
+            started_at: at(60_000),
+            requests: 1,
+            input_tokens: 10,
+            output_tokens: 5,
+            in_flight: 3,
+        }
+    );
+    assert_eq!(refused(9).reset_ms, 1);
+    assert_eq!(refused(10).reset_ms, 1);
+    assert_eq!(refused(11).reset_ms, 999);
+    assert_eq!(refused(13).subject, key_subject());
+    assert_eq!(results[14].clone().unwrap().1.len(), 2);
+    assert_eq!(refused(15).kind, LimitKind::InFlight);
+}
+
+/// SC-222: calls in flight carry over into a new window, are refused with the short retry, and
+/// end when a call is parked or settles straight from `dispatched`; never below zero.
+#[tokio::test]
+async fn sc_222_the_sql_calls_in_flight_agree_with_the_rust_rule() {
+    let c = || consumer_subject("team-a");
+    let flight = |n| RateLimits {
+        in_flight: Some(n),
+        ..RateLimits::default()
+    };
+    let t = tokens(10, 5);
+    let admissions = compare_admissions(vec![
+        AdmitCase {
+            name: "in flight carried over a closed window refuses",
+            before: vec![(c(), window(0, [4, 40, 20, 2]))],
+            charges: vec![charge(c(), flight(2))],
+            tokens: t,
+            now: at(70_000),
+        },
+        AdmitCase {
+            name: "in flight carried over a closed window admits",
+            before: vec![(c(), window(0, [4, 40, 20, 1]))],
+            charges: vec![charge(c(), flight(2))],
+            tokens: t,
+            now: at(70_000),
+        },
+    ])
+    .await;
+    let refused = admissions[0].clone().unwrap_err();
+    assert_eq!(
+        (refused.kind, refused.used, refused.reset_ms),
+        (LimitKind::InFlight, 2, rule::IN_FLIGHT_RETRY_MS)
+    );
+    assert_eq!(admissions[1].clone().unwrap().0[0].1.in_flight, 2);
+    let ends = compare_ends(vec![
+        EndCase {
+            name: "parked",
+            before: window(0, [2, 20, 10, 2]),
+            counted_at: at(0),
+            held: t,
+            end: LimitEnd::Parked,
+        },
+        EndCase {
+            name: "parked with none in flight stays at zero",
+            before: window(0, [2, 20, 10, 0]),
+            counted_at: at(0),
+            held: t,
+            end: LimitEnd::Parked,
+        },
+        EndCase {
+            name: "parked after its window closed",
+            before: window(60_000, [1, 10, 5, 2]),
+            counted_at: at(0),
+            held: t,
+            end: LimitEnd::Parked,
+        },
+        EndCase {
+            name: "settled after being parked leaves flight alone",
+            before: window(0, [2, 20, 10, 1]),
+            counted_at: at(0),
+            held: t,
+            end: LimitEnd::Settled {
+                tokens: tokens(3, 50),
+                from_flight: false,
+            },
+        },
+    ])
+    .await;
+    assert_eq!(ends[0].in_flight, 1);
+    assert_eq!(ends[1].in_flight, 0);
+    assert_eq!((ends[2].in_flight, ends[2].input_tokens), (1, 10));
+    assert_eq!(
+        (
+            ends[3].in_flight,
+            ends[3].input_tokens,
+            ends[3].output_tokens
+        ),
+        (1, 13, 55)
+    );
+}
+
+/// SC-223: a call never sent gives its request and tokens back to the window that counted it; a
+/// settled one corrects that window to its usage; a window opened since is left as it is, but
+/// the call leaves flight; no count goes below zero.
+#[tokio::test]
+async fn sc_223_the_sql_give_backs_and_corrections_agree_with_the_rust_rule() {
+    let t = tokens(10, 5);
+    let settled = |input, output| LimitEnd::Settled {
+        tokens: tokens(input, output),
+        from_flight: true,
+    };
+    let ends = compare_ends(vec![
+        EndCase {
+            name: "not sent, in the window that counted it",
+            before: window(0, [2, 20, 10, 2]),
+            counted_at: at(0),
+            held: t,
+            end: LimitEnd::NotSent,
+        },
+        EndCase {
+            name: "not sent, after a new window opened",
+            before: window(60_000, [1, 10, 5, 2]),
+            counted_at: at(0),
+            held: t,
+            end: LimitEnd::NotSent,
+        },
+        EndCase {
+            name: "not sent, counts below what it counted",
+            before: window(0, [0, 3, 1, 0]),
+            counted_at: at(0),
+            held: t,
+            end: LimitEnd::NotSent,
+        },
+        EndCase {
+            name: "settled in the same window",
+            before: window(0, [2, 20, 10, 2]),
+            counted_at: at(0),
+            held: t,
+            end: settled(3, 50),
+        },
+        EndCase {
+            name: "settled in the same window, long after it closed (no window opened since)",
+            before: window(0, [2, 20, 10, 2]),
+            counted_at: at(0),
+            held: t,
+            end: settled(0, 0),
+        },
+        EndCase {
+            name: "settled after a new window opened",
+            before: window(60_000, [1, 10, 5, 2]),
+            counted_at: at(0),
+            held: t,
+            end: settled(100, 100),
+        },
+        EndCase {
+            name: "settled, counts below what it counted",
+            before: window(0, [1, 4, 2, 1]),
+            counted_at: at(0),
+            held: t,
+            end: settled(3, 1),
+        },
+    ])
+    .await;
+    assert_eq!(ends[0], window(0, [1, 10, 5, 1]));
+    assert_eq!(ends[1], window(60_000, [1, 10, 5, 1]));
+    assert_eq!(ends[2], window(0, [0, 0, 0, 0]));
+    assert_eq!(ends[3], window(0, [2, 13, 55, 1]));
+    assert_eq!(ends[5], window(60_000, [1, 10, 5, 1]));
+    assert_eq!(ends[6], window(0, [1, 3, 1, 0]));
+}
+
+/// SC-220 on the general transaction: a claim under a root refused by a limit writes nothing (no
+/// row, no audit row, no hold on the spend rows or the root, no count in the window), and the
+/// call admitted before it is counted once.
+#[tokio::test]
+async fn sc_220_a_claim_under_a_root_refused_by_a_limit_writes_nothing() {
+    use tollgate_store::RootStore;
+    let (_database, s) = fresh().await;
+    let mut config = text_config();
+    config.kind = tollgate_core::state::CallKind::Step;
+    let root = tollgate_testkit::conformance::open_root(&s, "r1", config.clone()).await;
+    let subject = consumer_subject(config.consumer.as_str());
+    let under = |k: &str| {
+        let mut request = claim_req("a", k, config.clone(), "0.1");
+        request.root_key = Some(root.root_key.clone());
+        request.dispatch = true;
+        request.limits = ClaimLimits {
+            charges: vec![charge(subject.clone(), rpm(1))],
+            tokens: tokens(10, 5),
+        };
+        request
+    };
+    assert!(matches!(
+        s.claim(under("k1")).await.unwrap(),
+        ClaimOutcome::Claimed(_)
+    ));
+    let count = |sql: &'static str| {
+        let pool = s.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let audit_before = count("SELECT count(*) FROM audit_log").await;
+    let day_held = || {
+        let pool = s.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, rust_decimal::Decimal>(
+                "SELECT COALESCE(sum(held), 0) FROM spend_days",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let held_before = day_held().await;
+    let root_before = s.root(&scope("a"), &root.root_key).await.unwrap().unwrap();
+    let ClaimOutcome::Limited(refused) = s.claim(under("k2")).await.unwrap() else {
+        panic!("expected a limit's refusal");
+    };
+    assert_eq!(
+        (refused.kind, refused.limit, refused.used),
+        (LimitKind::Requests, 1, 1)
+    );
+    assert_eq!(count("SELECT count(*) FROM executions").await, 1);
+    assert_eq!(count("SELECT count(*) FROM audit_log").await, audit_before);
+    assert_eq!(day_held().await, held_before);
+    let root_after = s.root(&scope("a"), &root.root_key).await.unwrap().unwrap();
+    assert_eq!(
+        (root_after.held, root_after.charged),
+        (root_before.held, root_before.charged)
+    );
+    let windows = tollgate_store::SpendStore::limit_windows(&s, &scope("a"))
+        .await
+        .unwrap();
+    assert_eq!(windows.len(), 1);
+    assert_eq!((windows[0].1.requests, windows[0].1.in_flight), (1, 1));
+    // The application role may do to the windows what it may do to the spend rows.
+    let privileges = |table: &'static str| {
+        let pool = s.pool().clone();
+        async move {
+            sqlx::query_as::<_, (bool, bool, bool, bool)>(
+                "SELECT has_table_privilege('tollgate_app', $1, 'SELECT'), \
+                 has_table_privilege('tollgate_app', $1, 'INSERT'), \
+                 has_table_privilege('tollgate_app', $1, 'UPDATE'), \
+                 has_table_privilege('tollgate_app', $1, 'DELETE')",
+            )
+            .bind(table)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(privileges("limit_windows").await, (true, true, true, false));
+    assert_eq!(
+        privileges("limit_windows").await,
+        privileges("spend_days").await
+    );
+}
+
+/// SC-222, SC-223 through the stores: the same limited calls (one never sent, one settled by the
+/// function, one by the general transaction, one parked then settled, one settled after its
+/// window closed and another opened) leave the same windows on Postgres, by either path, as in
+/// memory.
+#[tokio::test]
+async fn sc_223_the_ends_of_limited_calls_leave_the_windows_the_in_memory_store_leaves() {
+    use tollgate_core::state::ReconciliationReason;
+    let subject = consumer_subject("team-a");
+    let limits = ClaimLimits {
+        charges: vec![
+            charge(
+                subject.clone(),
+                RateLimits {
+                    requests_per_minute: Some(10),
+                    input_tokens_per_minute: Some(1_000),
+                    output_tokens_per_minute: Some(1_000),
+                    in_flight: Some(5),
+                },
+            ),
+            charge(key_subject(), rpm(20)),
+        ],
+        tokens: tokens(40, 100),
+    };
+    async fn run<S: ExecutionStore + tollgate_store::SpendStore>(
+        s: &S,
+        limits: &ClaimLimits,
+    ) -> Vec<(LimitSubject, LimitWindow)> {
+        let claim = |key: &str, dispatch: bool, now| {
+            let mut request = claim_of("team-a", key, text_config());
+            request.dispatch = dispatch;
+            request.limits = limits.clone();
+            request.now = now;
+            request
+        };
+        let claimed = |outcome: ClaimOutcome| match outcome {
+            ClaimOutcome::Claimed(r) => r,
+            other => panic!("expected a claim, got {other:?}"),
+        };
+        // Never sent.
+        let r1 = claimed(s.claim(claim("k1", false, t0())).await.unwrap());
+        s.mark_not_dispatched(
+            r1.fence(),
+            tollgate_core::state::NotDispatchedCause::Input,
+            t0(),
+        )
+        .await
+        .unwrap();
+        // Settled with the row in hand (the function), and without (the general transaction).
+        let r2 = claimed(s.claim(claim("k2", true, t0())).await.unwrap());
+        s.settle(settle_req(&r2, "0.01", "x")).await.unwrap();
+        let r3 = claimed(s.claim(claim("k3", true, t0())).await.unwrap());
+        let mut without_row = settle_req(&r3, "0.01", "x");
+        without_row.seen = None;
+        without_row.usage.cache_read = 7;
+        without_row.usage.reasoning = 3;
+        s.settle(without_row).await.unwrap();
+        // Parked, then settled from `reconciliation_required`.
+        let r4 = claimed(s.claim(claim("k4", true, t0())).await.unwrap());
+        let parked = s
+            .mark_reconciliation_required(r4.fence(), ReconciliationReason::NoResponse, None, t0())
+            .await
+            .unwrap();
+        s.settle(settle_req(&parked, "0.01", "x")).await.unwrap();
+        // Counted in the first window, settled after the next one opened.
+        let r5 = claimed(s.claim(claim("k5", true, t0())).await.unwrap());
+        claimed(s.claim(claim("k6", true, at(61_000))).await.unwrap());
+        let mut late = settle_req(&r5, "0.01", "x");
+        late.now = at(62_000);
+        s.settle(late).await.unwrap();
+        s.limit_windows(&scope("a")).await.unwrap()
+    }
+    let memory = run(&tollgate_store::MemoryStores::new(), &limits).await;
+    let (_fdb, by_function) = fresh().await;
+    let (_gdb, general) = fresh().await;
+    let general = general.with_general_transactions();
+    assert_eq!(run(&by_function, &limits).await, memory, "the functions");
+    assert_eq!(
+        run(&general, &limits).await,
+        memory,
+        "the general transactions"
+    );
+    // The consumer's window opened by k6: one request, its worst case, one call in flight (k6).
+    let consumer = memory.iter().find(|(s, _)| *s == subject).unwrap().1;
+    assert_eq!(
+        consumer,
+        LimitWindow {
+            started_at: at(61_000),
+            requests: 1,
+            input_tokens: 40,
+            output_tokens: 100,
+            in_flight: 1,
+        }
     );
 }

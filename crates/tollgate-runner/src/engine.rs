@@ -16,8 +16,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tollgate_core::config::CallConfig;
 use tollgate_core::digest::{canonical_json, Binding, Digest256};
-use tollgate_core::hold::{fitted_hold, HoldError};
+use tollgate_core::hold::{fitted_hold, request_input_tokens_bound, HoldError};
 use tollgate_core::ids::{OperationKey, RootKey, Scope};
+use tollgate_core::limits::{ClaimLimits, LimitCharge, LimitSubject, LimitTokens, RateLimits};
 use tollgate_core::message::Message;
 use tollgate_core::money::Money;
 use tollgate_core::state::NotDispatchedCause;
@@ -58,6 +59,8 @@ pub(crate) struct Engine {
     pub background_error: Option<BackgroundErrorFn>,
     /// Where the drives run, so that a host can wait for them on shutdown.
     pub drives: TaskTracker,
+    /// The profile consumer's limits (SC-220).
+    pub limits: RateLimits,
 }
 
 impl Engine {
@@ -100,6 +103,7 @@ impl Engine {
             policy,
             background_error: settings.background_error,
             drives: settings.drives,
+            limits: settings.limits,
         })
     }
 
@@ -124,8 +128,8 @@ impl Engine {
         key: &OperationKey,
         root_key: Option<RootKey>,
         binding: &Binding,
-        inline: Option<&[Message]>,
-        dispatch: bool,
+        (inline, dispatch): (Option<&[Message]>, bool),
+        caller_limits: &[LimitCharge],
     ) -> Result<ClaimOutcome, RunError> {
         // Input in hand whose bound the profile does not cover is claimed at the profile's worst
         // case and refused before any send, as a loaded input would be (SC-207).
@@ -136,6 +140,7 @@ impl Engine {
         }
         .map_err(|e| RunError::InvalidConfig(e.to_string()))?;
         let lease_ms = self.claim_lease_ms();
+        let limits = self.claim_limits(inline, caller_limits);
         let claim = ClaimRequest {
             scope: scope.clone(),
             operation_key: key.clone(),
@@ -146,12 +151,40 @@ impl Engine {
             now: self.ctx.clock.now(),
             lease_ms,
             dispatch: dispatch && inline.is_some(),
+            limits,
         };
         self.ctx
             .stores
             .claim(claim)
             .await
             .map_err(|e| RunError::store(key, e))
+    }
+
+    /// The limits a claim is admitted under: the profile consumer's, then the caller's, each
+    /// with a limit set; the tokens are the fitted worst case the hold is computed from (the
+    /// request in hand's input bound when it is within the profile's, else the profile's, and
+    /// `max_tokens`), so that token limits count what the hold counts (SC-221).
+    fn claim_limits(&self, inline: Option<&[Message]>, caller: &[LimitCharge]) -> ClaimLimits {
+        let consumer = (!self.limits.is_empty()).then(|| LimitCharge {
+            subject: LimitSubject::Consumer(self.config.consumer.clone()),
+            limits: self.limits,
+        });
+        let charges: Vec<LimitCharge> = consumer
+            .into_iter()
+            .chain(caller.iter().filter(|c| !c.limits.is_empty()).cloned())
+            .collect();
+        if charges.is_empty() {
+            return ClaimLimits::default();
+        }
+        let (profile_input, output) = self.config.worst_case_usage();
+        let input = inline
+            .map(|messages| request_input_tokens_bound(&self.config, messages))
+            .filter(|bound| *bound <= profile_input)
+            .unwrap_or(profile_input);
+        ClaimLimits {
+            charges,
+            tokens: LimitTokens { input, output },
+        }
     }
 
     /// Input in hand, checked as a loaded input is (input checks, the client's own check): the

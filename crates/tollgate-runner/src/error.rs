@@ -2,6 +2,7 @@
 
 use tollgate_core::caps::CapBlocked;
 use tollgate_core::ids::OperationKey;
+use tollgate_core::limits::LimitRefused;
 use tollgate_store::StoreError;
 
 /// Why a run stopped waiting without a final answer.
@@ -35,6 +36,10 @@ pub enum RunError {
     /// A block cap refused the call before dispatch (SC-16); nothing was written.
     #[error("cap blocked: {0}")]
     CapBlocked(CapBlocked),
+    /// A rate or concurrency limit refused the call before dispatch (SC-220..SC-223); nothing
+    /// was written.
+    #[error("rate limited: {} {} limit of {}", .0.subject.kind(), .0.kind, .0.limit)]
+    RateLimited(LimitRefused),
     /// A persistence step failed (SC-17). Read or recover `operation_key` later; the provider is
     /// never retried.
     #[error("store failure on {operation_key}: {source}")]

@@ -6,6 +6,7 @@ use futures::future::BoxFuture;
 use std::sync::Arc;
 use tokio_util::task::TaskTracker;
 use tollgate_core::config::CallConfig;
+use tollgate_core::limits::RateLimits;
 use tollgate_core::message::Message;
 
 /// A failure reported by background work, as metadata only (SC-60).
@@ -56,6 +57,9 @@ pub struct RunnerSettings {
     /// which outlives a caller that stops waiting): a host that shuts down closes it and waits
     /// for the drives still running (spec/service.md — Shutdown).
     pub drives: TaskTracker,
+    /// The profile consumer's rate and concurrency limits (`[profiles.limits]`, SC-220); empty:
+    /// none.
+    pub limits: RateLimits,
 }
 
 impl RunnerSettings {
@@ -69,6 +73,7 @@ impl RunnerSettings {
             background_error: None,
             clock: Arc::new(SystemClock),
             drives: TaskTracker::new(),
+            limits: RateLimits::default(),
         }
     }
 }

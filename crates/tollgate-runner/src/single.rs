@@ -11,6 +11,7 @@ use tollgate_core::config::CallConfig;
 use tollgate_core::digest::Binding;
 use tollgate_core::ids::{InputRevision, Intent, OperationKey, Scope, SessionId};
 use tollgate_core::invalid::InvalidReason;
+use tollgate_core::limits::LimitCharge;
 use tollgate_core::message::Message;
 use tollgate_core::state::CallKind;
 use tollgate_core::state::ExecutionState;
@@ -35,6 +36,8 @@ pub struct RunRequest {
     pub load_input: InputLoader,
     /// The caller's signal.
     pub cancel: CancellationToken,
+    /// Limits of the caller beside the profile consumer's (an API key's, SC-220).
+    pub limits: Vec<LimitCharge>,
 }
 
 struct TextPolicy {
@@ -177,8 +180,8 @@ impl SingleCallRunner {
             &request.operation_key,
             None,
             &binding,
-            inline,
-            ready.is_some(),
+            (inline, ready.is_some()),
+            &request.limits,
         ))
         .await?;
         let record = match claim {
@@ -190,6 +193,7 @@ impl SingleCallRunner {
             ClaimOutcome::Existing(existing) => {
                 return self.engine.replay_found(&existing, &binding)
             }
+            ClaimOutcome::Limited(refused) => return Err(RunError::RateLimited(refused)),
             // Only a claim under a root is refused by its root; this one has none.
             ClaimOutcome::RootRefused(root) => {
                 return Err(RunError::RootClosed(root.root_key.to_string()))

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tollgate_core::digest::{Binding, ROOT_BINDING_DOMAIN};
 use tollgate_core::ids::{InputRevision, Intent, OperationKey, RootKey, Scope, SessionId};
 use tollgate_core::invalid::InvalidReason;
+use tollgate_core::limits::LimitCharge;
 use tollgate_core::state::CallKind;
 use tollgate_core::step::Step;
 use tollgate_core::view::{Output, View, ViewState};
@@ -52,6 +53,8 @@ pub struct StepRequest {
     pub load_input: InputLoader,
     /// The caller's signal.
     pub cancel: CancellationToken,
+    /// Limits of the caller beside the profile consumer's (an API key's, SC-220).
+    pub limits: Vec<LimitCharge>,
 }
 
 /// Step output: the visible text; the step itself is kept with the result (ST-8).
@@ -208,12 +211,17 @@ impl GovernedStepRunner {
                 &key,
                 Some(request.root_key.clone()),
                 &binding,
-                None,
-                false,
+                (None, false),
+                &request.limits,
             )
             .await;
         let record = match claim? {
             ClaimOutcome::Claimed(record) => record,
+            ClaimOutcome::Limited(refused) => {
+                self.release(&request.scope, &request.root_key, &key)
+                    .await?;
+                return Err(RunError::RateLimited(refused));
+            }
             ClaimOutcome::Blocked(blocked) => {
                 self.release(&request.scope, &request.root_key, &key)
                     .await?;

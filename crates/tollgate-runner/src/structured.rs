@@ -118,6 +118,7 @@ impl StructuredCallRunner {
                 operation_key: call_key,
                 load_input: request.load_input,
                 cancel: request.cancel,
+                limits: Vec::new(),
             })
             .await;
         self.close_quietly(&request.scope, &root_key, &request.operation_key)

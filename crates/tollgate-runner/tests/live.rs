@@ -90,6 +90,7 @@ fn request(key: &str) -> RunRequest {
         intent: Intent::parse("summarize").unwrap(),
         load_input: async { Ok(vec![Message::text(Role::User, "hello")]) }.boxed(),
         cancel: CancellationToken::new(),
+        limits: Vec::new(),
     }
 }
 

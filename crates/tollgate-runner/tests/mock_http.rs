@@ -185,6 +185,7 @@ impl Rig {
             intent: Intent::parse("summarize").unwrap(),
             load_input: async { Ok(vec![Message::text(Role::User, TEXT)]) }.boxed(),
             cancel: CancellationToken::new(),
+            limits: Vec::new(),
         }
     }
 

@@ -29,6 +29,7 @@ fn request(key: &str) -> RunRequest {
         intent: Intent::parse("count").unwrap(),
         load_input: async { Ok(vec![Message::text(Role::User, "hello")]) }.boxed(),
         cancel: CancellationToken::new(),
+        limits: Vec::new(),
     }
 }
 

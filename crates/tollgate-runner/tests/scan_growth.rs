@@ -30,6 +30,7 @@ fn request(key: &str) -> RunRequest {
         intent: Intent::parse("h8").unwrap(),
         load_input: async { Ok(vec![Message::text(Role::User, "hello")]) }.boxed(),
         cancel: CancellationToken::new(),
+        limits: Vec::new(),
     }
 }
 

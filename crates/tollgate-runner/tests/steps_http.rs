@@ -104,6 +104,7 @@ impl Rig {
                 operation_key: OperationKey::parse(key).unwrap(),
                 load_input: async { Ok(vec![Message::text(Role::User, "Paris, please")]) }.boxed(),
                 cancel: CancellationToken::new(),
+                limits: Vec::new(),
             })
             .await
             .unwrap()
@@ -249,6 +250,7 @@ async fn sr_1_tc_1_tc_3_structured_call_over_http_forces_the_tool_never_executes
             intent: Intent::parse("extract").unwrap(),
             load_input: async { Ok(vec![Message::text(Role::User, "Paris")]) }.boxed(),
             cancel: CancellationToken::new(),
+            limits: Vec::new(),
         };
         let view = runner.run(request()).await.unwrap();
         assert_eq!(view.outcome, Some(Outcome::Success), "{protocol}");
@@ -294,6 +296,7 @@ fn every_run_future_is_send() {
         intent: Intent::parse("extract").unwrap(),
         load_input: async { Ok(vec![Message::text(Role::User, "x")]) }.boxed(),
         cancel: CancellationToken::new(),
+        limits: Vec::new(),
     };
     let future = runner.run(request);
     assert_send(&future);

@@ -59,6 +59,8 @@ pub struct Narrowed {
     stores: Arc<dyn ServiceStores>,
     lease_ms: u64,
     settle_retry_ms: u64,
+    /// The profile's limits, which a narrowed snapshot keeps.
+    limits: tollgate_core::limits::RateLimits,
     drives: TaskTracker,
     kept: Mutex<HashMap<String, Arc<ProfileRunner>>>,
 }
@@ -80,6 +82,7 @@ impl Narrowed {
         settings.lease_ms = self.lease_ms;
         settings.settle_retry_ms = self.settle_retry_ms;
         settings.drives = self.drives.clone();
+        settings.limits = self.limits;
         log_background(&mut settings.background_error);
         let runner = Arc::new(build_runner(Arc::clone(&self.stores), client, settings)?);
         if kept.len() >= NARROWED_RUNNERS_MAX {
@@ -218,6 +221,7 @@ fn loaded(
     runner_settings.lease_ms = settings.lease_ms;
     runner_settings.settle_retry_ms = settings.settle_retry_ms;
     runner_settings.drives = drives.clone();
+    runner_settings.limits = profile.limits;
     log_background(&mut runner_settings.background_error);
     let runner = build_runner(backend.stores(), client, runner_settings)
         .map_err(|e| StartError(format!("profile {:?}: {e}", profile.name)))?;
@@ -229,6 +233,7 @@ fn loaded(
             stores: backend.stores(),
             lease_ms: settings.lease_ms,
             settle_retry_ms: settings.settle_retry_ms,
+            limits: profile.limits,
             drives: drives.clone(),
             kept: Mutex::new(HashMap::new()),
         },

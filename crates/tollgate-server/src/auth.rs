@@ -15,6 +15,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tollgate_core::ids::Scope;
+use tollgate_core::limits::{LimitCharge, LimitSubject, RateLimits};
 use tollgate_store::{ApiKeyRecord, ApiKeyStore, KeyDigest, KeyRole, StoreError};
 
 /// Longest bearer key accepted, in bytes (anything longer is not ours).
@@ -32,6 +33,10 @@ pub struct Principal {
     pub scope: Scope,
     /// The key's role.
     pub role: KeyRole,
+    /// The key's digest, which names it as a limit subject.
+    pub key: KeyDigest,
+    /// The key's rate and concurrency limits (SC-220); empty: none.
+    pub limits: RateLimits,
 }
 
 impl Principal {
@@ -45,6 +50,18 @@ impl Principal {
         } else {
             Err(ApiError::Forbidden)
         }
+    }
+
+    /// The limits of calls made with this key, beside the profile consumer's: none when the
+    /// key has none.
+    pub fn limit_charges(&self) -> Vec<LimitCharge> {
+        if self.limits.is_empty() {
+            return Vec::new();
+        }
+        vec![LimitCharge {
+            subject: LimitSubject::Key(self.key.to_hex()),
+            limits: self.limits,
+        }]
     }
 }
 
@@ -254,6 +271,8 @@ impl KeyStore {
                 let principal = Principal {
                     scope: g.scope.clone(),
                     role: g.role,
+                    key: g.digest,
+                    limits: g.limits,
                 };
                 (g.digest, principal)
             })
@@ -468,6 +487,8 @@ impl KeyStore {
             principal: Principal {
                 scope: record.scope,
                 role: record.role,
+                key: record.digest,
+                limits: record.limits,
             },
             expires_at: record.expires_at,
             revoked: record.revoked_at.is_some(),
@@ -555,6 +576,8 @@ mod tests {
         let principal = Principal {
             scope,
             role: KeyRole::Caller,
+            key: KeyDigest::of_key(key.expose()),
+            limits: RateLimits::default(),
         };
         assert_eq!(keys.authenticate(Some(&header)).await.unwrap(), principal);
         for bad in [None, Some("Bearer"), Some("Basic abc"), Some("Bearer nope")] {
@@ -640,6 +663,7 @@ mod tests {
             digest: KeyDigest::of_key("tg_static"),
             scope: Scope::parse("acme").unwrap(),
             role: KeyRole::Operator,
+            limits: RateLimits::default(),
         };
         let keys = KeyStore::new(std::slice::from_ref(&grant), faulty.clone());
         assert!(keys.has_grants());

@@ -147,6 +147,8 @@ pub struct KeyGrant {
     pub scope: Scope,
     /// What the key may do: caller, operator or finance.
     pub role: KeyRole,
+    /// The pace of calls made with the key (`[keys.limits]`, SC-220).
+    pub limits: tollgate_core::limits::RateLimits,
 }
 
 /// How often the scheduler runs a pass and how many rows one pass takes.
@@ -583,10 +585,14 @@ fn keys(sections: &[KeySection]) -> Result<Vec<KeyGrant>, ConfigError> {
                     "keys[{i}]: the same key hash is declared twice"
                 )));
             }
+            k.limits
+                .validate()
+                .map_err(|e| err(format!("keys[{i}]: limits: {e}")))?;
             Ok(KeyGrant {
                 digest,
                 scope,
                 role,
+                limits: k.limits,
             })
         })
         .collect()

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 use tollgate_core::caps::CapBlocked;
+use tollgate_core::limits::{LimitKind, LimitRefused};
 use tollgate_runner::{Interruption, RunError};
 use tollgate_store::StoreError;
 
@@ -81,6 +82,9 @@ pub enum ApiError {
     /// A block cap refused the call before dispatch (402).
     #[error("a block cap refuses the call")]
     CapBlocked(CapBlocked),
+    /// A rate or concurrency limit refused the call before dispatch (429, SC-220..SC-224).
+    #[error("a rate limit refuses the call")]
+    RateLimited(LimitRefused),
     /// The root is closed (409).
     #[error("root {0} is closed")]
     RootClosed(String),
@@ -145,6 +149,7 @@ impl ApiError {
             }
             Self::ReconciliationRequired { .. } => StatusCode::BAD_GATEWAY,
             Self::CapBlocked(_) => StatusCode::PAYMENT_REQUIRED,
+            Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Interrupted { .. } | Self::RequestTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
@@ -168,6 +173,7 @@ impl ApiError {
             Self::TooLarge(_) => "payload_too_large",
             Self::BodyTimeout(_) => "body_timeout",
             Self::CapBlocked(_) => "cap_blocked",
+            Self::RateLimited(_) => "rate_limited",
             Self::RootClosed(_) => "root_closed",
             Self::RootExpired(_) => "root_expired",
             Self::InvalidState(_) => "invalid_state",
@@ -270,6 +276,38 @@ impl ApiError {
                     error["currency"] = json!(currency);
                 }
             }
+            Self::RateLimited(r) => {
+                let wait = if r.retryable() {
+                    format!("retry after {} ms (Retry-After)", r.reset_ms)
+                } else {
+                    "the call alone asks more than the limit; no wait lets it in".to_string()
+                };
+                let counted = if r.kind == LimitKind::InFlight {
+                    "calls in flight"
+                } else {
+                    "used in this minute's window"
+                };
+                error["message"] = json!(format!(
+                    "the {} {} limit refuses the call before dispatch: {} of {} {counted}, the call \
+                     asks {}; {wait}",
+                    r.subject.kind(),
+                    r.kind.field(),
+                    r.used,
+                    r.limit,
+                    r.asked
+                ));
+                error["subject"] = json!(r.subject.kind());
+                error["limit_kind"] = json!(r.kind.as_str());
+                error["limit"] = json!(r.limit);
+                error["used"] = json!(r.used);
+                error["remaining"] = json!(r.remaining());
+                error["asked"] = json!(r.asked);
+                error["reset_ms"] = json!(r.reset_ms);
+                error["retryable"] = json!(r.retryable());
+                if r.retryable() {
+                    error["retry_after"] = json!(r.reset_ms.div_ceil(1_000));
+                }
+            }
             Self::Unavailable {
                 operation_key: Some(key),
             } => {
@@ -314,6 +352,7 @@ impl ApiError {
                 HeaderName::from_static(SHOULD_RETRY),
                 HeaderValue::from_static("false"),
             )],
+            Self::RateLimited(r) => rate_limit_headers(r),
             _ => Vec::new(),
         }
     }
@@ -324,6 +363,57 @@ impl ApiError {
         let mut response = (self.status_code(), Json(body)).into_response();
         response.headers_mut().extend(self.retry_headers());
         response
+    }
+}
+
+/// The headers of a limit's refusal (SC-224), as the provider APIs send them so that the official
+/// SDKs back off: `Retry-After` (whole seconds, rounded up) and `retry-after-ms` until the
+/// refusing count can fall, `x-should-retry`, and the refusing limit's
+/// `x-ratelimit-{limit,remaining,reset}-{requests,tokens,input-tokens,output-tokens,in-flight}`
+/// (`reset` as a duration, `59.2s`). A call that alone asks more than its limit gets
+/// `x-should-retry: false` and no wait.
+pub fn rate_limit_headers(r: &LimitRefused) -> Vec<(HeaderName, HeaderValue)> {
+    let mut out = Vec::new();
+    let mut push = |name: String, value: String| {
+        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
+            out.push((name, value));
+        }
+    };
+    if r.retryable() {
+        push("retry-after".into(), r.reset_ms.div_ceil(1_000).to_string());
+        push("retry-after-ms".into(), r.reset_ms.to_string());
+    }
+    push(SHOULD_RETRY.into(), r.retryable().to_string());
+    let suffixes: &[&str] = match r.kind {
+        LimitKind::Requests => &["requests"],
+        LimitKind::InputTokens => &["tokens", "input-tokens"],
+        LimitKind::OutputTokens => &["tokens", "output-tokens"],
+        LimitKind::InFlight => &["in-flight"],
+    };
+    for suffix in suffixes {
+        push(format!("x-ratelimit-limit-{suffix}"), r.limit.to_string());
+        push(
+            format!("x-ratelimit-remaining-{suffix}"),
+            r.remaining().to_string(),
+        );
+        push(
+            format!("x-ratelimit-reset-{suffix}"),
+            reset_text(r.reset_ms),
+        );
+    }
+    out
+}
+
+/// A wait as the provider APIs write it in `x-ratelimit-reset-*`: `250ms`, `1s`, `59.2s`.
+pub fn reset_text(ms: u64) -> String {
+    if ms < 1_000 {
+        return format!("{ms}ms");
+    }
+    let (s, rest) = (ms / 1_000, ms % 1_000);
+    if rest == 0 {
+        format!("{s}s")
+    } else {
+        format!("{s}.{}s", format!("{rest:03}").trim_end_matches('0'))
     }
 }
 
@@ -380,6 +470,7 @@ impl From<RunError> for ApiError {
                 fields,
             },
             RunError::CapBlocked(blocked) => Self::CapBlocked(blocked),
+            RunError::RateLimited(refused) => Self::RateLimited(refused),
             RunError::Store {
                 operation_key,
                 source,
@@ -574,6 +665,52 @@ mod tests {
             blocked("0.50", "0.10", "0.50").body()["error"]["kind"],
             "holds_in_flight"
         );
+    }
+
+    fn refusal(kind: LimitKind, asked: u64, reset_ms: u64) -> LimitRefused {
+        LimitRefused {
+            subject: tollgate_core::limits::LimitSubject::Key("ab".into()),
+            kind,
+            limit: 100,
+            used: 97,
+            asked,
+            reset_ms,
+        }
+    }
+
+    #[test]
+    fn sc_224_a_limit_s_refusal_is_429_with_the_provider_s_headers() {
+        let requests = ApiError::RateLimited(refusal(LimitKind::Requests, 5, 59_201));
+        assert_eq!(requests.status_code(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(requests.code(), "rate_limited");
+        let h = requests.retry_headers();
+        assert_eq!(header(&h, "retry-after"), Some("60"));
+        assert_eq!(header(&h, "retry-after-ms"), Some("59201"));
+        assert_eq!(header(&h, SHOULD_RETRY), Some("true"));
+        assert_eq!(header(&h, "x-ratelimit-limit-requests"), Some("100"));
+        assert_eq!(header(&h, "x-ratelimit-remaining-requests"), Some("3"));
+        assert_eq!(header(&h, "x-ratelimit-reset-requests"), Some("59.201s"));
+        let body = requests.body();
+        assert_eq!(body["error"]["retry_after"], 60);
+        assert_eq!(body["error"]["subject"], "key");
+        assert!(!body.to_string().contains("\"ab\""), "no key in the body");
+        // Tokens: the generic and the specific headers.
+        let tokens =
+            ApiError::RateLimited(refusal(LimitKind::OutputTokens, 5, 250)).retry_headers();
+        assert_eq!(header(&tokens, "x-ratelimit-limit-tokens"), Some("100"));
+        assert_eq!(
+            header(&tokens, "x-ratelimit-reset-output-tokens"),
+            Some("250ms")
+        );
+        assert_eq!(header(&tokens, "retry-after"), Some("1"));
+        // A call that alone asks more than the limit: no wait, no retry.
+        let never = ApiError::RateLimited(refusal(LimitKind::InputTokens, 101, 1_000));
+        let h = never.retry_headers();
+        assert_eq!(header(&h, "retry-after"), None);
+        assert_eq!(header(&h, SHOULD_RETRY), Some("false"));
+        assert_eq!(never.body()["error"]["retryable"], false);
+        assert_eq!(reset_text(1_000), "1s");
+        assert_eq!(reset_text(61_500), "61.5s");
     }
 
     #[test]

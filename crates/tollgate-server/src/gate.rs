@@ -218,6 +218,7 @@ mod tests {
             digest: KeyDigest::of_key(KEY),
             scope: Scope::parse("acme").unwrap(),
             role: KeyRole::Caller,
+            limits: tollgate_core::limits::RateLimits::default(),
         };
         Arc::new(KeyStore::new(&[grant], Arc::new(MemoryStores::new())))
     }

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
+use tollgate_core::limits::LimitKind;
 use tollgate_core::view::{View, ViewState};
 
 /// Outcome labels of `tollgate_calls_total` (the view's outcome, or its state when not completed).
@@ -24,13 +25,14 @@ const OUTCOMES: [&str; 9] = [
 ];
 
 /// Code labels of `tollgate_call_errors_total`.
-const CODES: [&str; 14] = [
+const CODES: [&str; 15] = [
     "unauthenticated",
     "forbidden",
     "not_found",
     "conflict",
     "invalid_request",
     "cap_blocked",
+    "rate_limited",
     "root_closed",
     "root_expired",
     "invalid_state",
@@ -40,6 +42,9 @@ const CODES: [&str; 14] = [
     "internal",
     "other",
 ];
+
+/// Subject labels of `tollgate_rate_limited_total` (`LimitSubject::kind`).
+const LIMIT_SUBJECTS: [&str; 2] = ["consumer", "key"];
 
 /// Unlabelled metrics: name, type, help (values from `Metrics::single_values`, same order).
 const SINGLES: [(&str, &str, &str); 11] = [
@@ -149,6 +154,8 @@ pub struct Metrics {
     replays: AtomicU64,
     above_hold: AtomicU64,
     errors: [AtomicU64; CODES.len()],
+    /// Refusals by limit: subject kind × limit kind (`LimitKind::ALL` order).
+    rate_limited: [[AtomicU64; 4]; 2],
     spend: Mutex<BTreeMap<String, Decimal>>,
     holds_in_flight: AtomicI64,
     backlog_executions: AtomicU64,
@@ -190,6 +197,13 @@ impl Metrics {
                 let at = CODES.iter().position(|c| *c == e.code());
                 let at = at.unwrap_or(CODES.len() - 1);
                 self.errors[at].fetch_add(1, Ordering::Relaxed);
+                if let ApiError::RateLimited(r) = e {
+                    let subject = LIMIT_SUBJECTS.iter().position(|s| *s == r.subject.kind());
+                    let kind = LimitKind::ALL.iter().position(|k| *k == r.kind);
+                    if let (Some(s), Some(k)) = (subject, kind) {
+                        self.rate_limited[s][k].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
             }
         }
     }
@@ -304,6 +318,18 @@ impl Metrics {
                 out,
                 "tollgate_call_errors_total{{code=\"{label}\"}} {value}"
             );
+        }
+        let help = "Calls refused by a rate or concurrency limit, by subject and limit (SC-224).";
+        header(&mut out, "tollgate_rate_limited_total", "counter", help);
+        for (subject, counts) in LIMIT_SUBJECTS.iter().zip(&self.rate_limited) {
+            for (kind, count) in LimitKind::ALL.iter().zip(counts) {
+                let value = load(count);
+                let _ = writeln!(
+                    out,
+                    "tollgate_rate_limited_total{{subject=\"{subject}\",limit=\"{}\"}} {value}",
+                    kind.as_str()
+                );
+            }
         }
         let help = "Settled spend of calls run by this process, by currency.";
         header(&mut out, "tollgate_settled_spend_total", "counter", help);

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use tollgate_core::caps::Caps;
 use tollgate_core::config::{CallConfig, OutputContract};
 use tollgate_core::ids::{ConsumerId, VersionId};
+use tollgate_core::limits::RateLimits;
 use tollgate_core::money::{Currency, Money, PriceTable, TokenPrices};
 use tollgate_core::state::CallKind;
 
@@ -31,6 +32,9 @@ pub struct Profile {
     pub name: String,
     /// The retention as written (`30d`).
     pub result_retention: String,
+    /// The consumer's rate and concurrency limits under this profile (SC-220).
+    #[serde(skip_serializing_if = "RateLimits::is_empty")]
+    pub limits: RateLimits,
     /// The snapshot every call of this profile is bound to.
     #[serde(flatten)]
     pub config: CallConfig,
@@ -188,9 +192,11 @@ fn snapshot(
     if kind == CallKind::Structured && config.tools.is_empty() {
         return Err("structured profiles need tools".into());
     }
+    p.limits.validate().map_err(|e| format!("limits: {e}"))?;
     Ok(Profile {
         name: p.name.clone(),
         result_retention: retention,
+        limits: p.limits,
         config,
     })
 }
@@ -337,6 +343,24 @@ daily_block = "10.00"
             "stop = [\"a\", \"b\", \"c\", \"d\", \"e\"]\n[profiles.caps]",
         );
         assert!(load(&many).unwrap_err().0.contains("stop"));
+    }
+
+    #[test]
+    fn sc_220_a_profile_s_limits_are_read_checked_and_listed() {
+        assert!(load(SUMMARIZE).unwrap()["summarize"].limits.is_empty());
+        let text =
+            format!("{SUMMARIZE}[profiles.limits]\nrequests_per_minute = 600\nin_flight = 8\n");
+        let p = &load(&text).unwrap()["summarize"];
+        assert_eq!(p.limits.requests_per_minute, Some(600));
+        assert_eq!(p.limits.in_flight, Some(8));
+        assert_eq!(p.limits.input_tokens_per_minute, None);
+        let listed = serde_json::to_value(p).unwrap();
+        assert_eq!(listed["limits"]["requests_per_minute"], 600);
+        let zero = format!("{SUMMARIZE}[profiles.limits]\nin_flight = 0\n");
+        let e = load(&zero).unwrap_err();
+        assert!(e.0.contains("limits: in_flight must be between 1"), "{e}");
+        let unknown = format!("{SUMMARIZE}[profiles.limits]\nrequests_per_hour = 1\n");
+        assert!(load(&unknown).unwrap_err().0.contains("requests_per_hour"));
     }
 
     #[test]

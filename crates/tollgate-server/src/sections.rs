@@ -6,6 +6,7 @@ use crate::secret::Secret;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use tollgate_core::config::RequestFields;
+use tollgate_core::limits::RateLimits;
 use tollgate_core::message::{Temperature, ToolChoice, ToolSpec, TopP};
 
 /// Why the configuration cannot be used. Names files, keys and fields, never secret values.
@@ -221,6 +222,9 @@ pub struct ProfileSection {
     /// Money caps in the price version's currency; any subset.
     #[serde(default)]
     pub caps: CapsSection,
+    /// `[profiles.limits]`: the pace of the profile's consumer (SC-220); any subset.
+    #[serde(default)]
+    pub limits: RateLimits,
 }
 
 /// `[[keys]]`: a static API key, by its hash only.
@@ -233,4 +237,7 @@ pub struct KeySection {
     pub role: String,
     /// Lower-case hex SHA-256 of the key.
     pub sha256: String,
+    /// `[keys.limits]`: the pace of calls made with this key (SC-220); any subset.
+    #[serde(default)]
+    pub limits: RateLimits,
 }

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tollgate_core::ids::Scope;
+use tollgate_core::limits::RateLimits;
 use tollgate_mock_provider::MockProvider;
 use tollgate_postgres::{PgStores, SessionTimeouts};
 use tollgate_store::{ApiKeyRecord, ApiKeyStore, KeyDigest, KeyRole};
@@ -254,7 +255,7 @@ pub async fn scheduler(options: Options, shutdown: CancellationToken) -> Result<
 /// # Errors
 /// No `DATABASE_URL`, invalid scope or role, store failure.
 pub async fn create_key(env: &Env, scope: &str, role: &str) -> Result<Secret, StartError> {
-    create_key_expiring(env, scope, role, None)
+    create_key_expiring(env, scope, role, None, RateLimits::default())
         .await
         .map(|(key, _)| key)
 }
@@ -279,13 +280,14 @@ pub async fn create_key_expiring(
     scope: &str,
     role: &str,
     expires_in_days: Option<u32>,
+    limits: RateLimits,
 ) -> Result<(Secret, ApiKeyRecord), StartError> {
     if expires_in_days == Some(0) {
         return Err(StartError("--expires-in-days must be at least 1".into()));
     }
     let now = chrono::Utc::now();
     let expires_at = expires_in_days.map(|d| now + chrono::Duration::days(i64::from(d)));
-    create_key_until(env, scope, role, expires_at).await
+    create_key_until(env, scope, role, expires_at, limits).await
 }
 
 /// Creates a key that stops working at `expires_at` (never when `None`; SC-144); it must lie in
@@ -298,8 +300,12 @@ pub async fn create_key_until(
     scope: &str,
     role: &str,
     expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    limits: RateLimits,
 ) -> Result<(Secret, ApiKeyRecord), StartError> {
     let scope = Scope::parse(scope).map_err(start_error)?;
+    limits
+        .validate()
+        .map_err(|e| StartError(format!("--{}", e.replace('_', "-"))))?;
     let role: KeyRole = role.parse().map_err(StartError)?;
     let now = chrono::Utc::now();
     if expires_at.is_some_and(|at| at <= now) {
@@ -309,6 +315,7 @@ pub async fn create_key_until(
     let key = auth::generate_key();
     let mut record = ApiKeyRecord::new(KeyDigest::of_key(key.expose()), scope, role, now);
     record.expires_at = expires_at;
+    record.limits = limits;
     let digest = record.digest;
     stores
         .insert_key(record)
@@ -358,7 +365,7 @@ pub async fn list_keys(
     let mut configured: Vec<_> = grants
         .iter()
         .filter(|g| scope.as_ref().is_none_or(|s| g.scope == *s))
-        .map(|g| KeySummary::configured(&g.digest, &g.scope, g.role))
+        .map(|g| KeySummary::configured(&g.digest, &g.scope, g.role, g.limits))
         .collect();
     configured.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(configured

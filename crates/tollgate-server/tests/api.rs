@@ -934,6 +934,7 @@ async fn sc_93_ledger_audit_route_and_scheduled_drift() {
         now: chrono::Utc::now(),
         lease_ms: 30_000,
         dispatch: false,
+        limits: tollgate_core::limits::ClaimLimits::default(),
         binding_digest: None,
     };
     let ClaimOutcome::Claimed(r) = stores.claim(claim).await.unwrap() else {
@@ -1201,6 +1202,7 @@ async fn sc_113_the_scheduler_fetches_evidence_only_when_on() {
             }
             .boxed(),
             cancel: CancellationToken::new(),
+            limits: Vec::new(),
         })
         .await
         .unwrap();

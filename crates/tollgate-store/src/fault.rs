@@ -562,6 +562,8 @@ fault_wrapper! {
             day: NaiveDate,
             currency: &Currency,
         ) -> SpendTotals;
+        read LimitWindows = fn limit_windows(scope: &Scope)
+            -> Vec<(tollgate_core::limits::LimitSubject, tollgate_core::limits::LimitWindow)>;
     }
     impl AuditLog via stores {
         write AppendAudit = fn append_audit(event: AuditEvent) -> AuditRow;

@@ -15,6 +15,7 @@ use tollgate_core::caps::SpendTotals;
 use tollgate_core::ids::{
     ConsumerId, EvidenceId, ExecutionId, OperationKey, RootKey, Scope, SessionId, SettlementId,
 };
+use tollgate_core::limits::{LimitSubject, LimitWindow};
 use tollgate_core::money::Currency;
 use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
 
@@ -351,6 +352,13 @@ pub trait SpendStore: Send + Sync {
         day: NaiveDate,
         currency: &Currency,
     ) -> StoreResult<SpendTotals>;
+
+    /// Every limited subject's window in `scope` as stored (a window that has closed still reads
+    /// as it was; [`LimitWindow::open_at`] tells), by subject (SC-220).
+    ///
+    /// # Errors
+    /// Store failure.
+    async fn limit_windows(&self, scope: &Scope) -> StoreResult<Vec<(LimitSubject, LimitWindow)>>;
 }
 
 /// The append-only audit log.

@@ -9,8 +9,10 @@
 //!    with no application;
 //! 2. **the service**: real `tollgate serve` processes (the built binary) on a fresh database,
 //!    the mock provider at zero delay in this process, driven over HTTP by `wrk` (one thread, N
-//!    connections, a Lua script per case): one scope (c1, c16, c64), eight scopes, one hot daily block cap, replays of
-//!    completed keys (c16), two servers on one database, and the mock alone (the baseline);
+//!    connections, a Lua script per case): one scope (c1, c16, c64), eight scopes, one hot daily
+//!    block cap, the same hot cap under rate and concurrency limits that never refuse (what limits
+//!    cost, spec/limits.md), replays of completed keys (c16), two servers on one database, and the
+//!    mock alone (the baseline);
 //!    then 1,000 and 10,000 calls in flight on `mock-slow-2000` against a fresh server, for its
 //!    peak RSS;
 //! 3. **growth**: a read by key, a replay, one usage reconciliation page and the scheduler's scan
@@ -245,6 +247,15 @@ reasoning = "2.00"
             "mock-echo",
             "team-hot",
             "[profiles.caps]\ndaily_block = \"1000000.00\"\n",
+        ),
+        // The hot case again under limits of every kind that never refuse: what limits cost.
+        (
+            "hot-limited",
+            "mock-echo",
+            "team-hot-limited",
+            "[profiles.caps]\ndaily_block = \"1000000.00\"\n[profiles.limits]\n\
+             requests_per_minute = 1000000000\ninput_tokens_per_minute = 9007199254740992\n\
+             output_tokens_per_minute = 9007199254740992\nin_flight = 1000000\n",
         ),
         ("slow", SLOW_MODEL, "team-slow", ""),
     ] {
@@ -571,6 +582,8 @@ enum Case {
     OneScope(u64),
     EightScopes(u64),
     HotCap(u64),
+    /// The hot cap's consumer under limits of every kind, none of which refuses.
+    HotLimited(u64),
     Replay(u64),
     TwoServers(u64),
     /// One consumer's calls (one scope, one profile) spread over both servers.
@@ -584,6 +597,7 @@ impl Case {
             Case::OneScope(c) => format!("first calls, 1 scope c{c}"),
             Case::EightScopes(c) => format!("first calls, 8 scopes c{c}"),
             Case::HotCap(c) => format!("first calls, 1 hot cap c{c}"),
+            Case::HotLimited(c) => format!("first calls, 1 hot cap under limits c{c}"),
             Case::Replay(c) => format!("replays c{c}"),
             Case::TwoServers(c) => format!("first calls, 2 servers c{c}"),
             Case::TwoServersOneConsumer(c) => format!("first calls, 1 consumer on 2 servers c{c}"),
@@ -596,6 +610,7 @@ impl Case {
             | Case::OneScope(c)
             | Case::EightScopes(c)
             | Case::HotCap(c)
+            | Case::HotLimited(c)
             | Case::Replay(c)
             | Case::TwoServers(c)
             | Case::TwoServersOneConsumer(c) => c,
@@ -603,7 +618,7 @@ impl Case {
     }
 }
 
-const CASES: [Case; 14] = [
+const CASES: [Case; 16] = [
     Case::MockDirect(1),
     Case::MockDirect(16),
     Case::OneScope(1),
@@ -613,6 +628,8 @@ const CASES: [Case; 14] = [
     Case::EightScopes(64),
     Case::HotCap(16),
     Case::HotCap(64),
+    Case::HotLimited(16),
+    Case::HotLimited(64),
     Case::Replay(16),
     Case::TwoServers(16),
     Case::TwoServers(64),
@@ -644,7 +661,9 @@ impl Service {
         let keys: Vec<String> = self.keys.callers.iter().map(|k| lua_str(k)).collect();
         let keys = format!("{{{}}}", keys.join(", "));
         let calls = |base: &str, server: usize, hot: bool, scopes: u64| {
-            let profile = if hot {
+            let profile = if hot && matches!(case, Case::HotLimited(_)) {
+                "\"hot-limited\"".to_string()
+            } else if hot {
                 "\"hot\"".to_string()
             } else if matches!(case, Case::TwoServersOneConsumer(_)) {
                 "\"plain-0\"".to_string()
@@ -672,7 +691,9 @@ impl Service {
             }],
             Case::OneScope(_) => vec![calls(&self.servers[0].base, 0, false, 1)],
             Case::EightScopes(_) => vec![calls(&self.servers[0].base, 0, false, SCOPES as u64)],
-            Case::HotCap(_) => vec![calls(&self.servers[0].base, 0, true, 1)],
+            Case::HotCap(_) | Case::HotLimited(_) => {
+                vec![calls(&self.servers[0].base, 0, true, 1)]
+            }
             Case::TwoServers(_) | Case::TwoServersOneConsumer(_) => self
                 .servers
                 .iter()
@@ -1144,6 +1165,7 @@ async fn load_section(knobs: &Knobs, admin: &str) {
     let one_scope = best(|c| matches!(c, Case::OneScope(_)));
     let eight = best(|c| matches!(c, Case::EightScopes(_)));
     let hot = best(|c| matches!(c, Case::HotCap(_)));
+    let hot_limited = best(|c| matches!(c, Case::HotLimited(_)));
     let replays = best(|c| matches!(c, Case::Replay(_)));
     let two = best(|c| matches!(c, Case::TwoServers(_)));
     let two_one = best(|c| matches!(c, Case::TwoServersOneConsumer(_)));
@@ -1185,6 +1207,11 @@ async fn load_section(knobs: &Knobs, admin: &str) {
     at_least(
         "first calls/s, 1 hot cap / TPC-B c8 TPS",
         hot / tpcb8_tps,
+        0.9,
+    );
+    at_least(
+        "first calls/s, 1 hot cap under limits that never refuse / the same without limits",
+        hot_limited / hot,
         0.9,
     );
     at_least(
@@ -1263,6 +1290,7 @@ fn request(key: &str) -> RunRequest {
         intent: Intent::parse("growth").unwrap(),
         load_input: async { Ok(vec![Message::text(Role::User, "summarize order 123")]) }.boxed(),
         cancel: CancellationToken::new(),
+        limits: Vec::new(),
     }
 }
 

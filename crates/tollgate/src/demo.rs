@@ -118,6 +118,7 @@ impl Tour {
             intent: id(Intent::parse, "summarize")?,
             load_input: Box::pin(async move { Ok(messages) }),
             cancel: CancellationToken::new(),
+            limits: Vec::new(),
         })
     }
 

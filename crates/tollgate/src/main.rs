@@ -202,6 +202,18 @@ enum Keys {
         /// future).
         #[arg(long)]
         expires_at: Option<String>,
+        /// Calls made with the key admitted per minute window (default: no limit).
+        #[arg(long)]
+        requests_per_minute: Option<u64>,
+        /// Input tokens (fitted worst case, then settled) per minute window.
+        #[arg(long)]
+        input_tokens_per_minute: Option<u64>,
+        /// Output tokens (`max_tokens`, then settled) per minute window.
+        #[arg(long)]
+        output_tokens_per_minute: Option<u64>,
+        /// Calls made with the key in flight at once.
+        #[arg(long)]
+        in_flight: Option<u64>,
     },
     /// List the keys, configured (`[[keys]]`) and stored (id, scope, role, source, revocable,
     /// created, last used, expiry, revoked; never a key).
@@ -314,13 +326,23 @@ fn main() -> ExitCode {
                         role,
                         expires_in_days,
                         expires_at,
+                        requests_per_minute,
+                        input_tokens_per_minute,
+                        output_tokens_per_minute,
+                        in_flight,
                     },
             } => {
+                let limits = tollgate_core::limits::RateLimits {
+                    requests_per_minute,
+                    input_tokens_per_minute,
+                    output_tokens_per_minute,
+                    in_flight,
+                };
                 serve::keys_create(
                     &scope,
                     &role,
-                    expires_in_days,
-                    expires_at.as_deref(),
+                    (expires_in_days, expires_at.as_deref()),
+                    limits,
                     cli.json,
                 )
                 .await

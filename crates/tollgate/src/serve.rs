@@ -53,13 +53,15 @@ pub async fn scheduler(config: Option<PathBuf>) -> Result<(), CommandError> {
         .map_err(CommandError::from)
 }
 
-/// `tollgate keys create --scope S --role R [--expires-in-days N | --expires-at T] [--json]`:
+/// `tollgate keys create --scope S --role R [--expires-in-days N | --expires-at T]
+/// [--requests-per-minute N] [--input-tokens-per-minute N] [--output-tokens-per-minute N]
+/// [--in-flight N] [--json]`:
 /// prints the key once.
 pub async fn keys_create(
     scope: &str,
     role: &str,
-    expires_in_days: Option<u32>,
-    expires_at: Option<&str>,
+    (expires_in_days, expires_at): (Option<u32>, Option<&str>),
+    limits: tollgate_core::limits::RateLimits,
     json: bool,
 ) -> Result<(), CommandError> {
     let env = std::env::vars().collect();
@@ -72,14 +74,15 @@ pub async fn keys_create(
                     ))
                 })?
                 .with_timezone(&chrono::Utc);
-            start::create_key_until(&env, scope, role, Some(at)).await?
+            start::create_key_until(&env, scope, role, Some(at), limits).await?
         }
-        None => start::create_key_expiring(&env, scope, role, expires_in_days).await?,
+        None => start::create_key_expiring(&env, scope, role, expires_in_days, limits).await?,
     };
     if json {
         print::json(&serde_json::json!({
             "key": key.expose(), "scope": scope, "role": role,
-            "id": record.digest.to_hex(), "expires_at": record.expires_at
+            "id": record.digest.to_hex(), "expires_at": record.expires_at,
+            "limits": record.limits
         }));
     } else {
         print::line(key.expose());

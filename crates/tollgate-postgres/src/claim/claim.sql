@@ -3,7 +3,8 @@
 -- the locks it takes are held for the function and the commit only (spec/performance.md, H-17).
 --
 -- In the crate's lock order: the chain group's advisory lock, the new execution row (the insert),
--- the head of its audit chain, the session spend row, the day spend row.
+-- the head of its audit chain, the session spend row, the day spend row, and last, for a call
+-- under limits, its subjects' limit windows.
 --
 -- - The key already has a row: nothing is written and no row is returned (the caller reads the
 --   existing row). The insert waits for a concurrent claimer of the key, so that row is committed.
@@ -17,6 +18,10 @@
 --   refusal raises SQLSTATE `TG001` with the totals before the hold in its detail
 --   (`session_settled session_held day_settled day_held`): the statement fails, so the
 --   transaction writes nothing, and the caller states the refusal from those totals.
+-- - Under limits (`p_limits`, NULL for a call under none, which then does no more), the caps
+--   first, then the limits admit the call (`tollgate_limits_admit`, limits.sql) at the lease's
+--   "now", and the row keeps what it counted (`limits`). A refusal raises SQLSTATE `TG003`, and
+--   again nothing is written. A replay never gets here: the insert found the key new.
 CREATE OR REPLACE FUNCTION tollgate_claim(
     p_id uuid,
     p_scope text,
@@ -44,7 +49,8 @@ CREATE OR REPLACE FUNCTION tollgate_claim(
     p_session_id text,
     p_currency text,
     p_session_block numeric,
-    p_daily_block numeric
+    p_daily_block numeric,
+    p_limits jsonb
 ) RETURNS SETOF executions
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -132,6 +138,13 @@ BEGIN
             MESSAGE = 'a block cap refuses the hold',
             DETAIL = concat_ws(' ', session_settled, session_held - p_hold, day_settled,
                 day_held - p_hold);
+    END IF;
+    IF p_limits IS NOT NULL THEN
+        -- The limit windows last, after the day spend row.
+        UPDATE executions x SET limits = tollgate_limits_admit(p_scope, p_limits,
+            COALESCE(p_lease_now, clock_timestamp()))
+        WHERE x.id = p_id
+        RETURNING x.* INTO claimed;
     END IF;
     RETURN NEXT claimed;
 END

@@ -6,6 +6,7 @@
 use crate::batch;
 use crate::error::{db, sqlstate, DbResultExt};
 use crate::executions;
+use crate::limits;
 use crate::rows::{execution_columns_but_binding, ExecutionRow, SpendRow};
 use crate::spend::{self, SpendKeys};
 use crate::PgStores;
@@ -27,7 +28,7 @@ pub(crate) const CLAIM: &str = concat!(
     "SELECT ",
     execution_columns_but_binding!(),
     " FROM tollgate_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-     $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27)"
+     $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28)"
 );
 
 /// SQLSTATE of the function's cap refusal; its detail is the totals before the hold.
@@ -118,10 +119,12 @@ pub(crate) struct ClaimCall {
     currency: String,
     session_block: Option<Decimal>,
     daily_block: Option<Decimal>,
+    /// The limits the claim is admitted under (`None`: none).
+    limits: Option<Json<serde_json::Value>>,
 }
 
 /// The types of the claim function's parameters, in order (`tollgate_claim_call`'s fields).
-const CLAIM_TYPES: [&str; 27] = [
+const CLAIM_TYPES: [&str; 28] = [
     "uuid",
     "text",
     "text",
@@ -149,6 +152,7 @@ const CLAIM_TYPES: [&str; 27] = [
     "text",
     "numeric",
     "numeric",
+    "jsonb",
 ];
 
 /// The statements of batches of claims, one per batch size, built once so that a batch only binds
@@ -198,13 +202,14 @@ impl batch::Call for ClaimCall {
             .bind(&self.currency)
             .bind(self.session_block)
             .bind(self.daily_block)
+            .bind(&self.limits)
     }
 }
 
 impl PgStores {
     /// The claim of `record` (new, outside a root) by `tollgate_claim`: `Claimed`, `Existing`
-    /// when the key already has a row, or `Blocked` when a block cap refuses the hold (nothing
-    /// written). With batches, claims that arrive together share one statement and one commit.
+    /// when the key already has a row, `Blocked` when a block cap refuses the hold, or `Limited`
+    /// when a rate or concurrency limit refuses the call (nothing written either way). With batches, claims that arrive together share one statement and one commit.
     pub(super) async fn claim_call(
         &self,
         request: &ClaimRequest,
@@ -237,6 +242,7 @@ impl PgStores {
             currency: keys.currency.to_owned(),
             session_block: caps.session_block.map(|m| m.decimal()),
             daily_block: caps.daily_block.map(|m| m.decimal()),
+            limits: limits::claim_json(&request.limits),
         };
         let (answer, call) = match &self.batches {
             Some(batches) => {
@@ -297,6 +303,10 @@ impl PgStores {
                         "the database refused a hold the caps admit".into(),
                     )),
                 }
+            }
+            // Nothing was written: the caps admitted the hold, a limit refused the call.
+            Err(e) if sqlstate(&e).as_deref() == Some(limits::LIMITED) => {
+                Ok(ClaimOutcome::Limited(limits::refused(&e)?))
             }
             Err(e) => Err(db(e)),
         }

@@ -6,6 +6,7 @@ use crate::audit;
 use crate::error::DbResultExt;
 use crate::executions;
 use crate::journal::lease_millis;
+use crate::limits;
 use crate::locks;
 use crate::rows::{execution_columns, ExecutionRow, SpendRow};
 use crate::spend::{self, SpendKeys};
@@ -183,11 +184,12 @@ impl PgStores {
     /// The general claim transaction: inserts the row (or finds the existing one), takes the root
     /// lock, audits `claimed`, locks both spend rows, admits the hold against the block caps (then
     /// against the root block cap on the root's inclusive cost) and adds it to the spend rows and
-    /// the root. A refusal rolls everything back: a root that is `reconciled` or past its deadline
-    /// refuses (ST-36); a missing root is `NotFound`.
+    /// the root, then admits the call under its limits. A refusal rolls everything back: a root
+    /// that is `reconciled` or past its deadline refuses (ST-36), a limit refuses (`Limited`); a
+    /// missing root is `NotFound`.
     ///
     /// Locks in the crate's order: the new execution row (the insert), the root row, the audit
-    /// head, the session spend row, the day spend row. A claimer racing on the same key is settled
+    /// head, the session spend row, the day spend row, the limit windows. A claimer racing on the same key is settled
     /// by `ON CONFLICT`: the insert waits for it, and the row it committed is answered.
     pub(super) async fn claim_in_transaction(
         &self,
@@ -258,6 +260,22 @@ impl PgStores {
             }
             let totals = rules::add_hold(root.totals(), request.hold)?;
             locks::write_totals(&mut tx, root.id, totals, Some(request.now)).await?;
+        }
+        // The limits after the caps and the root, their windows the last locks; a refusal rolls
+        // everything back (SC-220).
+        if let Some(limits) = limits::claim_json(&request.limits) {
+            let admitted = limits::admit(
+                &mut tx,
+                record.id.0,
+                record.scope.as_str(),
+                &limits,
+                lease_now,
+            )
+            .await?;
+            if let Err(refused) = admitted {
+                tx.rollback().await.store_err()?;
+                return Ok(ClaimOutcome::Limited(refused));
+            }
         }
         // The hold is already on both spend rows: the commit makes it so.
         tx.commit().await.store_err()?;

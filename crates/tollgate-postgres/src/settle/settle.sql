@@ -13,8 +13,13 @@
 --   or a spend row holds less than the hold) it raises SQLSTATE `TG002`: nothing is written and
 --   the caller settles by the general transaction, which states the exact error.
 -- - Lock order: the execution, the head of its audit chain, the session spend row, the day spend
---   row. Every call of a consumer takes its day row, so what a settlement does while it holds
---   the spend rows is what one consumer's calls wait for.
+--   row, then, for a call admitted under limits (`limits` on its row), its limit windows. Every
+--   call of a consumer takes its day row, so what a settlement does while it holds the spend rows
+--   is what one consumer's calls wait for.
+-- - A call admitted under limits corrects the windows that counted it to its settled tokens
+--   (`tollgate_limits_end`, limits.sql: every input class, output with reasoning, from `p_tokens`
+--   in the order input, output, cache read, cache write, reasoning), and leaves flight when it
+--   was `dispatched`. A call under none does nothing more.
 -- - The post-call caps (`tollgate_crossed`, caps.sql) judge the settled totals after the charge.
 --   A crossed block cap turns every outcome but `unavailable` into `blocked` and drops output and
 --   step; the cost is settled either way.
@@ -270,6 +275,14 @@ BEGIN
             -- Another call's charge came between: the general transaction decides.
             RAISE EXCEPTION USING ERRCODE = 'TG002', MESSAGE = 'settle by the general transaction';
         END IF;
+    END IF;
+
+    IF e.limits IS NOT NULL THEN
+        -- The limit windows last, after the spend rows.
+        PERFORM tollgate_limits_end(e.scope, e.limits, 'settled',
+            LEAST(p_tokens[1]::numeric + p_tokens[3] + p_tokens[4], 9223372036854775807)::bigint,
+            LEAST(p_tokens[2]::numeric + p_tokens[5], 9223372036854775807)::bigint,
+            e.state = 'dispatched');
     END IF;
 
     RETURN QUERY SELECT c.id, c.scope, c.operation_key, c.kind, c.root_key, c.binding,

@@ -6,6 +6,7 @@
 use super::duplicate;
 use crate::audit;
 use crate::error::{is_unique_violation, DbResultExt};
+use crate::limits;
 use crate::locks;
 use crate::roots;
 use crate::rows::{
@@ -20,6 +21,8 @@ use sqlx::types::Json;
 use sqlx::{FromRow, PgConnection};
 use tollgate_core::caps::CurrencySpend;
 use tollgate_core::caps::SpendTotals;
+use tollgate_core::limits::{LimitEnd, LimitTokens};
+use tollgate_core::state::ExecutionState;
 use tollgate_store::rows::*;
 use tollgate_store::rules;
 use tollgate_store::{StoreError, StoreResult};
@@ -179,7 +182,8 @@ impl PgStores {
     /// second one is `Duplicate`), move the hold to the settled totals of the spend rows and the
     /// root, store the result after the post-call block checks (spend caps, then the root block
     /// cap on the root's inclusive cost), insert the root receipt (UNIQUE per execution),
-    /// complete the journal, audit `settled`.
+    /// complete the journal, audit `settled`, and, for a call admitted under limits, correct its
+    /// windows to the settled tokens.
     pub(super) async fn settle_in_transaction(
         &self,
         request: SettleRequest,
@@ -200,7 +204,7 @@ impl PgStores {
             evidence.as_ref().map(|e| (e, acknowledged_at)),
         )
         .await?;
-        let (record, head) = (locked.record, locked.head);
+        let (record, head, held) = (locked.record, locked.head, locked.limits);
         let named =
             rules::SettledEvidence::named(locked.evidence_id, acknowledged_at, request.evidence_id);
         request.evidence_id = named.id;
@@ -260,6 +264,15 @@ impl PgStores {
         .await?;
         let (done, result) = (finished.done, finished.result);
         let settlement = finished.charge.unwrap_or(settlement);
+        // A call admitted under limits: its windows corrected to the settled tokens, after the
+        // spend rows (the windows are the last locks).
+        if let Some(held) = &held {
+            let end = LimitEnd::Settled {
+                tokens: LimitTokens::of_usage(&request.usage),
+                from_flight: record.state == ExecutionState::Dispatched,
+            };
+            limits::end(&mut tx, record.scope.as_str(), held, end).await?;
+        }
         tx.commit().await.store_err()?;
         Ok(SettleOutcome {
             record: done,

@@ -223,6 +223,7 @@ impl World {
             intent: Intent::parse("summarize").unwrap(),
             load_input: async { Ok(vec![Message::text(Role::User, INPUT)]) }.boxed(),
             cancel: CancellationToken::new(),
+            limits: Vec::new(),
         }
     }
 
@@ -233,6 +234,7 @@ impl World {
             operation_key: OperationKey::parse(key).unwrap(),
             load_input: async { Ok(vec![Message::text(Role::User, INPUT)]) }.boxed(),
             cancel: CancellationToken::new(),
+            limits: Vec::new(),
         }
     }
 

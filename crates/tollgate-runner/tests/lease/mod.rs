@@ -69,6 +69,7 @@ pub fn request(key: &str) -> RunRequest {
         intent: Intent::parse("summarize").unwrap(),
         load_input: async { Ok(vec![Message::text(Role::User, "hello")]) }.boxed(),
         cancel: CancellationToken::new(),
+        limits: Vec::new(),
     }
 }
 
@@ -224,6 +225,7 @@ pub async fn sc_102_skewed_host_clocks_do_not_expire_a_live_lease(base: Arc<dyn 
         now: Utc::now() - ChronoDuration::hours(1),
         lease_ms: 30_000,
         dispatch: false,
+        limits: tollgate_core::limits::ClaimLimits::default(),
         binding_digest: None,
     };
     let tollgate_store::ClaimOutcome::Claimed(record) = base.claim(claim).await.unwrap() else {

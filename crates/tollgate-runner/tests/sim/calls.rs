@@ -138,6 +138,7 @@ impl CallSpec {
             intent: intent(self.intent),
             load_input,
             cancel,
+            limits: Vec::new(),
         }
     }
 }
@@ -178,6 +179,7 @@ pub fn error_kind(e: &RunError) -> String {
         RunError::InvalidRequest(_) => "invalid_request".into(),
         RunError::Conflict { fields, .. } => format!("conflict {}", fields.join(",")),
         RunError::CapBlocked(b) => format!("cap_blocked {}", b.window.as_str()),
+        RunError::RateLimited(r) => format!("rate_limited {}", r.kind),
         RunError::Store { source, .. } => format!("store {}", super::oracle::err_kind(source)),
         RunError::RootClosed(_) => "root_closed".into(),
         RunError::RootExpired(_) => "root_expired".into(),
@@ -237,6 +239,7 @@ pub async fn attempt(
                 operation_key: spec.host_key(),
                 load_input: load,
                 cancel,
+                limits: Vec::new(),
             };
             runners.steps[c].run_step(request).await
         }

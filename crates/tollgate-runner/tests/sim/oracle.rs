@@ -83,6 +83,9 @@ pub async fn on_claim(
                 b.window.as_str()
             ));
         }
+        Ok(ClaimOutcome::Limited(r)) => {
+            return shared.trace(format!("{proc} claim {what} -> limited {}", r.kind));
+        }
         Ok(ClaimOutcome::RootRefused(r)) => {
             return shared.trace(format!(
                 "{proc} claim {what} -> root refused {}",

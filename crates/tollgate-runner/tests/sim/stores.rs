@@ -366,6 +366,17 @@ impl SpendStore for SimStores {
             self.inner().daily_spend(scope, consumer, day, currency)
         )
     }
+    async fn limit_windows(
+        &self,
+        scope: &Scope,
+    ) -> StoreResult<
+        Vec<(
+            tollgate_core::limits::LimitSubject,
+            tollgate_core::limits::LimitWindow,
+        )>,
+    > {
+        read!(self, self.inner().limit_windows(scope))
+    }
 }
 
 #[async_trait]

@@ -168,6 +168,7 @@ impl H {
             operation_key: OperationKey::parse(key).unwrap(),
             load_input: async { Ok(vec![Message::text(Role::User, "weather in Paris?")]) }.boxed(),
             cancel: CancellationToken::new(),
+            limits: Vec::new(),
         }
     }
 
@@ -180,6 +181,7 @@ impl H {
             intent: Intent::parse("extract").unwrap(),
             load_input: async { Ok(vec![Message::text(Role::User, "weather in Paris?")]) }.boxed(),
             cancel: CancellationToken::new(),
+            limits: Vec::new(),
         }
     }
 

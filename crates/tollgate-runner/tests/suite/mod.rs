@@ -109,6 +109,7 @@ impl Harness {
             intent: Intent::parse("summarize").unwrap(),
             load_input: self.loader(text),
             cancel: CancellationToken::new(),
+            limits: Vec::new(),
         }
     }
 

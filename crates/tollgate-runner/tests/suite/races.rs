@@ -47,6 +47,7 @@ async fn claim(h: &Harness, key: &str) -> ExecutionRecord {
         now: h.clock.now(),
         lease_ms: 30_000,
         dispatch: false,
+        limits: tollgate_core::limits::ClaimLimits::default(),
         binding_digest: None,
     };
     match h.stores.claim(request).await.unwrap() {

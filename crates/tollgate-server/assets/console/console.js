@@ -177,6 +177,15 @@
       el("td", { class: "num" }, text(s.daily_block)),
       el("td", {}, s.currency),
       el("td", { class: "level-" + s.level }, s.level)));
+    const limitCell = (used, limit) => el("td", { class: "num" }, limit == null ? String(used) : used + " / " + limit);
+    const limitRows = o.limits.map((l) => el("tr", { "data-consumer": l.consumer },
+      el("td", {}, l.consumer),
+      limitCell(l.requests, l.limits.requests_per_minute),
+      limitCell(l.input_tokens, l.limits.input_tokens_per_minute),
+      limitCell(l.output_tokens, l.limits.output_tokens_per_minute),
+      limitCell(l.in_flight, l.limits.in_flight),
+      el("td", {}, text(l.window_ends_at)),
+      el("td", { class: "level-" + (l.level === "limited" ? "block" : "ok") }, l.level)));
     const held = Object.entries(o.holds.held).map(([c, a]) => a + " " + c).join(", ");
     const sched = o.scheduler;
     return el("div", { id: "overview" },
@@ -191,6 +200,10 @@
         table(["consumer", { label: "settled", num: true }, { label: "held", num: true },
           { label: "daily warn", num: true }, { label: "daily block", num: true }, "currency", "level"],
         spendRows, { id: "spend" })),
+      o.limits.length ? card("Limits per consumer (this minute's window)",
+        table(["consumer", { label: "requests", num: true }, { label: "input tokens", num: true },
+          { label: "output tokens", num: true }, { label: "in flight", num: true }, "window ends", "level"],
+        limitRows, { id: "limits" })) : null,
       card("Open work",
         kv([
           ["open holds", el("span", { id: "holds" }, o.holds.count + (held ? " (" + held + ")" : "") + (o.holds.truncated ? "+" : ""))],

@@ -15,6 +15,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use tollgate_core::caps::Caps;
 use tollgate_core::ids::{ConsumerId, Scope};
+use tollgate_core::limits::{LimitKind, LimitSubject, LimitWindow, RateLimits};
 use tollgate_core::money::{Currency, Money};
 use tollgate_core::state::ExecutionState;
 use tollgate_store::{
@@ -99,6 +100,92 @@ pub struct LedgerBrief {
     pub cache_ms: u64,
 }
 
+/// One consumer's use against its limits (SC-225): the profiles that limit it, its current
+/// window (empty once the window has closed) and its calls in flight.
+#[derive(Debug, Serialize)]
+pub struct ConsumerLimits {
+    /// The consumer.
+    pub consumer: ConsumerId,
+    /// Its limits: for each kind, the strictest of the profiles that set it.
+    pub limits: RateLimits,
+    /// Calls admitted in the current window.
+    pub requests: u64,
+    /// Input tokens counted in the current window.
+    pub input_tokens: u64,
+    /// Output tokens counted in the current window.
+    pub output_tokens: u64,
+    /// Calls in flight now.
+    pub in_flight: u64,
+    /// When the current window closes (none when no window is open).
+    pub window_ends_at: Option<DateTime<Utc>>,
+    /// `limited` when a count has reached its limit, else `ok`.
+    pub level: &'static str,
+}
+
+/// Each limited consumer of the loaded profiles with its use now.
+async fn consumer_limits(
+    app: &App,
+    stores: &dyn ServiceStores,
+    scope: &Scope,
+    now: DateTime<Utc>,
+) -> Result<Vec<ConsumerLimits>, ApiError> {
+    let mut limits: BTreeMap<ConsumerId, RateLimits> = BTreeMap::new();
+    for loaded in app.profiles.values() {
+        let profile = &loaded.profile;
+        if profile.limits.is_empty() {
+            continue;
+        }
+        let entry = limits.entry(profile.config.consumer.clone()).or_default();
+        *entry = strictest(*entry, profile.limits);
+    }
+    if limits.is_empty() {
+        return Ok(Vec::new());
+    }
+    let windows: BTreeMap<LimitSubject, LimitWindow> =
+        stores.limit_windows(scope).await?.into_iter().collect();
+    Ok(limits
+        .into_iter()
+        .map(|(consumer, limits)| {
+            let window = windows
+                .get(&LimitSubject::Consumer(consumer.clone()))
+                .copied();
+            let in_flight = window.map_or(0, |w| w.in_flight);
+            let open = window.filter(|w| w.open_at(now));
+            let used = |kind: LimitKind| match kind {
+                LimitKind::InFlight => in_flight,
+                _ => open.map_or(0, |w| w.used(kind)),
+            };
+            let reached = LimitKind::ALL
+                .into_iter()
+                .any(|k| limits.of(k).is_some_and(|limit| used(k) >= limit));
+            ConsumerLimits {
+                limits,
+                requests: used(LimitKind::Requests),
+                input_tokens: used(LimitKind::InputTokens),
+                output_tokens: used(LimitKind::OutputTokens),
+                in_flight,
+                window_ends_at: open.map(|w| w.ends_at()),
+                level: if reached { "limited" } else { "ok" },
+                consumer,
+            }
+        })
+        .collect())
+}
+
+/// For each kind, the smaller of two limits (either alone when the other is unset).
+fn strictest(a: RateLimits, b: RateLimits) -> RateLimits {
+    let min = |x: Option<u64>, y: Option<u64>| match (x, y) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, y) => x.or(y),
+    };
+    RateLimits {
+        requests_per_minute: min(a.requests_per_minute, b.requests_per_minute),
+        input_tokens_per_minute: min(a.input_tokens_per_minute, b.input_tokens_per_minute),
+        output_tokens_per_minute: min(a.output_tokens_per_minute, b.output_tokens_per_minute),
+        in_flight: min(a.in_flight, b.in_flight),
+    }
+}
+
 /// `GET /v1/console/overview` answer.
 #[derive(Debug, Serialize)]
 pub struct OverviewView {
@@ -112,6 +199,8 @@ pub struct OverviewView {
     pub calls: CallsView,
     /// Today's spend per consumer.
     pub spend: Vec<ConsumerSpend>,
+    /// Each limited consumer's use against its limits.
+    pub limits: Vec<ConsumerLimits>,
     /// Open holds.
     pub holds: HoldsView,
     /// Executions awaiting an operator.
@@ -274,6 +363,7 @@ pub async fn overview(app: &App, who: &Principal) -> Result<OverviewView, ApiErr
         generated_at: now,
         calls: calls(stores.as_ref(), scope, now).await?,
         spend,
+        limits: consumer_limits(app, stores.as_ref(), scope, now).await?,
         holds: HoldsView {
             count: open.len(),
             held,

@@ -86,6 +86,8 @@ mod tests {
         Principal {
             scope: Scope::parse("acme").unwrap(),
             role,
+            key: tollgate_store::rows::KeyDigest::of_key("k"),
+            limits: tollgate_core::limits::RateLimits::default(),
         }
     }
 

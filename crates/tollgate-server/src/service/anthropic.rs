@@ -1139,7 +1139,47 @@ pub fn error_response(error: &ApiError) -> Response {
         } else {
             "false"
         }));
+    if let ApiError::RateLimited(refused) = error {
+        response
+            .headers_mut()
+            .extend(anthropic_rate_limit_headers(refused, chrono::Utc::now()));
+    }
     response
+}
+
+/// Anthropic's own rate-limit headers of a limit's refusal (SC-224), beside the
+/// `x-ratelimit-*` ones every door sends: `anthropic-ratelimit-{requests,input-tokens,
+/// output-tokens}-{limit,remaining,reset}`, `reset` as the RFC 3339 time the window ends. A
+/// refusal by calls in flight has no Anthropic counterpart and adds none.
+pub fn anthropic_rate_limit_headers(
+    refused: &tollgate_core::limits::LimitRefused,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Vec<(HeaderName, HeaderValue)> {
+    use tollgate_core::limits::LimitKind;
+    let name = match refused.kind {
+        LimitKind::Requests => "requests",
+        LimitKind::InputTokens => "input-tokens",
+        LimitKind::OutputTokens => "output-tokens",
+        LimitKind::InFlight => return Vec::new(),
+    };
+    let reset =
+        now + chrono::Duration::milliseconds(i64::try_from(refused.reset_ms).unwrap_or(i64::MAX));
+    [
+        ("limit", refused.limit.to_string()),
+        ("remaining", refused.remaining().to_string()),
+        (
+            "reset",
+            reset.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(part, value)| {
+        Some((
+            HeaderName::try_from(format!("anthropic-ratelimit-{name}-{part}")).ok()?,
+            HeaderValue::try_from(value).ok()?,
+        ))
+    })
+    .collect()
 }
 
 /// `response` with Anthropic's `request-id` header, the request's `x-request-id`.
@@ -1180,7 +1220,7 @@ fn with_request_id(mut response: Response, headers: &HeaderMap) -> Response {
         (status = 409, description = "in_progress (conflict_error, Retry-After: the SDKs retry and get the stored message), root_closed, root_expired, invalid_state", body = AnthropicErrorBody),
         (status = 413, description = "payload_too_large (request_too_large)", body = AnthropicErrorBody),
         (status = 422, description = "invalid_request (invalid_request_error): unknown profile, bad identifier or input, no Tollgate-Root on a step profile; conflict: the Idempotency-Key was first used with another request (x-should-retry: false); not_dispatched: the key's call never went out, nothing charged", body = AnthropicErrorBody),
-        (status = 429, description = "cap_blocked (rate_limit_error): `kind` holds_in_flight, the cap is full of other calls' holds now; the SDKs retry after Retry-After", body = AnthropicErrorBody),
+        (status = 429, description = "cap_blocked (rate_limit_error): `kind` holds_in_flight, the cap is full of other calls' holds now; the SDKs retry after Retry-After. rate_limited (rate_limit_error): a rate or concurrency limit, with Retry-After, retry-after-ms, x-ratelimit-* and anthropic-ratelimit-* headers", body = AnthropicErrorBody),
         (status = 500, description = "internal (api_error)", body = AnthropicErrorBody),
         (status = 502, description = "reconciliation_required (api_error): the key's call may have been sent, its cost is not proven; it waits for an operator (x-should-retry: false)", body = AnthropicErrorBody),
         (status = 503, description = "unavailable (overloaded_error, Retry-After)", body = AnthropicErrorBody),

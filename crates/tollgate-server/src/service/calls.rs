@@ -175,6 +175,7 @@ pub(crate) async fn create_live(
         intent: id(Intent::parse, body.intent)?,
         load_input: checked_input(config, messages.clone())?,
         cancel: cancel.clone(),
+        limits: who.limit_charges(),
     };
     let span = tracing::info_span!(
         "call",

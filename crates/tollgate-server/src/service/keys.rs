@@ -8,6 +8,7 @@ use crate::error::ApiError;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tollgate_core::ids::Scope;
+use tollgate_core::limits::RateLimits;
 use tollgate_store::{ApiKeyRecord, KeyDigest, KeyRole};
 
 /// Where a stored key lives: the key store (`tollgate keys create`).
@@ -40,6 +41,10 @@ pub struct KeySummary {
     pub revoked: bool,
     /// Revoked at.
     pub revoked_at: Option<DateTime<Utc>>,
+    /// The pace of calls made with the key (SC-220); omitted when it has none.
+    #[serde(skip_serializing_if = "RateLimits::is_empty")]
+    #[schema(value_type = Object)]
+    pub limits: RateLimits,
 }
 
 impl From<ApiKeyRecord> for KeySummary {
@@ -55,13 +60,19 @@ impl From<ApiKeyRecord> for KeySummary {
             expires_at: k.expires_at,
             revoked: k.revoked_at.is_some(),
             revoked_at: k.revoked_at,
+            limits: k.limits,
         }
     }
 }
 
 impl KeySummary {
     /// A configured key (`[[keys]]`): no dates, never revoked, not revocable.
-    pub fn configured(digest: &KeyDigest, scope: &Scope, role: KeyRole) -> Self {
+    pub fn configured(
+        digest: &KeyDigest,
+        scope: &Scope,
+        role: KeyRole,
+        limits: RateLimits,
+    ) -> Self {
         Self {
             id: digest.to_hex(),
             scope: scope.to_string(),
@@ -73,6 +84,7 @@ impl KeySummary {
             expires_at: None,
             revoked: false,
             revoked_at: None,
+            limits,
         }
     }
 }
@@ -95,7 +107,7 @@ pub async fn list(app: &App, who: &Principal) -> Result<KeyList, ApiError> {
     let configured = app.keys.grants(Some(&who.scope));
     let keys = configured
         .iter()
-        .map(|(digest, p)| KeySummary::configured(digest, &p.scope, p.role))
+        .map(|(digest, p)| KeySummary::configured(digest, &p.scope, p.role, p.limits))
         .chain(stored.into_iter().map(KeySummary::from))
         .collect();
     Ok(KeyList { keys })

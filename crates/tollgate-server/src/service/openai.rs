@@ -803,6 +803,16 @@ pub fn sse_body(answer: &Answered) -> String {
 /// tollgate's code and the extra fields of tollgate's error body kept beside it.
 pub fn error_body(error: &ApiError) -> Value {
     let mut body = error.body();
+    if let ApiError::RateLimited(r) = error {
+        // OpenAI's type of a rate-limit answer: which budget ran out.
+        let budget = match r.kind {
+            tollgate_core::limits::LimitKind::InputTokens
+            | tollgate_core::limits::LimitKind::OutputTokens => "tokens",
+            _ => "requests",
+        };
+        body["error"]["type"] = json!(budget);
+        return body;
+    }
     let kind = match error.status_code().as_u16() {
         401 => "authentication_error",
         403 => "permission_error",

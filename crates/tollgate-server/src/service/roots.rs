@@ -172,6 +172,7 @@ pub(crate) async fn step_checked(
         operation_key,
         load_input: checked_input(&config, body.input.messages)?,
         cancel: cancel.clone(),
+        limits: who.limit_charges(),
     };
     let span = tracing::info_span!(
         "step",

@@ -187,6 +187,7 @@ mod tests {
             now: t0(),
             lease_ms: 30_000,
             dispatch: false,
+            limits: tollgate_core::limits::ClaimLimits::default(),
             binding_digest: None,
         }
     }

@@ -13,6 +13,10 @@ use std::sync::{Mutex, MutexGuard};
 use tollgate_core::caps::{CurrencySpend, SpendTotals};
 use tollgate_core::digest::Digest256;
 use tollgate_core::ids::*;
+use tollgate_core::limits::{
+    self, ClaimLimits, LimitAdmission, LimitEnd, LimitRefused, LimitSubject, LimitTokens,
+    LimitWindow, LimitsHeld,
+};
 use tollgate_core::money::Currency;
 use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
 
@@ -30,6 +34,10 @@ struct Tables {
     roots: HashMap<(Scope, RootKey), RootRecord>,
     root_receipts: HashMap<ExecutionId, RootReceipt>,
     api_keys: HashMap<KeyDigest, ApiKeyRecord>,
+    /// Each limited subject's window, by `(scope, subject)` (SC-220).
+    limit_windows: HashMap<(Scope, LimitSubject), LimitWindow>,
+    /// What each limited execution counted at admission.
+    limits_held: HashMap<ExecutionId, LimitsHeld>,
 }
 
 /// All stores in memory.
@@ -49,6 +57,12 @@ impl MemoryStores {
             .lock()
             .map_err(|_| StoreError::Unavailable("in-memory store poisoned".into()))
     }
+}
+
+/// The windows an admitted claim leaves, and the tokens it counts.
+struct LimitsPlan {
+    windows: Vec<((Scope, LimitSubject), LimitWindow)>,
+    tokens: LimitTokens,
 }
 
 /// A session spend row: `(scope, consumer, session, currency)` (SC-105).
@@ -204,6 +218,62 @@ impl Tables {
         Ok(())
     }
 
+    /// The windows a claim under `claim` at `now` leaves, and what it counts, computed without
+    /// writing anything, so that a refusal changes nothing (SC-220).
+    fn plan_limits(
+        &self,
+        scope: &Scope,
+        claim: &ClaimLimits,
+        now: DateTime<Utc>,
+    ) -> Result<LimitsPlan, LimitRefused> {
+        let mut windows = Vec::with_capacity(claim.charges.len());
+        for charge in &claim.charges {
+            let key = (scope.clone(), charge.subject.clone());
+            let window = limits::admit(self.limit_windows.get(&key), charge, claim.tokens, now)?;
+            windows.push((key, window));
+        }
+        Ok(LimitsPlan {
+            windows,
+            tokens: claim.tokens,
+        })
+    }
+
+    /// Writes an admitted claim's windows and what execution `id` counted.
+    fn apply_limits(&mut self, id: ExecutionId, plan: LimitsPlan) {
+        if plan.windows.is_empty() {
+            return;
+        }
+        let admissions = plan
+            .windows
+            .iter()
+            .map(|((_, subject), window)| LimitAdmission {
+                subject: subject.clone(),
+                window_started_at: window.started_at,
+            })
+            .collect();
+        self.limit_windows.extend(plan.windows);
+        self.limits_held.insert(
+            id,
+            LimitsHeld {
+                admissions,
+                tokens: plan.tokens,
+            },
+        );
+    }
+
+    /// What the end of execution `id` does to the windows that counted it (SC-222, SC-223).
+    fn end_limits(&mut self, id: ExecutionId, scope: &Scope, end: LimitEnd) {
+        let Some(held) = self.limits_held.get(&id) else {
+            return;
+        };
+        for admission in &held.admissions {
+            let key = (scope.clone(), admission.subject.clone());
+            if let Some(window) = self.limit_windows.get_mut(&key) {
+                *window = limits::end(*window, admission.window_started_at, held.tokens, end);
+            }
+        }
+    }
+
     /// Applies a fenced transition and audits it.
     fn transition(
         &mut self,
@@ -247,6 +317,7 @@ impl ExecutionStore for MemoryStores {
         )? {
             return Ok(ClaimOutcome::Blocked(blocked));
         }
+        let mut root_held = None;
         if let Some(root_key) = &request.root_key {
             let root = t
                 .root_mut(&request.scope, root_key)
@@ -259,11 +330,23 @@ impl ExecutionStore for MemoryStores {
             {
                 return Ok(ClaimOutcome::Blocked(blocked));
             }
-            root.held = rules::add_hold(root.totals(), request.hold)?.held;
-            root.updated_at = request.now;
+            root_held = Some((root_key, rules::add_hold(root.totals(), request.hold)?.held));
+        }
+        // The limits after the caps and the root, as in Postgres; computed before anything is
+        // written.
+        let plan = match t.plan_limits(&request.scope, &request.limits, request.now) {
+            Ok(plan) => plan,
+            Err(refused) => return Ok(ClaimOutcome::Limited(refused)),
+        };
+        if let Some((root_key, held)) = root_held {
+            if let Some(root) = t.root_mut(&request.scope, root_key) {
+                root.held = held;
+                root.updated_at = request.now;
+            }
         }
         let session = rules::add_hold(session, request.hold)?;
         let daily = rules::add_hold(daily, request.hold)?;
+        t.apply_limits(record.id, plan);
         t.set_spend(keys, session, daily);
         t.by_key.insert(key, record.id);
         t.executions.insert(record.id, record.clone());
@@ -322,6 +405,7 @@ impl ExecutionStore for MemoryStores {
             .ok_or_else(|| StoreError::NotFound(fence.execution_id.to_string()))?;
         rules::check_fence(&before, fence, &[ExecutionState::Prepared])?;
         t.release(&before)?;
+        t.end_limits(before.id, &before.scope, LimitEnd::NotSent);
         t.transition(
             fence,
             &[ExecutionState::Prepared],
@@ -342,7 +426,8 @@ impl ExecutionStore for MemoryStores {
         provider_ref: Option<String>,
         now: DateTime<Utc>,
     ) -> StoreResult<ExecutionRecord> {
-        self.lock()?.transition(
+        let mut t = self.lock()?;
+        let record = t.transition(
             fence,
             &[ExecutionState::Dispatched],
             now,
@@ -354,7 +439,9 @@ impl ExecutionStore for MemoryStores {
                     r.provider_ref = provider_ref;
                 }
             },
-        )
+        )?;
+        t.end_limits(record.id, &record.scope, LimitEnd::Parked);
+        Ok(record)
     }
 
     async fn settle(&self, request: SettleRequest) -> StoreResult<SettleOutcome> {
@@ -405,6 +492,14 @@ impl ExecutionStore for MemoryStores {
             root_receipt = Some(receipt);
         }
         let done = rules::completed(&record, &request, result.outcome);
+        t.end_limits(
+            record.id,
+            &record.scope,
+            LimitEnd::Settled {
+                tokens: LimitTokens::of_usage(&request.usage),
+                from_flight: record.state == ExecutionState::Dispatched,
+            },
+        );
         t.set_spend(keys, session, daily);
         t.push_settlement(settlement.clone());
         t.results.insert(record.id, result.clone());
@@ -780,6 +875,18 @@ impl SpendStore for MemoryStores {
             .get(&(scope.clone(), consumer.clone(), day, currency.clone()))
             .copied()
             .unwrap_or_default())
+    }
+
+    async fn limit_windows(&self, scope: &Scope) -> StoreResult<Vec<(LimitSubject, LimitWindow)>> {
+        let t = self.lock()?;
+        let mut windows: Vec<_> = t
+            .limit_windows
+            .iter()
+            .filter(|((s, _), _)| s == scope)
+            .map(|((_, subject), window)| (subject.clone(), *window))
+            .collect();
+        windows.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(windows)
     }
 }
 

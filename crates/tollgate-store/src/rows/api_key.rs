@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 use std::fmt;
 use std::str::FromStr;
 use tollgate_core::ids::Scope;
+use tollgate_core::limits::RateLimits;
 
 /// The SHA-256 of an API key: the only form in which a key is kept. Not a secret (it cannot be
 /// turned back into the key), so it prints as lower-case hex.
@@ -126,6 +127,9 @@ pub struct ApiKeyRecord {
     /// When the key was last used, to within the toucher's granularity (the service: a minute).
     #[serde(default)]
     pub last_used_at: Option<DateTime<Utc>>,
+    /// The pace of calls made with the key (SC-220); empty: none.
+    #[serde(default)]
+    pub limits: RateLimits,
 }
 
 impl ApiKeyRecord {
@@ -139,6 +143,7 @@ impl ApiKeyRecord {
             expires_at: None,
             revoked_at: None,
             last_used_at: None,
+            limits: RateLimits::default(),
         }
     }
 

@@ -7,6 +7,7 @@ use tollgate_core::digest::{Binding, Digest256};
 use tollgate_core::ids::{
     ConsumerId, ExecutionId, FenceToken, OperationKey, RootKey, Scope, SessionId,
 };
+use tollgate_core::limits::{ClaimLimits, LimitRefused};
 use tollgate_core::money::Money;
 use tollgate_core::state::{
     CallKind, ExecutionState, NotDispatchedCause, Outcome, ReconciliationReason,
@@ -108,6 +109,9 @@ pub struct ClaimRequest {
     /// so the claim is also the dispatch mark (one commit; the audit trail still reads `claimed`
     /// then `dispatched`). `false`: the row starts `prepared` and the input is loaded after.
     pub dispatch: bool,
+    /// The rate and concurrency limits the claim is admitted under, in its own unit, after the
+    /// key is known to be new (a replay is never limited) and after the caps (SC-220).
+    pub limits: ClaimLimits,
 }
 
 impl ClaimRequest {
@@ -138,6 +142,8 @@ pub enum ClaimOutcome {
     /// The call's root takes no more claims: it is `reconciled` or past its deadline (ST-36).
     /// Nothing was written.
     RootRefused(super::RootRecord),
+    /// A rate or concurrency limit refused (SC-220..SC-223); nothing was written.
+    Limited(LimitRefused),
 }
 
 /// One journal row with what its view needs: its result, its settlement and, for a call under

@@ -65,6 +65,7 @@ macro_rules! store_conformance {
         );
         $crate::ledger_conformance!($factory);
         $crate::money_conformance!($factory);
+        $crate::limits_conformance!($factory);
     };
     (@tests $factory:expr; $($name:ident),+ $(,)?) => {
         $(
@@ -123,6 +124,7 @@ pub fn claim_req(scope_: &str, key_: &str, config: CallConfig, hold: &str) -> Cl
         now: t0(),
         lease_ms: 30_000,
         dispatch: false,
+        limits: tollgate_core::limits::ClaimLimits::default(),
         binding_digest: None,
     }
 }
@@ -1282,6 +1284,7 @@ pub async fn no_overspend_under_concurrent_claims<S: Stores + 'static>(s: Arc<S>
                 ClaimOutcome::Blocked(_) => 0,
                 ClaimOutcome::Existing(_) => panic!("fresh keys"),
                 ClaimOutcome::RootRefused(_) => panic!("no root"),
+                ClaimOutcome::Limited(_) => panic!("no limits"),
             }
         }));
     }
@@ -1333,6 +1336,7 @@ pub async fn concurrent_claims_of_one_key_insert_once<S: Stores + 'static>(s: Ar
             }
             ClaimOutcome::Blocked(_) => panic!("no caps"),
             ClaimOutcome::RootRefused(_) => panic!("no root"),
+            ClaimOutcome::Limited(_) => panic!("no limits"),
         }
     }
     assert_eq!(claimed_n, 1);
@@ -1355,6 +1359,9 @@ pub use ledger_audit::*;
 
 mod money;
 pub use money::*;
+
+mod limits;
+pub use limits::*;
 
 /// The in-memory stores' insert below the store methods: the one-per-execution check and the
 /// push `settle` makes (`MemoryStores::insert_settlement_unchecked`, feature `test-support` of

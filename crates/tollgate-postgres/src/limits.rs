@@ -1,0 +1,206 @@
+//! Rate and concurrency limits on Postgres (spec/limits.md, SC-220..SC-223): a claim's limits as
+//! `tollgate_limits_admit` takes them, its refusal (SQLSTATE `TG003`) decoded, the end of a call
+//! that was counted (`tollgate_limits_end`), and the windows as stored. The functions' source is
+//! `limits.sql`.
+//!
+//! A call under no limit keeps `executions.limits` NULL: its claim sends no limits and its end
+//! runs no statement of this module.
+
+use crate::error::DbResultExt;
+use crate::PgStores;
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
+use sqlx::postgres::PgDatabaseError;
+use sqlx::types::Json;
+use sqlx::PgConnection;
+use tollgate_core::ids::Scope;
+use tollgate_core::limits::{
+    ClaimLimits, LimitEnd, LimitKind, LimitRefused, LimitSubject, LimitWindow,
+};
+use tollgate_store::{StoreError, StoreResult};
+
+/// The `limits` column of a row (what a limited call counted; `None` for a call under none).
+pub(crate) fn limits_of(row: &sqlx::postgres::PgRow) -> StoreResult<Option<serde_json::Value>> {
+    let held: Option<sqlx::types::Json<serde_json::Value>> =
+        sqlx::Row::try_get(row, "limits").store_err()?;
+    Ok(held.map(|h| h.0))
+}
+
+/// SQLSTATE of a limit's refusal; its detail is the refusal as JSON.
+pub(crate) const LIMITED: &str = "TG003";
+
+/// The admission of the claim of execution `$1` (inserted by this transaction, after its spend
+/// rows) at the lease's "now" (`$4`, `NULL`: the database's clock): the row keeps what it counted.
+const ADMIT: &str = "UPDATE executions \
+     SET limits = tollgate_limits_admit($2, $3, COALESCE($4, clock_timestamp())) WHERE id = $1";
+
+/// The end of a counted call, in its transition's transaction.
+const END: &str = "SELECT tollgate_limits_end($1, $2, $3, $4, $5, $6)";
+
+/// Every window of a scope, by subject.
+const WINDOWS: &str = "SELECT subject, started_at, requests, input_tokens, output_tokens, \
+     in_flight FROM limit_windows WHERE scope = $1 ORDER BY subject";
+
+/// A claim's limits as `tollgate_limits_admit` takes them (`None`: no limit applies, and the
+/// claim does nothing more).
+pub(crate) fn claim_json(limits: &ClaimLimits) -> Option<Json<Value>> {
+    if limits.is_empty() {
+        return None;
+    }
+    let charges: Vec<Value> = limits
+        .charges
+        .iter()
+        .map(|charge| {
+            let kinds: serde_json::Map<String, Value> = LimitKind::ALL
+                .into_iter()
+                .filter_map(|kind| {
+                    charge
+                        .limits
+                        .of(kind)
+                        .map(|limit| (kind.as_str().to_owned(), json!(limit)))
+                })
+                .collect();
+            json!({"subject": charge.subject.stored(), "limits": kinds})
+        })
+        .collect();
+    Some(Json(json!({
+        "charges": charges,
+        "tokens": {"input": limits.tokens.input, "output": limits.tokens.output},
+    })))
+}
+
+/// The refusal in a `TG003` error's detail.
+///
+/// # Errors
+/// [`StoreError::Corrupt`] when the detail is not a refusal.
+pub(crate) fn refused(error: &sqlx::Error) -> StoreResult<LimitRefused> {
+    let bad = || StoreError::Corrupt("limit refusal without its detail".into());
+    let detail = match error {
+        sqlx::Error::Database(e) => e
+            .try_downcast_ref::<PgDatabaseError>()
+            .and_then(PgDatabaseError::detail)
+            .ok_or_else(bad)?,
+        _ => return Err(bad()),
+    };
+    let value: Value = serde_json::from_str(detail).map_err(|_| bad())?;
+    let number = |field: &str| value.get(field).and_then(Value::as_u64).ok_or_else(bad);
+    let text = |field: &str| value.get(field).and_then(Value::as_str).ok_or_else(bad);
+    Ok(LimitRefused {
+        subject: LimitSubject::parse(text("subject")?).ok_or_else(bad)?,
+        kind: LimitKind::parse(text("kind")?).ok_or_else(bad)?,
+        limit: number("limit")?,
+        used: number("used")?,
+        asked: number("asked")?,
+        reset_ms: number("reset_ms")?,
+    })
+}
+
+/// The admission of a claim by the general transaction, its last write before the commit; a
+/// refusal leaves the transaction to be rolled back.
+///
+/// # Errors
+/// Store failure; a refusal without its detail.
+pub(crate) async fn admit(
+    conn: &mut PgConnection,
+    id: uuid::Uuid,
+    scope: &str,
+    limits: &Json<Value>,
+    now: Option<DateTime<Utc>>,
+) -> StoreResult<Result<(), LimitRefused>> {
+    let admitted = sqlx::query(ADMIT)
+        .bind(id)
+        .bind(scope)
+        .bind(limits)
+        .bind(now)
+        .execute(&mut *conn)
+        .await;
+    match admitted {
+        Ok(_) => Ok(Ok(())),
+        Err(e) if crate::error::sqlstate(&e).as_deref() == Some(LIMITED) => Ok(Err(refused(&e)?)),
+        Err(e) => Err(crate::error::db(e)),
+    }
+}
+
+/// What a call's end does to the windows that counted it (`held`: the execution's `limits`, as
+/// its claim kept them), after every other write of the transaction (the windows are the last
+/// locks).
+pub(crate) async fn end(
+    conn: &mut PgConnection,
+    scope: &str,
+    held: &Value,
+    end: LimitEnd,
+) -> StoreResult<()> {
+    let (name, tokens, from_flight) = match end {
+        LimitEnd::NotSent => ("not_sent", None, false),
+        LimitEnd::Parked => ("parked", None, false),
+        LimitEnd::Settled {
+            tokens,
+            from_flight,
+        } => ("settled", Some(tokens), from_flight),
+    };
+    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    sqlx::query(END)
+        .bind(scope)
+        .bind(Json(held))
+        .bind(name)
+        .bind(tokens.map(|t| count(t.input)))
+        .bind(tokens.map(|t| count(t.output)))
+        .bind(from_flight)
+        .execute(&mut *conn)
+        .await
+        .store_err()?;
+    Ok(())
+}
+
+/// One stored window.
+#[derive(sqlx::FromRow)]
+struct WindowRow {
+    subject: String,
+    started_at: DateTime<Utc>,
+    requests: i64,
+    input_tokens: i64,
+    output_tokens: i64,
+    in_flight: i64,
+}
+
+impl WindowRow {
+    fn into_window(self) -> StoreResult<(LimitSubject, LimitWindow)> {
+        let count = |n: i64, field: &str| {
+            u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("limit window {field}")))
+        };
+        let subject = LimitSubject::parse(&self.subject)
+            .ok_or_else(|| StoreError::Corrupt("limit window subject".into()))?;
+        Ok((
+            subject,
+            LimitWindow {
+                started_at: self.started_at,
+                requests: count(self.requests, "requests")?,
+                input_tokens: count(self.input_tokens, "input_tokens")?,
+                output_tokens: count(self.output_tokens, "output_tokens")?,
+                in_flight: count(self.in_flight, "in_flight")?,
+            },
+        ))
+    }
+}
+
+impl PgStores {
+    /// [`SpendStore::limit_windows`](tollgate_store::traits::SpendStore::limit_windows): every
+    /// window of `scope`, by subject.
+    pub(crate) async fn limit_windows_of(
+        &self,
+        scope: &Scope,
+    ) -> StoreResult<Vec<(LimitSubject, LimitWindow)>> {
+        let rows: Vec<WindowRow> = sqlx::query_as(WINDOWS)
+            .bind(scope.as_str())
+            .fetch_all(self.pool())
+            .await
+            .store_err()?;
+        let mut windows = rows
+            .into_iter()
+            .map(WindowRow::into_window)
+            .collect::<StoreResult<Vec<_>>>()?;
+        // By subject as the in-memory stores order them (the database's collation may not).
+        windows.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(windows)
+    }
+}
