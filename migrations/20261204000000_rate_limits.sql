@@ -16,9 +16,11 @@ CREATE TABLE limit_windows (
     PRIMARY KEY (scope, subject)
 );
 
--- What a call admitted under limits counted, for its end: per subject the window that counted it
--- (`{"windows": [{"subject": …, "started_at": …}], "tokens": {"input": …, "output": …}}`). NULL
--- when the call was admitted under no limit, so its end touches no window.
+-- What a call admitted under limits counted, for its end: its subjects, its tokens and its
+-- admission time (`{"subjects": […], "tokens": {"input": …, "output": …}, "admitted_at": …}`),
+-- written with the row by the claim's insert; its end changes each subject's window that contains
+-- the admission time. NULL when the call was admitted under no limit, so its end touches no
+-- window.
 ALTER TABLE executions ADD COLUMN limits jsonb;
 
 -- The call path reads, inserts and updates the windows, as it does the spend rows.

@@ -216,7 +216,8 @@ impl LimitTokens {
 /// What a claim is limited by: each subject's limits, and the tokens it counts.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimLimits {
-    /// Each subject whose limits apply, in the order they are checked (empty: no limit).
+    /// Each subject whose limits apply, one charge per subject (empty: no limit); they are
+    /// judged, and their windows locked, in ascending order of the subjects' stored text.
     pub charges: Vec<LimitCharge>,
     /// The call's fitted worst case.
     pub tokens: LimitTokens,
@@ -253,6 +254,12 @@ impl LimitWindow {
     /// Whether the window is still open at `now`.
     pub fn open_at(&self, now: DateTime<Utc>) -> bool {
         now < self.ends_at()
+    }
+
+    /// Whether `at` falls in the window (`started_at <= at < started_at + 60 s`): for an
+    /// admission time, whether this is the window that counted the call.
+    pub fn contains(&self, at: DateTime<Utc>) -> bool {
+        self.started_at <= at && self.open_at(at)
     }
 
     /// The window as seen at `now`: a closed one is replaced by an empty one opening at `now`
@@ -317,21 +324,16 @@ impl LimitRefused {
     }
 }
 
-/// One subject's admission in a claim: the window it was counted in, kept on the execution so
-/// that its end can give back or correct what it counted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LimitAdmission {
-    /// Whose limits.
-    pub subject: LimitSubject,
-    /// The window that counted the call.
-    pub window_started_at: DateTime<Utc>,
-}
-
-/// What an admitted call counted, kept with its execution.
+/// What an admitted call counted, kept with its execution: when it was admitted, whose windows
+/// counted it and with which tokens. Its end changes the window of each subject that contains the
+/// admission time ([`LimitWindow::contains`]): a subject's windows are disjoint and ordered, so
+/// that is the window that counted the call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LimitsHeld {
-    /// Each subject, in the order admitted.
-    pub admissions: Vec<LimitAdmission>,
+    /// The admission's "now".
+    pub admitted_at: DateTime<Utc>,
+    /// Each subject that counted the call.
+    pub subjects: Vec<LimitSubject>,
     /// The tokens counted at admission.
     pub tokens: LimitTokens,
 }
@@ -401,16 +403,17 @@ pub enum LimitEnd {
     },
 }
 
-/// The window after a call's `end`, counted at admission in `window_started_at` with `held`.
-/// Counts never go below zero.
+/// The window after a call's `end`, admitted at `admitted_at` with `held`: the request and the
+/// tokens are given back or corrected when `window` contains `admitted_at` (it is the window that
+/// counted the call); a call in flight ends either way. Counts never go below zero.
 pub fn end(
     window: LimitWindow,
-    window_started_at: DateTime<Utc>,
+    admitted_at: DateTime<Utc>,
     held: LimitTokens,
     end: LimitEnd,
 ) -> LimitWindow {
     let mut w = window;
-    let same = w.started_at == window_started_at;
+    let same = w.contains(admitted_at);
     match end {
         LimitEnd::NotSent => {
             w.in_flight = w.in_flight.saturating_sub(1);
@@ -578,6 +581,13 @@ mod tests {
             },
         );
         assert_eq!((after.input_tokens, after.in_flight), (0, 1));
+        // The window that counted a call is the one that contains its admission time: from its
+        // start, inclusive, to its end, exclusive.
+        assert_eq!(end(w, at(59_999), T, LimitEnd::NotSent).requests, 1);
+        for outside in [at(-1), at(60_000)] {
+            let untouched = end(w, outside, T, LimitEnd::NotSent);
+            assert_eq!((untouched.requests, untouched.in_flight), (2, 1));
+        }
     }
 
     #[test]

@@ -29,10 +29,11 @@ pub(crate) fn limits_of(row: &sqlx::postgres::PgRow) -> StoreResult<Option<serde
 /// SQLSTATE of a limit's refusal; its detail is the refusal as JSON.
 pub(crate) const LIMITED: &str = "TG003";
 
-/// The admission of the claim of execution `$1` (inserted by this transaction, after its spend
-/// rows) at the lease's "now" (`$4`, `NULL`: the database's clock): the row keeps what it counted.
-const ADMIT: &str = "UPDATE executions \
-     SET limits = tollgate_limits_admit($2, $3, COALESCE($4, clock_timestamp())) WHERE id = $1";
+/// The admission of the claim of execution `$1` (inserted by this transaction with its limits
+/// and admission time, after its spend rows) at that time: it writes the window rows only.
+const ADMIT: &str =
+    "SELECT tollgate_limits_admit($2, $3, (limits ->> 'admitted_at')::timestamptz) \
+     FROM executions WHERE id = $1";
 
 /// The end of a counted call, in its transition's transaction.
 const END: &str = "SELECT tollgate_limits_end($1, $2, $3, $4, $5, $6)";
@@ -42,12 +43,18 @@ const WINDOWS: &str = "SELECT subject, started_at, requests, input_tokens, outpu
      in_flight FROM limit_windows WHERE scope = $1 ORDER BY subject";
 
 /// A claim's limits as `tollgate_limits_admit` takes them (`None`: no limit applies, and the
-/// claim does nothing more).
+/// claim does nothing more): `{"subjects": […], "limits": […], "tokens": {…}}`, each subject's
+/// limits at its place. The execution keeps it without `limits` and with its admission time.
 pub(crate) fn claim_json(limits: &ClaimLimits) -> Option<Json<Value>> {
     if limits.is_empty() {
         return None;
     }
-    let charges: Vec<Value> = limits
+    let subjects: Vec<Value> = limits
+        .charges
+        .iter()
+        .map(|charge| json!(charge.subject.stored()))
+        .collect();
+    let kinds: Vec<Value> = limits
         .charges
         .iter()
         .map(|charge| {
@@ -60,11 +67,12 @@ pub(crate) fn claim_json(limits: &ClaimLimits) -> Option<Json<Value>> {
                         .map(|limit| (kind.as_str().to_owned(), json!(limit)))
                 })
                 .collect();
-            json!({"subject": charge.subject.stored(), "limits": kinds})
+            Value::Object(kinds)
         })
         .collect();
     Some(Json(json!({
-        "charges": charges,
+        "subjects": subjects,
+        "limits": kinds,
         "tokens": {"input": limits.tokens.input, "output": limits.tokens.output},
     })))
 }
@@ -95,8 +103,9 @@ pub(crate) fn refused(error: &sqlx::Error) -> StoreResult<LimitRefused> {
     })
 }
 
-/// The admission of a claim by the general transaction, its last write before the commit; a
-/// refusal leaves the transaction to be rolled back.
+/// The admission of a claim by the general transaction, its last write before the commit (the
+/// row `id` was inserted with `limits` and its admission time); a refusal leaves the transaction
+/// to be rolled back.
 ///
 /// # Errors
 /// Store failure; a refusal without its detail.
@@ -105,13 +114,11 @@ pub(crate) async fn admit(
     id: uuid::Uuid,
     scope: &str,
     limits: &Json<Value>,
-    now: Option<DateTime<Utc>>,
 ) -> StoreResult<Result<(), LimitRefused>> {
     let admitted = sqlx::query(ADMIT)
         .bind(id)
         .bind(scope)
         .bind(limits)
-        .bind(now)
         .execute(&mut *conn)
         .await;
     match admitted {

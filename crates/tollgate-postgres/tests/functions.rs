@@ -1085,7 +1085,8 @@ fn rpm(n: u64) -> RateLimits {
 /// A claim's limits as `tollgate_limits_admit` takes them, written out here (not by the
 /// crate's encoder), so that the comparison also checks the shape the function reads.
 fn admit_json(charges: &[LimitCharge], t: LimitTokens) -> serde_json::Value {
-    let charges: Vec<serde_json::Value> = charges
+    let subjects: Vec<String> = charges.iter().map(|c| c.subject.stored()).collect();
+    let limits: Vec<serde_json::Value> = charges
         .iter()
         .map(|c| {
             let mut kinds = serde_json::Map::new();
@@ -1099,10 +1100,14 @@ fn admit_json(charges: &[LimitCharge], t: LimitTokens) -> serde_json::Value {
                     kinds.insert(name.into(), limit.into());
                 }
             }
-            serde_json::json!({"subject": c.subject.stored(), "limits": kinds})
+            serde_json::Value::Object(kinds)
         })
         .collect();
-    serde_json::json!({"charges": charges, "tokens": {"input": t.input, "output": t.output}})
+    serde_json::json!({
+        "subjects": subjects,
+        "limits": limits,
+        "tokens": {"input": t.input, "output": t.output},
+    })
 }
 
 /// The refusal in a `TG003` error's detail.
@@ -1175,12 +1180,11 @@ async fn put_windows(conn: &mut PgConnection, before: &[(LimitSubject, LimitWind
     }
 }
 
-/// What an admission leaves: every window by subject and, per charge, the window that counted
-/// the call; or the refusal.
-type Admitted = Result<(Vec<(LimitSubject, LimitWindow)>, Vec<LimitSubjectStart>), LimitRefused>;
-type LimitSubjectStart = (LimitSubject, chrono::DateTime<chrono::Utc>);
+/// What an admission leaves: every window by subject; or the refusal.
+type Admitted = Result<Vec<(LimitSubject, LimitWindow)>, LimitRefused>;
 
-/// `tollgate_core::limits::admit` for each charge, on the windows before the claim.
+/// `tollgate_core::limits::admit` for each charge, on the windows before the claim, subjects in
+/// ascending order of their stored text.
 fn rust_admit(
     before: &[(LimitSubject, LimitWindow)],
     charges: &[LimitCharge],
@@ -1189,13 +1193,13 @@ fn rust_admit(
 ) -> Admitted {
     let stored: BTreeMap<LimitSubject, LimitWindow> = before.iter().cloned().collect();
     let mut after = stored.clone();
-    let mut kept = Vec::new();
+    let mut charges: Vec<&LimitCharge> = charges.iter().collect();
+    charges.sort_by_key(|c| c.subject.stored());
     for c in charges {
         let w = rule::admit(stored.get(&c.subject), c, t, now)?;
-        kept.push((c.subject.clone(), w.started_at));
         after.insert(c.subject.clone(), w);
     }
-    Ok((after.into_iter().collect(), kept))
+    Ok(after.into_iter().collect())
 }
 
 /// `tollgate_limits_admit` on the same windows, in a transaction rolled back after.
@@ -1208,32 +1212,14 @@ async fn sql_admit(
 ) -> Admitted {
     sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
     put_windows(conn, before).await;
-    let answer =
-        sqlx::query_scalar::<_, serde_json::Value>("SELECT tollgate_limits_admit('a', $1, $2)")
-            .bind(admit_json(charges, t))
-            .bind(now)
-            .fetch_one(&mut *conn)
-            .await;
+    let answer = sqlx::query("SELECT tollgate_limits_admit('a', $1, $2)")
+        .bind(admit_json(charges, t))
+        .bind(now)
+        .execute(&mut *conn)
+        .await;
     let out = match answer {
         Err(e) => Err(refusal_of(&e)),
-        Ok(kept) => {
-            assert_eq!(
-                kept["tokens"],
-                serde_json::json!({"input": t.input, "output": t.output})
-            );
-            let kept = kept["windows"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|w| {
-                    (
-                        LimitSubject::parse(w["subject"].as_str().unwrap()).unwrap(),
-                        serde_json::from_value(w["started_at"].clone()).unwrap(),
-                    )
-                })
-                .collect();
-            Ok((stored_windows(conn).await, kept))
-        }
+        Ok(_) => Ok(stored_windows(conn).await),
     };
     sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
     out
@@ -1270,11 +1256,11 @@ async fn compare_admissions(cases: Vec<AdmitCase>) -> Vec<Admitted> {
     out
 }
 
-/// One end case: the window, when the call was counted, what it counted, and its end.
+/// One end case: the window, when the call was admitted, what it counted, and its end.
 struct EndCase {
     name: &'static str,
     before: LimitWindow,
-    counted_at: chrono::DateTime<chrono::Utc>,
+    admitted_at: chrono::DateTime<chrono::Utc>,
     held: LimitTokens,
     end: LimitEnd,
 }
@@ -1286,7 +1272,7 @@ async fn compare_ends(cases: Vec<EndCase>) -> Vec<LimitWindow> {
     let subject = consumer_subject("team-a");
     let mut out = Vec::new();
     for case in cases {
-        let rust = rule::end(case.before, case.counted_at, case.held, case.end);
+        let rust = rule::end(case.before, case.admitted_at, case.held, case.end);
         let (name, settled, from_flight) = match case.end {
             LimitEnd::NotSent => ("not_sent", None, false),
             LimitEnd::Parked => ("parked", None, false),
@@ -1295,9 +1281,11 @@ async fn compare_ends(cases: Vec<EndCase>) -> Vec<LimitWindow> {
                 from_flight,
             } => ("settled", Some(tokens), from_flight),
         };
+        // What the claim keeps: the subjects, the tokens and the admission time.
         let held = serde_json::json!({
-            "windows": [{"subject": subject.stored(), "started_at": case.counted_at}],
+            "subjects": [subject.stored()],
             "tokens": {"input": case.held.input, "output": case.held.output},
+            "admitted_at": case.admitted_at,
         });
         sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
         put_windows(&mut conn, &[(subject.clone(), case.before)]).await;
@@ -1367,6 +1355,25 @@ async fn sc_220_two_hundred_concurrent_batched_claims_admit_exactly_the_requests
             .await
             .unwrap();
     assert_eq!(counted, 50);
+    // Each row keeps what its end needs, written with it: the subjects, the tokens and the
+    // admission time (not the limits).
+    let kept: Vec<serde_json::Value> = sqlx::query_scalar("SELECT limits FROM executions")
+        .fetch_all(s.pool())
+        .await
+        .unwrap();
+    for mut kept in kept {
+        let admitted_at = kept
+            .as_object_mut()
+            .and_then(|o| o.remove("admitted_at"))
+            .unwrap();
+        let admitted_at: chrono::DateTime<chrono::Utc> =
+            serde_json::from_value(admitted_at).unwrap();
+        assert_eq!(admitted_at, t0());
+        assert_eq!(
+            kept,
+            serde_json::json!({"subjects": [subject.stored()], "tokens": {"input": 10, "output": 5}})
+        );
+    }
     let windows = tollgate_store::SpendStore::limit_windows(&*s, &scope("a"))
         .await
         .unwrap();
@@ -1557,7 +1564,7 @@ async fn sc_221_the_sql_admission_agrees_with_the_rust_rule() {
     assert!(results[5].is_ok());
     assert_eq!(refused(6).kind, LimitKind::OutputTokens);
     assert!(!refused(7).retryable());
-    let reopened = results[8].clone().unwrap().0;
+    let reopened = results[8].clone().unwrap();
     assert_eq!(
         reopened[0].1,
         LimitWindow {
@@ -1572,7 +1579,7 @@ async fn sc_221_the_sql_admission_agrees_with_the_rust_rule() {
     assert_eq!(refused(10).reset_ms, 1);
     assert_eq!(refused(11).reset_ms, 999);
     assert_eq!(refused(13).subject, key_subject());
-    assert_eq!(results[14].clone().unwrap().1.len(), 2);
+    assert_eq!(results[14].clone().unwrap().len(), 2);
     assert_eq!(refused(15).kind, LimitKind::InFlight);
 }
 
@@ -1608,33 +1615,33 @@ async fn sc_222_the_sql_calls_in_flight_agree_with_the_rust_rule() {
         (refused.kind, refused.used, refused.reset_ms),
         (LimitKind::InFlight, 2, rule::IN_FLIGHT_RETRY_MS)
     );
-    assert_eq!(admissions[1].clone().unwrap().0[0].1.in_flight, 2);
+    assert_eq!(admissions[1].clone().unwrap()[0].1.in_flight, 2);
     let ends = compare_ends(vec![
         EndCase {
             name: "parked",
             before: window(0, [2, 20, 10, 2]),
-            counted_at: at(0),
+            admitted_at: at(0),
             held: t,
             end: LimitEnd::Parked,
         },
         EndCase {
             name: "parked with none in flight stays at zero",
             before: window(0, [2, 20, 10, 0]),
-            counted_at: at(0),
+            admitted_at: at(0),
             held: t,
             end: LimitEnd::Parked,
         },
         EndCase {
             name: "parked after its window closed",
             before: window(60_000, [1, 10, 5, 2]),
-            counted_at: at(0),
+            admitted_at: at(0),
             held: t,
             end: LimitEnd::Parked,
         },
         EndCase {
             name: "settled after being parked leaves flight alone",
             before: window(0, [2, 20, 10, 1]),
-            counted_at: at(0),
+            admitted_at: at(0),
             held: t,
             end: LimitEnd::Settled {
                 tokens: tokens(3, 50),
@@ -1670,54 +1677,86 @@ async fn sc_223_the_sql_give_backs_and_corrections_agree_with_the_rust_rule() {
         EndCase {
             name: "not sent, in the window that counted it",
             before: window(0, [2, 20, 10, 2]),
-            counted_at: at(0),
+            admitted_at: at(0),
             held: t,
             end: LimitEnd::NotSent,
         },
         EndCase {
             name: "not sent, after a new window opened",
             before: window(60_000, [1, 10, 5, 2]),
-            counted_at: at(0),
+            admitted_at: at(0),
             held: t,
             end: LimitEnd::NotSent,
         },
         EndCase {
             name: "not sent, counts below what it counted",
             before: window(0, [0, 3, 1, 0]),
-            counted_at: at(0),
+            admitted_at: at(0),
             held: t,
             end: LimitEnd::NotSent,
         },
         EndCase {
             name: "settled in the same window",
             before: window(0, [2, 20, 10, 2]),
-            counted_at: at(0),
+            admitted_at: at(0),
             held: t,
             end: settled(3, 50),
         },
         EndCase {
             name: "settled in the same window, long after it closed (no window opened since)",
             before: window(0, [2, 20, 10, 2]),
-            counted_at: at(0),
+            admitted_at: at(0),
             held: t,
             end: settled(0, 0),
         },
         EndCase {
             name: "settled after a new window opened",
             before: window(60_000, [1, 10, 5, 2]),
-            counted_at: at(0),
+            admitted_at: at(0),
             held: t,
             end: settled(100, 100),
         },
         EndCase {
             name: "settled, counts below what it counted",
             before: window(0, [1, 4, 2, 1]),
-            counted_at: at(0),
+            admitted_at: at(0),
             held: t,
             end: settled(3, 1),
         },
+        EndCase {
+            name: "not sent, admitted in the middle of its window",
+            before: window(0, [2, 20, 10, 2]),
+            admitted_at: at(30_000),
+            held: t,
+            end: LimitEnd::NotSent,
+        },
+        EndCase {
+            name: "not sent, admitted a microsecond before its window closed",
+            before: window(0, [2, 20, 10, 2]),
+            admitted_at: at_us(59_999_999),
+            held: t,
+            end: LimitEnd::NotSent,
+        },
+        EndCase {
+            name: "settled, admitted when the window closed: a later window counted it",
+            before: window(0, [2, 20, 10, 2]),
+            admitted_at: at(60_000),
+            held: t,
+            end: settled(3, 50),
+        },
+        EndCase {
+            name: "not sent, admitted before the window opened: an earlier one counted it",
+            before: window(60_000, [1, 10, 5, 2]),
+            admitted_at: at(59_999),
+            held: t,
+            end: LimitEnd::NotSent,
+        },
     ])
     .await;
+    assert_eq!(ends[7], window(0, [1, 10, 5, 1]));
+    assert_eq!(ends[8], window(0, [1, 10, 5, 1]));
+    assert_eq!(ends[9], window(0, [2, 20, 10, 1]));
+    assert_eq!(ends[10], window(60_000, [1, 10, 5, 1]));
     assert_eq!(ends[0], window(0, [1, 10, 5, 1]));
     assert_eq!(ends[1], window(60_000, [1, 10, 5, 1]));
     assert_eq!(ends[2], window(0, [0, 0, 0, 0]));
@@ -1910,4 +1949,52 @@ async fn sc_223_the_ends_of_limited_calls_leave_the_windows_the_in_memory_store_
             in_flight: 1,
         }
     );
+}
+
+/// The harness's probes (`benches/probe/db_only.sql`, `db_limited.sql`: a first call's claim and
+/// settlement as pgbench drives them) run on a migrated database and settle what they claim, so
+/// a change of the functions' parameters cannot leave them behind (H-7).
+#[tokio::test]
+async fn h_7_the_harness_probes_call_the_functions_as_they_are() {
+    let (database, _s) = fresh().await;
+    let mut conn = PgConnection::connect(database.url()).await.unwrap();
+    for probe in ["db_only.sql", "db_limited.sql"] {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../benches/probe")
+            .join(probe);
+        let script = std::fs::read_to_string(&path).unwrap();
+        let mut vars = vec![("n".to_string(), format!("{}", probe.len()))];
+        vars.push(("c".into(), "3".into()));
+        vars.push(("chain".into(), "5".into()));
+        let mut eid = None;
+        for line in script.lines().filter(|l| !l.starts_with("\\set")) {
+            let mut sql = line.trim_end_matches("\\gset").trim().to_string();
+            // Longest names first, so that `:chain` is not read as `:c` followed by `hain`.
+            let mut names = vars.clone();
+            names.sort_by_key(|(name, _)| std::cmp::Reverse(name.len()));
+            for (name, value) in &names {
+                sql = sql.replace(&format!(":{name}::"), &format!("{value}::"));
+                sql = sql.replace(&format!(":{name})"), &format!("{value})"));
+            }
+            if let Some(id) = &eid {
+                sql = sql.replace(":eid", &format!("'{id}'"));
+            }
+            let id: uuid::Uuid = sqlx::query_scalar(&sql)
+                .fetch_one(&mut conn)
+                .await
+                .unwrap_or_else(|e| panic!("{probe}: {e}"));
+            eid.get_or_insert(id);
+        }
+        let state: String = sqlx::query_scalar("SELECT state::text FROM executions WHERE id = $1")
+            .bind(eid.unwrap())
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(state, "completed", "{probe}");
+    }
+    let windows: i64 = sqlx::query_scalar("SELECT in_flight FROM limit_windows")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(windows, 0, "the limited probe's call left flight");
 }

@@ -421,3 +421,72 @@ async fn sc_194_the_console_pages_say_when_a_check_is_cached() {
     );
     s.stop().await;
 }
+
+/// SC-225, SC-220, SC-224 on the embedded stores: the overview shows a limited consumer's use
+/// against its limits, a call over the limit is 429 `rate_limited` with its headers, and the
+/// overview then says the consumer is limited.
+#[tokio::test]
+async fn sc_225_the_overview_shows_each_limited_consumer_s_use_against_its_limits() {
+    let paced = r#"
+[[profiles]]
+name = "paced"
+kind = "text"
+provider = "mock"
+model = "mock-echo"
+policy_version = "policy-1"
+price_version = "prices-t"
+consumer = "team-p"
+max_tokens = 64
+max_input_chars = 200
+[profiles.limits]
+requests_per_minute = 2
+in_flight = 5
+"#;
+    let s = Server::start_with(tollgate_server::Backend::memory(), paced).await;
+    let limits_of = |overview: &Value| {
+        overview["limits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["consumer"] == "team-p")
+            .cloned()
+            .unwrap_or_else(|| panic!("no limits of team-p: {overview}"))
+    };
+    let (status, view, _) = s
+        .post("/v1/calls", &s.caller, &call("paced", "p-1", "r", "hi"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    let (_, overview, _) = s.get("/v1/console/overview", &s.operator).await;
+    let team_p = limits_of(&overview);
+    assert_eq!(team_p["limits"]["requests_per_minute"], 2, "{team_p}");
+    assert_eq!(team_p["limits"]["in_flight"], 5, "{team_p}");
+    assert_eq!(team_p["requests"], 1, "{team_p}");
+    assert_eq!(team_p["in_flight"], 0, "{team_p}");
+    assert_eq!(team_p["level"], "ok", "{team_p}");
+    assert!(team_p["window_ends_at"].is_string(), "{team_p}");
+    // Consumers without limits are not listed.
+    assert!(overview["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|l| l["consumer"] == "team-p"));
+    let (status, _, _) = s
+        .post("/v1/calls", &s.caller, &call("paced", "p-2", "r", "hi"))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, refused, _) = s
+        .post("/v1/calls", &s.caller, &call("paced", "p-3", "r", "hi"))
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{refused}");
+    assert_eq!(refused["error"]["code"], "rate_limited");
+    assert_eq!(refused["error"]["limit_kind"], "requests");
+    assert_eq!(refused["error"]["remaining"], 0);
+    let (_, overview, _) = s.get("/v1/console/overview", &s.operator).await;
+    let team_p = limits_of(&overview);
+    assert_eq!(team_p["requests"], 2, "{team_p}");
+    assert_eq!(team_p["level"], "limited", "{team_p}");
+    // The refused key wrote nothing: reading it back finds no call.
+    let (status, _, _) = s.get("/v1/calls/p-3", &s.caller).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    s.stop().await;
+}

@@ -916,6 +916,11 @@ async fn load_section(knobs: &Knobs, admin: &str) {
     let ceiling_script =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/probe/db_only.sql");
     let ceiling_script = ceiling_script.to_str().unwrap().to_string();
+    // The same two functions with a consumer limit of every kind that never refuses: what limits
+    // cost the database.
+    let limited_script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/probe/db_limited.sql");
+    let limited_script = limited_script.to_str().unwrap().to_string();
 
     // The service's database, migrated, and the mock.
     let db = TestDatabase::create(admin).await.unwrap();
@@ -992,45 +997,68 @@ async fn load_section(knobs: &Knobs, admin: &str) {
     let mut tpcb8 = Vec::new();
     let mut select16 = Vec::new();
     let mut ceiling8 = Vec::new();
+    let mut limited8 = Vec::new();
     let mut seen: BTreeMap<Case, Observed> = BTreeMap::new();
     for round in 0..knobs.rounds {
         service.round.store(round, Ordering::Relaxed);
         let pg_first = round % 2 == 0;
-        let run_pgbench = |tpcb1: &mut Vec<PgbenchRun>,
-                           tpcb8: &mut Vec<PgbenchRun>,
-                           select16: &mut Vec<PgbenchRun>,
-                           ceiling8: &mut Vec<PgbenchRun>| {
-            tpcb1.push(pgbench(
-                bench_db.url(),
-                &["-n", "-c", "1", "-j", "1", "-T", &secs],
-            ));
-            tpcb8.push(pgbench(
-                bench_db.url(),
-                &["-n", "-c", "8", "-j", "2", "-T", &secs],
-            ));
-            select16.push(pgbench(
-                bench_db.url(),
-                &["-n", "-S", "-c", "16", "-j", "2", "-T", &secs],
-            ));
-            ceiling8.push(pgbench(
-                ceiling_db.url(),
-                &[
-                    "-n",
-                    "-M",
-                    "prepared",
-                    "-c",
-                    "8",
-                    "-j",
-                    "2",
-                    "-T",
-                    &secs,
-                    "-f",
-                    &ceiling_script,
-                ],
-            ));
-        };
+        let run_pgbench =
+            |tpcb1: &mut Vec<PgbenchRun>,
+             tpcb8: &mut Vec<PgbenchRun>,
+             select16: &mut Vec<PgbenchRun>,
+             (ceiling8, limited8): (&mut Vec<PgbenchRun>, &mut Vec<PgbenchRun>)| {
+                tpcb1.push(pgbench(
+                    bench_db.url(),
+                    &["-n", "-c", "1", "-j", "1", "-T", &secs],
+                ));
+                tpcb8.push(pgbench(
+                    bench_db.url(),
+                    &["-n", "-c", "8", "-j", "2", "-T", &secs],
+                ));
+                select16.push(pgbench(
+                    bench_db.url(),
+                    &["-n", "-S", "-c", "16", "-j", "2", "-T", &secs],
+                ));
+                ceiling8.push(pgbench(
+                    ceiling_db.url(),
+                    &[
+                        "-n",
+                        "-M",
+                        "prepared",
+                        "-c",
+                        "8",
+                        "-j",
+                        "2",
+                        "-T",
+                        &secs,
+                        "-f",
+                        &ceiling_script,
+                    ],
+                ));
+                limited8.push(pgbench(
+                    ceiling_db.url(),
+                    &[
+                        "-n",
+                        "-M",
+                        "prepared",
+                        "-c",
+                        "8",
+                        "-j",
+                        "2",
+                        "-T",
+                        &secs,
+                        "-f",
+                        &limited_script,
+                    ],
+                ));
+            };
         if pg_first {
-            run_pgbench(&mut tpcb1, &mut tpcb8, &mut select16, &mut ceiling8);
+            run_pgbench(
+                &mut tpcb1,
+                &mut tpcb8,
+                &mut select16,
+                (&mut ceiling8, &mut limited8),
+            );
         }
         let order: Vec<Case> = if pg_first {
             CASES.to_vec()
@@ -1042,7 +1070,12 @@ async fn load_section(knobs: &Knobs, admin: &str) {
             seen.entry(case).or_default().add(observed);
         }
         if !pg_first {
-            run_pgbench(&mut tpcb1, &mut tpcb8, &mut select16, &mut ceiling8);
+            run_pgbench(
+                &mut tpcb1,
+                &mut tpcb8,
+                &mut select16,
+                (&mut ceiling8, &mut limited8),
+            );
         }
         println!("round {} of {} done", round + 1, knobs.rounds);
     }
@@ -1103,11 +1136,13 @@ async fn load_section(knobs: &Knobs, admin: &str) {
     let tpcb8_tps = mean(&tpcb8, |r| r.tps);
     let select16_tps = mean(&select16, |r| r.tps);
     let ceiling8_tps = mean(&ceiling8, |r| r.tps);
+    let limited8_tps = mean(&limited8, |r| r.tps);
     let pg_failed: u64 = tpcb1
         .iter()
         .chain(&tpcb8)
         .chain(&select16)
         .chain(&ceiling8)
+        .chain(&limited8)
         .map(|r| r.failed)
         .sum();
     let pg_total: u64 = tpcb1
@@ -1115,6 +1150,7 @@ async fn load_section(knobs: &Knobs, admin: &str) {
         .chain(&tpcb8)
         .chain(&select16)
         .chain(&ceiling8)
+        .chain(&limited8)
         .map(|r| r.transactions + r.failed)
         .sum();
 
@@ -1139,6 +1175,10 @@ async fn load_section(knobs: &Knobs, admin: &str) {
     println!(
         "| tollgate_claim + tollgate_settle c8 (no application) | {ceiling8_tps:.0} | {:.2} |",
         mean(&ceiling8, |r| r.latency_ms)
+    );
+    println!(
+        "| the same under a limit that never refuses c8 | {limited8_tps:.0} | {:.2} |",
+        mean(&limited8, |r| r.latency_ms)
     );
     println!("pgbench failed transactions: {pg_failed} of {pg_total}");
     println!();
@@ -1208,6 +1248,10 @@ async fn load_section(knobs: &Knobs, admin: &str) {
         "first calls/s, 1 hot cap / TPC-B c8 TPS",
         hot / tpcb8_tps,
         0.9,
+    );
+    info_row(
+        "claim + settle functions under a limit that never refuses / without, by pgbench c8",
+        limited8_tps / ceiling8_tps,
     );
     at_least(
         "first calls/s, 1 hot cap under limits that never refuse / the same without limits",

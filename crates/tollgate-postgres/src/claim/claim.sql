@@ -18,10 +18,12 @@
 --   refusal raises SQLSTATE `TG001` with the totals before the hold in its detail
 --   (`session_settled session_held day_settled day_held`): the statement fails, so the
 --   transaction writes nothing, and the caller states the refusal from those totals.
--- - Under limits (`p_limits`, NULL for a call under none, which then does no more), the caps
---   first, then the limits admit the call (`tollgate_limits_admit`, limits.sql) at the lease's
---   "now", and the row keeps what it counted (`limits`). A refusal raises SQLSTATE `TG003`, and
---   again nothing is written. A replay never gets here: the insert found the key new.
+-- - Under limits (`p_limits`, NULL for a call under none, which then does no more), the row is
+--   inserted with what its end needs (`limits`: the subjects and tokens of `p_limits`, and
+--   `admitted_at`, the lease's "now", known before the insert, so the row is written once);
+--   after the caps, the limits admit the call at that time (`tollgate_limits_admit`,
+--   limits.sql), writing the window rows only. A refusal raises SQLSTATE `TG003`, and again
+--   nothing is written. A replay never gets here: the insert found the key new.
 CREATE OR REPLACE FUNCTION tollgate_claim(
     p_id uuid,
     p_scope text,
@@ -65,16 +67,20 @@ DECLARE
     session_held numeric;
     day_settled numeric;
     day_held numeric;
+    v_now timestamptz;
 BEGIN
     -- The chain group's lock across instances (H-35), before any row.
     PERFORM pg_advisory_xact_lock(1953459308, (p_chain >> 3)::integer);
+    -- The lease's "now": the lease runs from it, and the limits admit the call at it.
+    v_now := COALESCE(p_lease_now, clock_timestamp());
     INSERT INTO executions (id, scope, operation_key, kind, root_key, binding, binding_digest,
         accounting_day, state, not_dispatched_cause, outcome, fence, lease_expires_at, hold,
-        provider_ref, created_at, updated_at, reconciliation_reason)
+        provider_ref, created_at, updated_at, reconciliation_reason, limits)
     VALUES (p_id, p_scope, p_operation_key, p_kind, NULL, p_binding, p_binding_digest,
         p_accounting_day, p_state, NULL, NULL, p_fence,
-        COALESCE(p_lease_now, clock_timestamp()) + p_lease_ms * interval '1 millisecond',
-        p_hold, NULL, p_created_at, p_updated_at, NULL)
+        v_now + p_lease_ms * interval '1 millisecond',
+        p_hold, NULL, p_created_at, p_updated_at, NULL,
+        (p_limits - 'limits') || jsonb_build_object('admitted_at', v_now))
     ON CONFLICT (scope, operation_key) DO NOTHING
     RETURNING * INTO claimed;
     IF NOT FOUND THEN
@@ -141,10 +147,7 @@ BEGIN
     END IF;
     IF p_limits IS NOT NULL THEN
         -- The limit windows last, after the day spend row.
-        UPDATE executions x SET limits = tollgate_limits_admit(p_scope, p_limits,
-            COALESCE(p_lease_now, clock_timestamp()))
-        WHERE x.id = p_id
-        RETURNING x.* INTO claimed;
+        PERFORM tollgate_limits_admit(p_scope, p_limits, v_now);
     END IF;
     RETURN NEXT claimed;
 END

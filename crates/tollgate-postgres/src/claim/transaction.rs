@@ -23,13 +23,17 @@ use tollgate_store::{StoreError, StoreResult};
 
 /// Inserts the row unless the key has one; for a call outside a root, locks the head of its
 /// audit chain (`$20`) in the same round trip and returns it as `seq:hash` (`NULL` under a root,
-/// whose lock comes first, and before the scope's first append).
+/// whose lock comes first, and before the scope's first append). The lease runs from its "now"
+/// (`$13`, `NULL`: the database's clock), and a call under limits (`$21`) keeps them with that
+/// "now" as its admission time, so the admission writes only the window rows.
 const INSERT: &str = concat!(
     "WITH e AS (INSERT INTO executions (",
     execution_columns!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
-     COALESCE($13, clock_timestamp()) + $19::bigint * interval '1 millisecond', \
-     $14, $15, $16, $17, $18) ON CONFLICT (scope, operation_key) DO NOTHING RETURNING ",
+    ", limits) SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+     n.now + $19::bigint * interval '1 millisecond', $14, $15, $16, $17, $18, \
+     ($21::jsonb - 'limits') || jsonb_build_object('admitted_at', n.now) \
+     FROM (SELECT COALESCE($13, clock_timestamp()) AS now) n \
+     ON CONFLICT (scope, operation_key) DO NOTHING RETURNING ",
     execution_columns!(),
     ") SELECT e.*, (SELECT h.last_seq::text || ':' || h.last_hash FROM audit_heads h \
      WHERE e.root_key IS NULL AND h.scope = e.scope AND h.chain = $20 FOR UPDATE) AS audit_head \
@@ -76,7 +80,8 @@ const CLAIMED_DISPATCHED_THEN_HOLD: &str = append_then_hold!(
     "$22"
 );
 
-/// Inserts `r`; its lease ends `lease_ms` after `lease_now` (`None`: the database's clock).
+/// Inserts `r`; its lease ends `lease_ms` after `lease_now` (`None`: the database's clock), and
+/// under `limits` it keeps them with that time as its admission's.
 /// `None` when the key already has a row; else the row and, outside a root, the locked head of
 /// `chain` (`None` before the scope's first append).
 async fn insert(
@@ -84,6 +89,7 @@ async fn insert(
     r: &ExecutionRecord,
     lease_now: Option<DateTime<Utc>>,
     lease_ms: u64,
+    limits: Option<&Json<serde_json::Value>>,
 ) -> StoreResult<Option<(ExecutionRecord, Option<(i64, String)>)>> {
     let chain = i16::try_from(AuditChain::of_execution(r.id).0)
         .map_err(|_| StoreError::Corrupt("audit chain".into()))?;
@@ -108,6 +114,7 @@ async fn insert(
         .bind(r.reconciliation_reason.map(|c| c.as_str()))
         .bind(lease_millis(lease_ms))
         .bind(chain)
+        .bind(limits)
         .fetch_optional(&mut *conn)
         .await
         .store_err()?;
@@ -198,8 +205,16 @@ impl PgStores {
     ) -> StoreResult<ClaimOutcome> {
         let mut tx = self.begin().await?;
         let lease_now = self.lease_now(request.now);
-        let Some((record, head)) = insert(&mut tx, &record, lease_now, request.lease_ms).await?
-        else {
+        let limits = limits::claim_json(&request.limits);
+        let inserted = insert(
+            &mut tx,
+            &record,
+            lease_now,
+            request.lease_ms,
+            limits.as_ref(),
+        )
+        .await?;
+        let Some((record, head)) = inserted else {
             // The insert waited for any concurrent claimer of the key, so the row is committed.
             let held = Some((&record.binding, record.binding_digest));
             let existing =
@@ -263,15 +278,9 @@ impl PgStores {
         }
         // The limits after the caps and the root, their windows the last locks; a refusal rolls
         // everything back (SC-220).
-        if let Some(limits) = limits::claim_json(&request.limits) {
-            let admitted = limits::admit(
-                &mut tx,
-                record.id.0,
-                record.scope.as_str(),
-                &limits,
-                lease_now,
-            )
-            .await?;
+        if let Some(limits) = &limits {
+            let admitted =
+                limits::admit(&mut tx, record.id.0, record.scope.as_str(), limits).await?;
             if let Err(refused) = admitted {
                 tx.rollback().await.store_err()?;
                 return Ok(ClaimOutcome::Limited(refused));

@@ -14,8 +14,7 @@ use tollgate_core::caps::{CurrencySpend, SpendTotals};
 use tollgate_core::digest::Digest256;
 use tollgate_core::ids::*;
 use tollgate_core::limits::{
-    self, ClaimLimits, LimitAdmission, LimitEnd, LimitRefused, LimitSubject, LimitTokens,
-    LimitWindow, LimitsHeld,
+    self, ClaimLimits, LimitEnd, LimitRefused, LimitSubject, LimitTokens, LimitWindow, LimitsHeld,
 };
 use tollgate_core::money::Currency;
 use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
@@ -59,9 +58,10 @@ impl MemoryStores {
     }
 }
 
-/// The windows an admitted claim leaves, and the tokens it counts.
+/// The windows an admitted claim leaves, when it was admitted, and the tokens it counts.
 struct LimitsPlan {
     windows: Vec<((Scope, LimitSubject), LimitWindow)>,
+    admitted_at: DateTime<Utc>,
     tokens: LimitTokens,
 }
 
@@ -219,21 +219,25 @@ impl Tables {
     }
 
     /// The windows a claim under `claim` at `now` leaves, and what it counts, computed without
-    /// writing anything, so that a refusal changes nothing (SC-220).
+    /// writing anything, so that a refusal changes nothing (SC-220). Subjects are judged in
+    /// ascending order of their stored text, as Postgres locks and judges them.
     fn plan_limits(
         &self,
         scope: &Scope,
         claim: &ClaimLimits,
         now: DateTime<Utc>,
     ) -> Result<LimitsPlan, LimitRefused> {
-        let mut windows = Vec::with_capacity(claim.charges.len());
-        for charge in &claim.charges {
+        let mut charges: Vec<_> = claim.charges.iter().collect();
+        charges.sort_by_cached_key(|charge| charge.subject.stored());
+        let mut windows = Vec::with_capacity(charges.len());
+        for charge in charges {
             let key = (scope.clone(), charge.subject.clone());
             let window = limits::admit(self.limit_windows.get(&key), charge, claim.tokens, now)?;
             windows.push((key, window));
         }
         Ok(LimitsPlan {
             windows,
+            admitted_at: now,
             tokens: claim.tokens,
         })
     }
@@ -243,33 +247,32 @@ impl Tables {
         if plan.windows.is_empty() {
             return;
         }
-        let admissions = plan
+        let subjects = plan
             .windows
             .iter()
-            .map(|((_, subject), window)| LimitAdmission {
-                subject: subject.clone(),
-                window_started_at: window.started_at,
-            })
+            .map(|((_, subject), _)| subject.clone())
             .collect();
         self.limit_windows.extend(plan.windows);
         self.limits_held.insert(
             id,
             LimitsHeld {
-                admissions,
+                admitted_at: plan.admitted_at,
+                subjects,
                 tokens: plan.tokens,
             },
         );
     }
 
-    /// What the end of execution `id` does to the windows that counted it (SC-222, SC-223).
+    /// What the end of execution `id` does to the windows that counted it: each subject's window
+    /// that contains the admission time (SC-222, SC-223).
     fn end_limits(&mut self, id: ExecutionId, scope: &Scope, end: LimitEnd) {
         let Some(held) = self.limits_held.get(&id) else {
             return;
         };
-        for admission in &held.admissions {
-            let key = (scope.clone(), admission.subject.clone());
+        for subject in &held.subjects {
+            let key = (scope.clone(), subject.clone());
             if let Some(window) = self.limit_windows.get_mut(&key) {
-                *window = limits::end(*window, admission.window_started_at, held.tokens, end);
+                *window = limits::end(*window, held.admitted_at, held.tokens, end);
             }
         }
     }
