@@ -91,6 +91,16 @@ pub(crate) fn sqlstate(error: &sqlx::Error) -> Option<String> {
     }
 }
 
+/// The `DETAIL` of a database error our functions raise (a refusal's facts), if any.
+pub(crate) fn detail(error: &sqlx::Error) -> Option<&str> {
+    match error {
+        sqlx::Error::Database(e) => e
+            .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+            .and_then(sqlx::postgres::PgDatabaseError::detail),
+        _ => None,
+    }
+}
+
 /// A stored value that does not decode; names the field, never the value.
 pub(crate) fn corrupt(field: &str) -> StoreError {
     StoreError::Corrupt(format!("{field} is not valid"))

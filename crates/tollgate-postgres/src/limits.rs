@@ -10,7 +10,6 @@ use crate::error::DbResultExt;
 use crate::PgStores;
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
-use sqlx::postgres::PgDatabaseError;
 use sqlx::types::Json;
 use sqlx::PgConnection;
 use tollgate_core::ids::Scope;
@@ -83,13 +82,7 @@ pub(crate) fn claim_json(limits: &ClaimLimits) -> Option<Json<Value>> {
 /// [`StoreError::Corrupt`] when the detail is not a refusal.
 pub(crate) fn refused(error: &sqlx::Error) -> StoreResult<LimitRefused> {
     let bad = || StoreError::Corrupt("limit refusal without its detail".into());
-    let detail = match error {
-        sqlx::Error::Database(e) => e
-            .try_downcast_ref::<PgDatabaseError>()
-            .and_then(PgDatabaseError::detail)
-            .ok_or_else(bad)?,
-        _ => return Err(bad()),
-    };
+    let detail = crate::error::detail(error).ok_or_else(bad)?;
     let value: Value = serde_json::from_str(detail).map_err(|_| bad())?;
     let number = |field: &str| value.get(field).and_then(Value::as_u64).ok_or_else(bad);
     let text = |field: &str| value.get(field).and_then(Value::as_str).ok_or_else(bad);

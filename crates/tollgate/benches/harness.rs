@@ -1019,38 +1019,16 @@ async fn load_section(knobs: &Knobs, admin: &str) {
                     bench_db.url(),
                     &["-n", "-S", "-c", "16", "-j", "2", "-T", &secs],
                 ));
-                ceiling8.push(pgbench(
-                    ceiling_db.url(),
-                    &[
-                        "-n",
-                        "-M",
-                        "prepared",
-                        "-c",
-                        "8",
-                        "-j",
-                        "2",
-                        "-T",
-                        &secs,
-                        "-f",
-                        &ceiling_script,
-                    ],
-                ));
-                limited8.push(pgbench(
-                    ceiling_db.url(),
-                    &[
-                        "-n",
-                        "-M",
-                        "prepared",
-                        "-c",
-                        "8",
-                        "-j",
-                        "2",
-                        "-T",
-                        &secs,
-                        "-f",
-                        &limited_script,
-                    ],
-                ));
+                let probe = |script: &str| {
+                    pgbench(
+                        ceiling_db.url(),
+                        &[
+                            "-n", "-M", "prepared", "-c", "8", "-j", "2", "-T", &secs, "-f", script,
+                        ],
+                    )
+                };
+                ceiling8.push(probe(&ceiling_script));
+                limited8.push(probe(&limited_script));
             };
         if pg_first {
             run_pgbench(

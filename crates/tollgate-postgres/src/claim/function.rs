@@ -11,7 +11,7 @@ use crate::rows::{execution_columns_but_binding, ExecutionRow, SpendRow};
 use crate::spend::{self, SpendKeys};
 use crate::PgStores;
 use rust_decimal::Decimal;
-use sqlx::postgres::{PgArguments, PgDatabaseError};
+use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 use sqlx::types::Json;
 use sqlx::{FromRow, Postgres};
@@ -73,13 +73,7 @@ fn claim_audit(record: &ExecutionRecord, chain: AuditChain, request: &ClaimReque
 /// (`session_settled session_held day_settled day_held`).
 fn refused_totals(error: &sqlx::Error) -> StoreResult<(SpendTotals, SpendTotals)> {
     let bad = || StoreError::Corrupt("cap refusal without totals".into());
-    let detail = match error {
-        sqlx::Error::Database(e) => e
-            .try_downcast_ref::<PgDatabaseError>()
-            .and_then(PgDatabaseError::detail)
-            .ok_or_else(bad)?,
-        _ => return Err(bad()),
-    };
+    let detail = crate::error::detail(error).ok_or_else(bad)?;
     let numbers = detail
         .split(' ')
         .map(Decimal::from_str)
