@@ -6,7 +6,7 @@ use crate::batch::Answer;
 use crate::error::{db, DbResultExt};
 use crate::limits;
 use crate::locks;
-use crate::rows::{execution_columns, ExecutionRow};
+use crate::rows::{execution_columns, limit_columns, ExecutionRow};
 use crate::spend::{self, SpendKeys};
 use crate::PgStores;
 use chrono::{DateTime, Utc};
@@ -23,23 +23,26 @@ use tollgate_store::{StoreError, StoreResult};
 /// trip, after the row, it locks the head of the row's audit chain (`$8`) and returns it as
 /// `seq:hash` (`NULL` before the scope's first append), so the transition's audit append needs
 /// one statement more, not two (H-11). Row, then head: the crate's lock order. Answers the row's
-/// `limits` too (what a limited call counted, for the end of its flight).
+/// limit columns too (what a limited call counted, for the end of its flight).
 pub(crate) const FENCED: &str = concat!(
     "WITH e AS (UPDATE executions SET state = $4, provider_ref = COALESCE($5, provider_ref), \
      updated_at = $6, reconciliation_reason = COALESCE($7, reconciliation_reason) \
      WHERE id = $1 AND fence = $2 AND state = ANY($3) RETURNING ",
     execution_columns!(),
-    ", limits) SELECT e.*, (SELECT h.last_seq::text || ':' || h.last_hash FROM audit_heads h \
+    ", ",
+    limit_columns!(),
+    ") SELECT e.*, (SELECT h.last_seq::text || ':' || h.last_hash FROM audit_heads h \
      WHERE h.scope = e.scope AND h.chain = $8 FOR UPDATE) AS audit_head FROM e"
 );
 
-/// `prepared → not_dispatched`; answers the row's `limits` too (what a limited call counted, to
+/// `prepared → not_dispatched`; answers the row's limit columns too (what a limited call counted, to
 /// give back).
 const NOT_DISPATCHED: &str = concat!(
     "UPDATE executions SET state = $2, not_dispatched_cause = $3, hold = 0, updated_at = $4 \
      WHERE id = $1 RETURNING ",
     execution_columns!(),
-    ", limits"
+    ", ",
+    limit_columns!()
 );
 
 const DISPATCHED_WITH_HOLD: &str = concat!(

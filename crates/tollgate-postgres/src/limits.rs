@@ -1,16 +1,15 @@
 //! Rate and concurrency limits on Postgres (spec/limits.md, SC-220..SC-223): a claim's limits as
-//! `tollgate_limits_admit` takes them, its refusal (SQLSTATE `TG003`) decoded, the end of a call
+//! `tollgate_limits_admit` takes them ([`ClaimLimitArgs`]), its refusal (SQLSTATE `TG003`) decoded, the end of a call
 //! that was counted (`tollgate_limits_end`), and the windows as stored. The functions' source is
 //! `limits.sql`.
 //!
-//! A call under no limit keeps `executions.limits` NULL: its claim sends no limits and its end
-//! runs no statement of this module.
+//! A call under no limit keeps its execution's limit columns NULL: its claim sends no limits and
+//! its end runs no statement of this module.
 
 use crate::error::DbResultExt;
 use crate::PgStores;
 use chrono::{DateTime, Utc};
-use serde_json::{json, Value};
-use sqlx::types::Json;
+use serde_json::Value;
 use sqlx::PgConnection;
 use tollgate_core::ids::Scope;
 use tollgate_core::limits::{
@@ -18,11 +17,45 @@ use tollgate_core::limits::{
 };
 use tollgate_store::{StoreError, StoreResult};
 
-/// The `limits` column of a row (what a limited call counted; `None` for a call under none).
-pub(crate) fn limits_of(row: &sqlx::postgres::PgRow) -> StoreResult<Option<serde_json::Value>> {
-    let held: Option<sqlx::types::Json<serde_json::Value>> =
-        sqlx::Row::try_get(row, "limits").store_err()?;
-    Ok(held.map(|h| h.0))
+/// What a call admitted under limits counted, as its execution keeps it (`limit_subjects`,
+/// `limit_input_tokens`, `limit_output_tokens`, `limit_admitted_at`), for its end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HeldLimits {
+    /// The subjects' stored text.
+    pub(crate) subjects: Vec<String>,
+    /// The input tokens counted.
+    pub(crate) input_tokens: i64,
+    /// The output tokens counted.
+    pub(crate) output_tokens: i64,
+    /// The admission time.
+    pub(crate) admitted_at: DateTime<Utc>,
+}
+
+/// The limit columns of a row ([`limit_columns`](crate::rows::limit_columns); `None` for a call
+/// under no limit).
+///
+/// # Errors
+/// [`StoreError::Corrupt`] when only some of them are set.
+pub(crate) fn limits_of(row: &sqlx::postgres::PgRow) -> StoreResult<Option<HeldLimits>> {
+    use sqlx::Row as _;
+    let subjects: Option<Vec<String>> = row.try_get("limit_subjects").store_err()?;
+    let input: Option<i64> = row.try_get("limit_input_tokens").store_err()?;
+    let output: Option<i64> = row.try_get("limit_output_tokens").store_err()?;
+    let admitted: Option<DateTime<Utc>> = row.try_get("limit_admitted_at").store_err()?;
+    match (subjects, input, output, admitted) {
+        (None, None, None, None) => Ok(None),
+        (Some(subjects), Some(input_tokens), Some(output_tokens), Some(admitted_at)) => {
+            Ok(Some(HeldLimits {
+                subjects,
+                input_tokens,
+                output_tokens,
+                admitted_at,
+            }))
+        }
+        _ => Err(StoreError::Corrupt(
+            "an execution's limit columns are partly set".into(),
+        )),
+    }
 }
 
 /// SQLSTATE of a limit's refusal; its detail is the refusal as JSON.
@@ -30,50 +63,68 @@ pub(crate) const LIMITED: &str = "TG003";
 
 /// The admission of the claim of execution `$1` (inserted by this transaction with its limits
 /// and admission time, after its spend rows) at that time: it writes the window rows only.
-const ADMIT: &str =
-    "SELECT tollgate_limits_admit($2, $3, (limits ->> 'admitted_at')::timestamptz) \
+const ADMIT: &str = "SELECT tollgate_limits_admit($2, $3, $4, $5, limit_admitted_at) \
      FROM executions WHERE id = $1";
 
 /// The end of a counted call, in its transition's transaction.
-const END: &str = "SELECT tollgate_limits_end($1, $2, $3, $4, $5, $6)";
+const END: &str = "SELECT tollgate_limits_end($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// Every window of a scope, by subject.
 const WINDOWS: &str = "SELECT subject, started_at, requests, input_tokens, output_tokens, \
      in_flight FROM limit_windows WHERE scope = $1 ORDER BY subject";
 
-/// A claim's limits as `tollgate_limits_admit` takes them (`None`: no limit applies, and the
-/// claim does nothing more): `{"subjects": […], "limits": […], "tokens": {…}}`, each subject's
-/// limits at its place. The execution keeps it without `limits` and with its admission time.
-pub(crate) fn claim_json(limits: &ClaimLimits) -> Option<Json<Value>> {
-    if limits.is_empty() {
-        return None;
-    }
-    let subjects: Vec<Value> = limits
-        .charges
-        .iter()
-        .map(|charge| json!(charge.subject.stored()))
-        .collect();
-    let kinds: Vec<Value> = limits
-        .charges
-        .iter()
-        .map(|charge| {
-            let kinds: serde_json::Map<String, Value> = LimitKind::ALL
-                .into_iter()
-                .filter_map(|kind| {
-                    charge
-                        .limits
-                        .of(kind)
-                        .map(|limit| (kind.as_str().to_owned(), json!(limit)))
+/// [`ClaimLimitArgs::binds`]: subjects, values and tokens, each `None` for a call under no limit.
+pub(crate) type LimitBinds<'a> = (
+    Option<&'a [String]>,
+    Option<&'a [Option<i64>]>,
+    Option<&'a [i64]>,
+);
+
+/// A claim's limits as `tollgate_limits_admit` and the claim function take them: each subject's
+/// stored text, its four limits at its place (in [`LimitKind::ALL`]'s order; `None`: that kind is
+/// not limited), and the tokens the call counts (input, output). The execution keeps the subjects
+/// and tokens with its admission time ([`HeldLimits`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ClaimLimitArgs {
+    pub(crate) subjects: Vec<String>,
+    pub(crate) values: Vec<Option<i64>>,
+    pub(crate) tokens: Vec<i64>,
+}
+
+impl ClaimLimitArgs {
+    /// The arguments of `limits` (`None`: no limit applies, and the claim does nothing more).
+    pub(crate) fn of(limits: &ClaimLimits) -> Option<Self> {
+        if limits.is_empty() {
+            return None;
+        }
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        Some(Self {
+            subjects: limits
+                .charges
+                .iter()
+                .map(|charge| charge.subject.stored())
+                .collect(),
+            values: limits
+                .charges
+                .iter()
+                .flat_map(|charge| {
+                    LimitKind::ALL
+                        .into_iter()
+                        .map(|kind| charge.limits.of(kind).map(count))
                 })
-                .collect();
-            Value::Object(kinds)
+                .collect(),
+            tokens: vec![count(limits.tokens.input), count(limits.tokens.output)],
         })
-        .collect();
-    Some(Json(json!({
-        "subjects": subjects,
-        "limits": kinds,
-        "tokens": {"input": limits.tokens.input, "output": limits.tokens.output},
-    })))
+    }
+
+    /// `(subjects, values, tokens)` to bind, all `NULL` for a call under no limit.
+    pub(crate) fn binds(limits: Option<&Self>) -> LimitBinds<'_> {
+        (
+            limits.map(|l| l.subjects.as_slice()),
+            limits.map(|l| l.values.as_slice()),
+            limits.map(|l| l.tokens.as_slice()),
+        )
+    }
 }
 
 /// The refusal in a `TG003` error's detail.
@@ -97,7 +148,7 @@ pub(crate) fn refused(error: &sqlx::Error) -> StoreResult<LimitRefused> {
 }
 
 /// The admission of a claim by the general transaction, its last write before the commit (the
-/// row `id` was inserted with `limits` and its admission time); a refusal leaves the transaction
+/// row `id` was inserted with its limit columns and admission time); a refusal leaves the transaction
 /// to be rolled back.
 ///
 /// # Errors
@@ -106,12 +157,14 @@ pub(crate) async fn admit(
     conn: &mut PgConnection,
     id: uuid::Uuid,
     scope: &str,
-    limits: &Json<Value>,
+    limits: &ClaimLimitArgs,
 ) -> StoreResult<Result<(), LimitRefused>> {
     let admitted = sqlx::query(ADMIT)
         .bind(id)
         .bind(scope)
-        .bind(limits)
+        .bind(&limits.subjects)
+        .bind(&limits.values)
+        .bind(&limits.tokens)
         .execute(&mut *conn)
         .await;
     match admitted {
@@ -121,13 +174,13 @@ pub(crate) async fn admit(
     }
 }
 
-/// What a call's end does to the windows that counted it (`held`: the execution's `limits`, as
-/// its claim kept them), after every other write of the transaction (the windows are the last
+/// What a call's end does to the windows that counted it (`held`: the execution's limit columns,
+/// as its claim kept them), after every other write of the transaction (the windows are the last
 /// locks).
 pub(crate) async fn end(
     conn: &mut PgConnection,
     scope: &str,
-    held: &Value,
+    held: &HeldLimits,
     end: LimitEnd,
 ) -> StoreResult<()> {
     let (name, tokens, from_flight) = match end {
@@ -141,7 +194,10 @@ pub(crate) async fn end(
     let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     sqlx::query(END)
         .bind(scope)
-        .bind(Json(held))
+        .bind(&held.subjects)
+        .bind(held.input_tokens)
+        .bind(held.output_tokens)
+        .bind(held.admitted_at)
         .bind(name)
         .bind(tokens.map(|t| count(t.input)))
         .bind(tokens.map(|t| count(t.output)))

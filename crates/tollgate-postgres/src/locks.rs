@@ -2,7 +2,7 @@
 //! execution row first, then its operation root's row, whose totals are written under that lock.
 
 use crate::error::DbResultExt;
-use crate::rows::{execution_columns, root_columns, ExecutionRow, RootRow};
+use crate::rows::{execution_columns, limit_columns, root_columns, ExecutionRow, RootRow};
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgConnection, Row};
@@ -26,12 +26,14 @@ pub(crate) const EXECUTION_LOCK: &str = concat!(
 
 /// Locks the execution row, then, for an execution outside a root, the head of its audit chain
 /// (`$2`), in one round trip; the head as `seq:hash`, `NULL` under a root (whose lock comes
-/// between the two) and before the scope's first append (H-11). Answers the row's `limits` too
-/// (what a limited call counted, for its settlement).
+/// between the two) and before the scope's first append (H-11). Answers the row's limit columns
+/// too (what a limited call counted, for its settlement).
 const EXECUTION_LOCK_WITH_HEAD: &str = concat!(
     "WITH e AS (SELECT ",
     execution_columns!(),
-    ", limits FROM executions WHERE id = $1 FOR UPDATE) \
+    ", ",
+    limit_columns!(),
+    " FROM executions WHERE id = $1 FOR UPDATE) \
      SELECT e.*, (SELECT h.last_seq::text || ':' || h.last_hash FROM audit_heads h \
      WHERE e.root_key IS NULL AND h.scope = e.scope AND h.chain = $2 FOR UPDATE) AS audit_head \
      FROM e"
@@ -47,7 +49,9 @@ const EXECUTION_LOCK_WITH_HEAD_AND_EVIDENCE: &str = concat!(
      VALUES ($3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) RETURNING id), \
      e AS (SELECT ",
     execution_columns!(),
-    ", limits FROM executions WHERE id = $1 FOR UPDATE) \
+    ", ",
+    limit_columns!(),
+    " FROM executions WHERE id = $1 FOR UPDATE) \
      SELECT e.*, (SELECT h.last_seq::text || ':' || h.last_hash FROM audit_heads h \
      WHERE e.root_key IS NULL AND h.scope = e.scope AND h.chain = $2 FOR UPDATE) AS audit_head, \
      (SELECT ev.id FROM ev) AS evidence_id \
@@ -146,7 +150,7 @@ pub(crate) struct Locked {
     /// The evidence appended, when some was given.
     pub(crate) evidence_id: Option<EvidenceId>,
     /// What the call counted against its limits (`None`: it was admitted under none).
-    pub(crate) limits: Option<serde_json::Value>,
+    pub(crate) limits: Option<crate::limits::HeldLimits>,
 }
 
 /// A locked audit head as `seq:hash` (see [`lock_execution_and_head`]).

@@ -37,6 +37,15 @@ macro_rules! execution_columns_but_binding {
 }
 pub(crate) use execution_columns_but_binding;
 
+/// What a call admitted under limits counted, kept on its row for its end (all `NULL` for a call
+/// under none; read by `limits::limits_of`).
+macro_rules! limit_columns {
+    () => {
+        "limit_subjects, limit_input_tokens, limit_output_tokens, limit_admitted_at"
+    };
+}
+pub(crate) use limit_columns;
+
 /// Columns of `execution_results`, content as JSON text.
 macro_rules! result_columns {
     () => {

@@ -356,6 +356,7 @@ async fn h_25_column_rules_are_domains_that_still_refuse_bad_values() {
         [
             "execution_results_erased_has_no_content",
             "executions_cause_iff_not_dispatched",
+            "executions_limits_whole",
             "executions_outcome_iff_completed",
             "executions_reconciliation_reason_state",
         ]
@@ -372,7 +373,7 @@ async fn h_25_column_rules_are_domains_that_still_refuse_bad_values() {
     .fetch_all(s.pool())
     .await
     .unwrap();
-    assert_eq!(domains.len(), 43, "{domains:?}");
+    assert_eq!(domains.len(), 45, "{domains:?}");
     for (column, domain, base) in [
         ("executions.state", "tollgate_execution_state", "text"),
         ("executions.hold", "tollgate_money", "numeric"),
@@ -385,6 +386,7 @@ async fn h_25_column_rules_are_domains_that_still_refuse_bad_values() {
         ("roots.state", "tollgate_root_state", "text"),
         ("limit_windows.requests", "tollgate_count", "bigint"),
         ("limit_windows.in_flight", "tollgate_count", "bigint"),
+        ("executions.limit_input_tokens", "tollgate_count", "bigint"),
     ] {
         assert!(
             domains.contains(&(column.into(), domain.into(), base.into())),
@@ -446,6 +448,16 @@ async fn h_25_column_rules_are_domains_that_still_refuse_bad_values() {
     // and changes nothing.
     let r = claimed(&s, "k1", "0.5").await;
     let e = sqlx::query("UPDATE executions SET hold = -1 WHERE id = $1")
+        .bind(r.id.0)
+        .execute(s.pool())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.as_database_error().and_then(|d| d.code()).as_deref(),
+        Some("23514")
+    );
+    // A call's limit columns are set together or not at all: half of them is refused.
+    let e = sqlx::query("UPDATE executions SET limit_subjects = '{consumer:team-a}' WHERE id = $1")
         .bind(r.id.0)
         .execute(s.pool())
         .await
@@ -1083,31 +1095,28 @@ fn rpm(n: u64) -> RateLimits {
 }
 
 /// A claim's limits as `tollgate_limits_admit` takes them, written out here (not by the
-/// crate's encoder), so that the comparison also checks the shape the function reads.
-fn admit_json(charges: &[LimitCharge], t: LimitTokens) -> serde_json::Value {
-    let subjects: Vec<String> = charges.iter().map(|c| c.subject.stored()).collect();
-    let limits: Vec<serde_json::Value> = charges
+/// crate's encoder), so that the comparison also checks the shape the function reads: each
+/// subject's stored text, its four limits in the order in_flight, requests, input tokens, output
+/// tokens (`None`: not limited), and the tokens the call counts.
+fn admit_args(
+    charges: &[LimitCharge],
+    t: LimitTokens,
+) -> (Vec<String>, Vec<Option<i64>>, Vec<i64>) {
+    let n = |v: u64| i64::try_from(v).unwrap();
+    let subjects = charges.iter().map(|c| c.subject.stored()).collect();
+    let values = charges
         .iter()
-        .map(|c| {
-            let mut kinds = serde_json::Map::new();
-            for (name, limit) in [
-                ("in_flight", c.limits.in_flight),
-                ("requests", c.limits.requests_per_minute),
-                ("input_tokens", c.limits.input_tokens_per_minute),
-                ("output_tokens", c.limits.output_tokens_per_minute),
-            ] {
-                if let Some(limit) = limit {
-                    kinds.insert(name.into(), limit.into());
-                }
-            }
-            serde_json::Value::Object(kinds)
+        .flat_map(|c| {
+            [
+                c.limits.in_flight,
+                c.limits.requests_per_minute,
+                c.limits.input_tokens_per_minute,
+                c.limits.output_tokens_per_minute,
+            ]
         })
+        .map(|limit| limit.map(n))
         .collect();
-    serde_json::json!({
-        "subjects": subjects,
-        "limits": limits,
-        "tokens": {"input": t.input, "output": t.output},
-    })
+    (subjects, values, vec![n(t.input), n(t.output)])
 }
 
 /// The refusal in a `TG003` error's detail.
@@ -1212,8 +1221,11 @@ async fn sql_admit(
 ) -> Admitted {
     sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
     put_windows(conn, before).await;
-    let answer = sqlx::query("SELECT tollgate_limits_admit('a', $1, $2)")
-        .bind(admit_json(charges, t))
+    let (subjects, values, tokens) = admit_args(charges, t);
+    let answer = sqlx::query("SELECT tollgate_limits_admit('a', $1, $2, $3, $4)")
+        .bind(subjects)
+        .bind(values)
+        .bind(tokens)
         .bind(now)
         .execute(&mut *conn)
         .await;
@@ -1281,16 +1293,14 @@ async fn compare_ends(cases: Vec<EndCase>) -> Vec<LimitWindow> {
                 from_flight,
             } => ("settled", Some(tokens), from_flight),
         };
-        // What the claim keeps: the subjects, the tokens and the admission time.
-        let held = serde_json::json!({
-            "subjects": [subject.stored()],
-            "tokens": {"input": case.held.input, "output": case.held.output},
-            "admitted_at": case.admitted_at,
-        });
         sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
         put_windows(&mut conn, &[(subject.clone(), case.before)]).await;
-        sqlx::query("SELECT tollgate_limits_end('a', $1, $2, $3, $4, $5)")
-            .bind(held)
+        // What the claim keeps: the subjects, the tokens and the admission time.
+        sqlx::query("SELECT tollgate_limits_end('a', $1, $2, $3, $4, $5, $6, $7, $8)")
+            .bind(vec![subject.stored()])
+            .bind(i64::try_from(case.held.input).unwrap())
+            .bind(i64::try_from(case.held.output).unwrap())
+            .bind(case.admitted_at)
             .bind(name)
             .bind(settled.map(|t| i64::try_from(t.input).unwrap()))
             .bind(settled.map(|t| i64::try_from(t.output).unwrap()))
@@ -1349,29 +1359,26 @@ async fn sc_220_two_hundred_concurrent_batched_claims_admit_exactly_the_requests
         .await
         .unwrap();
     assert_eq!(rows, 50);
-    let counted: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM executions WHERE limits IS NOT NULL")
-            .fetch_one(s.pool())
-            .await
-            .unwrap();
-    assert_eq!(counted, 50);
     // Each row keeps what its end needs, written with it: the subjects, the tokens and the
     // admission time (not the limits).
-    let kept: Vec<serde_json::Value> = sqlx::query_scalar("SELECT limits FROM executions")
-        .fetch_all(s.pool())
-        .await
-        .unwrap();
-    for mut kept in kept {
-        let admitted_at = kept
-            .as_object_mut()
-            .and_then(|o| o.remove("admitted_at"))
-            .unwrap();
-        let admitted_at: chrono::DateTime<chrono::Utc> =
-            serde_json::from_value(admitted_at).unwrap();
-        assert_eq!(admitted_at, t0());
+    type Kept = (
+        Option<Vec<String>>,
+        Option<i64>,
+        Option<i64>,
+        Option<chrono::DateTime<chrono::Utc>>,
+    );
+    let kept: Vec<Kept> = sqlx::query_as(
+        "SELECT limit_subjects, limit_input_tokens, limit_output_tokens, limit_admitted_at \
+         FROM executions",
+    )
+    .fetch_all(s.pool())
+    .await
+    .unwrap();
+    assert_eq!(kept.len(), 50);
+    for kept in kept {
         assert_eq!(
             kept,
-            serde_json::json!({"subjects": [subject.stored()], "tokens": {"input": 10, "output": 5}})
+            (Some(vec![subject.stored()]), Some(10), Some(5), Some(t0()))
         );
     }
     let windows = tollgate_store::SpendStore::limit_windows(&*s, &scope("a"))

@@ -46,7 +46,9 @@ CREATE TYPE tollgate_claim_call AS (
     currency text,
     session_block numeric,
     daily_block numeric,
-    limits jsonb
+    limit_subjects text[],
+    limit_values bigint[],
+    limit_tokens bigint[]
 );
 
 CREATE TYPE tollgate_settle_call AS (
@@ -114,7 +116,7 @@ BEGIN
         END IF;
         call_index := i;
         BEGIN
-            SELECT * INTO answer FROM tollgate_claim(c.id, c.scope, c.operation_key, c.kind, c.binding, c.binding_digest, c.accounting_day, c.state, c.fence, c.lease_now, c.lease_ms, c.hold, c.created_at, c.updated_at, c.chain, c.chains, c.hash_prefix, c.hash_mid, c.kinds, c.details, c.ats, c.tails, c.consumer, c.session_id, c.currency, c.session_block, c.daily_block, c.limits);
+            SELECT * INTO answer FROM tollgate_claim(c.id, c.scope, c.operation_key, c.kind, c.binding, c.binding_digest, c.accounting_day, c.state, c.fence, c.lease_now, c.lease_ms, c.hold, c.created_at, c.updated_at, c.chain, c.chains, c.hash_prefix, c.hash_mid, c.kinds, c.details, c.ats, c.tails, c.consumer, c.session_id, c.currency, c.session_block, c.daily_block, c.limit_subjects, c.limit_values, c.limit_tokens);
             IF FOUND THEN
                 call_state := 'row';
                 call_row := answer;

@@ -18,12 +18,14 @@
 --   refusal raises SQLSTATE `TG001` with the totals before the hold in its detail
 --   (`session_settled session_held day_settled day_held`): the statement fails, so the
 --   transaction writes nothing, and the caller states the refusal from those totals.
--- - Under limits (`p_limits`, NULL for a call under none, which then does no more), the row is
---   inserted with what its end needs (`limits`: the subjects and tokens of `p_limits`, and
---   `admitted_at`, the lease's "now", known before the insert, so the row is written once);
---   after the caps, the limits admit the call at that time (`tollgate_limits_admit`,
---   limits.sql), writing the window rows only. A refusal raises SQLSTATE `TG003`, and again
---   nothing is written. A replay never gets here: the insert found the key new.
+-- - Under limits (`p_limit_subjects`, `p_limit_values`, `p_limit_tokens`, as
+--   `tollgate_limits_admit` takes them; NULL subjects for a call under none, which then does no
+--   more), the row is inserted with what its end needs (`limit_subjects`, `limit_input_tokens`,
+--   `limit_output_tokens`, and `limit_admitted_at`, the lease's "now", known before the insert,
+--   so the row is written once); after the caps, the limits admit the
+--   call at that time (`tollgate_limits_admit`, limits.sql), writing the window rows only. A
+--   refusal raises SQLSTATE `TG003`, and again nothing is written. A replay never gets here: the
+--   insert found the key new.
 CREATE OR REPLACE FUNCTION tollgate_claim(
     p_id uuid,
     p_scope text,
@@ -52,7 +54,9 @@ CREATE OR REPLACE FUNCTION tollgate_claim(
     p_currency text,
     p_session_block numeric,
     p_daily_block numeric,
-    p_limits jsonb
+    p_limit_subjects text[],
+    p_limit_values bigint[],
+    p_limit_tokens bigint[]
 ) RETURNS SETOF executions
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -75,12 +79,14 @@ BEGIN
     v_now := COALESCE(p_lease_now, clock_timestamp());
     INSERT INTO executions (id, scope, operation_key, kind, root_key, binding, binding_digest,
         accounting_day, state, not_dispatched_cause, outcome, fence, lease_expires_at, hold,
-        provider_ref, created_at, updated_at, reconciliation_reason, limits)
+        provider_ref, created_at, updated_at, reconciliation_reason, limit_subjects,
+        limit_input_tokens, limit_output_tokens, limit_admitted_at)
     VALUES (p_id, p_scope, p_operation_key, p_kind, NULL, p_binding, p_binding_digest,
         p_accounting_day, p_state, NULL, NULL, p_fence,
         v_now + p_lease_ms * interval '1 millisecond',
         p_hold, NULL, p_created_at, p_updated_at, NULL,
-        (p_limits - 'limits') || jsonb_build_object('admitted_at', v_now))
+        p_limit_subjects, p_limit_tokens[1], p_limit_tokens[2],
+        CASE WHEN p_limit_subjects IS NOT NULL THEN v_now END)
     ON CONFLICT (scope, operation_key) DO NOTHING
     RETURNING * INTO claimed;
     IF NOT FOUND THEN
@@ -145,9 +151,10 @@ BEGIN
             DETAIL = concat_ws(' ', session_settled, session_held - p_hold, day_settled,
                 day_held - p_hold);
     END IF;
-    IF p_limits IS NOT NULL THEN
+    IF p_limit_subjects IS NOT NULL THEN
         -- The limit windows last, after the day spend row.
-        PERFORM tollgate_limits_admit(p_scope, p_limits, v_now);
+        PERFORM tollgate_limits_admit(p_scope, p_limit_subjects, p_limit_values, p_limit_tokens,
+            v_now);
     END IF;
     RETURN NEXT claimed;
 END

@@ -28,7 +28,7 @@ pub(crate) const CLAIM: &str = concat!(
     "SELECT ",
     execution_columns_but_binding!(),
     " FROM tollgate_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-     $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28)"
+     $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30)"
 );
 
 /// SQLSTATE of the function's cap refusal; its detail is the totals before the hold.
@@ -114,11 +114,11 @@ pub(crate) struct ClaimCall {
     session_block: Option<Decimal>,
     daily_block: Option<Decimal>,
     /// The limits the claim is admitted under (`None`: none).
-    limits: Option<Json<serde_json::Value>>,
+    limits: Option<limits::ClaimLimitArgs>,
 }
 
 /// The types of the claim function's parameters, in order (`tollgate_claim_call`'s fields).
-const CLAIM_TYPES: [&str; 28] = [
+const CLAIM_TYPES: [&str; 30] = [
     "uuid",
     "text",
     "text",
@@ -146,7 +146,9 @@ const CLAIM_TYPES: [&str; 28] = [
     "text",
     "numeric",
     "numeric",
-    "jsonb",
+    "text[]",
+    "bigint[]",
+    "bigint[]",
 ];
 
 /// The statements of batches of claims, one per batch size, built once so that a batch only binds
@@ -168,6 +170,7 @@ impl batch::Call for ClaimCall {
         &'q self,
         query: Query<'q, Postgres, PgArguments>,
     ) -> Query<'q, Postgres, PgArguments> {
+        let (subjects, values, tokens) = limits::ClaimLimitArgs::binds(self.limits.as_ref());
         query
             .bind(self.id)
             .bind(&self.scope)
@@ -196,7 +199,9 @@ impl batch::Call for ClaimCall {
             .bind(&self.currency)
             .bind(self.session_block)
             .bind(self.daily_block)
-            .bind(&self.limits)
+            .bind(subjects)
+            .bind(values)
+            .bind(tokens)
     }
 }
 
@@ -236,7 +241,7 @@ impl PgStores {
             currency: keys.currency.to_owned(),
             session_block: caps.session_block.map(|m| m.decimal()),
             daily_block: caps.daily_block.map(|m| m.decimal()),
-            limits: limits::claim_json(&request.limits),
+            limits: limits::ClaimLimitArgs::of(&request.limits),
         };
         let (answer, call) = match &self.batches {
             Some(batches) => {

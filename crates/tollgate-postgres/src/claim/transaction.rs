@@ -8,7 +8,7 @@ use crate::executions;
 use crate::journal::lease_millis;
 use crate::limits;
 use crate::locks;
-use crate::rows::{execution_columns, ExecutionRow, SpendRow};
+use crate::rows::{execution_columns, limit_columns, ExecutionRow, SpendRow};
 use crate::spend::{self, SpendKeys};
 use crate::PgStores;
 use chrono::{DateTime, Utc};
@@ -24,14 +24,18 @@ use tollgate_store::{StoreError, StoreResult};
 /// Inserts the row unless the key has one; for a call outside a root, locks the head of its
 /// audit chain (`$20`) in the same round trip and returns it as `seq:hash` (`NULL` under a root,
 /// whose lock comes first, and before the scope's first append). The lease runs from its "now"
-/// (`$13`, `NULL`: the database's clock), and a call under limits (`$21`) keeps them with that
-/// "now" as its admission time, so the admission writes only the window rows.
+/// (`$13`, `NULL`: the database's clock), and a call under limits (its subjects `$21` and tokens
+/// `$22`) keeps them with that "now" as its admission time, so the admission writes only the
+/// window rows.
 const INSERT: &str = concat!(
     "WITH e AS (INSERT INTO executions (",
     execution_columns!(),
-    ", limits) SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+    ", ",
+    limit_columns!(),
+    ") SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
      n.now + $19::bigint * interval '1 millisecond', $14, $15, $16, $17, $18, \
-     ($21::jsonb - 'limits') || jsonb_build_object('admitted_at', n.now) \
+     $21::text[], ($22::bigint[])[1], ($22::bigint[])[2], \
+     CASE WHEN $21::text[] IS NOT NULL THEN n.now END \
      FROM (SELECT COALESCE($13, clock_timestamp()) AS now) n \
      ON CONFLICT (scope, operation_key) DO NOTHING RETURNING ",
     execution_columns!(),
@@ -89,7 +93,7 @@ async fn insert(
     r: &ExecutionRecord,
     lease_now: Option<DateTime<Utc>>,
     lease_ms: u64,
-    limits: Option<&Json<serde_json::Value>>,
+    limits: Option<&limits::ClaimLimitArgs>,
 ) -> StoreResult<Option<(ExecutionRecord, Option<(i64, String)>)>> {
     let chain = i16::try_from(AuditChain::of_execution(r.id).0)
         .map_err(|_| StoreError::Corrupt("audit chain".into()))?;
@@ -114,7 +118,8 @@ async fn insert(
         .bind(r.reconciliation_reason.map(|c| c.as_str()))
         .bind(lease_millis(lease_ms))
         .bind(chain)
-        .bind(limits)
+        .bind(limits.map(|l| l.subjects.as_slice()))
+        .bind(limits.map(|l| l.tokens.as_slice()))
         .fetch_optional(&mut *conn)
         .await
         .store_err()?;
@@ -205,7 +210,7 @@ impl PgStores {
     ) -> StoreResult<ClaimOutcome> {
         let mut tx = self.begin().await?;
         let lease_now = self.lease_now(request.now);
-        let limits = limits::claim_json(&request.limits);
+        let limits = limits::ClaimLimitArgs::of(&request.limits);
         let inserted = insert(
             &mut tx,
             &record,

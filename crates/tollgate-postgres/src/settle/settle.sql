@@ -13,9 +13,9 @@
 --   or a spend row holds less than the hold) it raises SQLSTATE `TG002`: nothing is written and
 --   the caller settles by the general transaction, which states the exact error.
 -- - Lock order: the execution, the head of its audit chain, the session spend row, the day spend
---   row, then, for a call admitted under limits (`limits` on its row), its limit windows. Every
---   call of a consumer takes its day row, so what a settlement does while it holds the spend rows
---   is what one consumer's calls wait for.
+--   row, then, for a call admitted under limits (`limit_subjects` on its row), its limit
+--   windows. Every call of a consumer takes its day row, so what a settlement does while it
+--   holds the spend rows is what one consumer's calls wait for.
 -- - A call admitted under limits corrects the windows that counted it to its settled tokens
 --   (`tollgate_limits_end`, limits.sql: every input class, output with reasoning, from `p_tokens`
 --   in the order input, output, cache read, cache write, reasoning), and leaves flight when it
@@ -277,9 +277,10 @@ BEGIN
         END IF;
     END IF;
 
-    IF e.limits IS NOT NULL THEN
+    IF e.limit_subjects IS NOT NULL THEN
         -- The limit windows last, after the spend rows.
-        PERFORM tollgate_limits_end(e.scope, e.limits, 'settled',
+        PERFORM tollgate_limits_end(e.scope, e.limit_subjects, e.limit_input_tokens,
+            e.limit_output_tokens, e.limit_admitted_at, 'settled',
             LEAST(p_tokens[1]::numeric + p_tokens[3] + p_tokens[4], 9223372036854775807)::bigint,
             LEAST(p_tokens[2]::numeric + p_tokens[5], 9223372036854775807)::bigint,
             e.state = 'dispatched');
