@@ -447,25 +447,22 @@ async fn h_25_column_rules_are_domains_that_still_refuse_bad_values() {
     // A write through a domain column is checked: a negative hold on a claimed row is refused
     // and changes nothing.
     let r = claimed(&s, "k1", "0.5").await;
-    let e = sqlx::query("UPDATE executions SET hold = -1 WHERE id = $1")
-        .bind(r.id.0)
-        .execute(s.pool())
-        .await
-        .unwrap_err();
-    assert_eq!(
-        e.as_database_error().and_then(|d| d.code()).as_deref(),
-        Some("23514")
-    );
-    // A call's limit columns are set together or not at all: half of them is refused.
-    let e = sqlx::query("UPDATE executions SET limit_subjects = '{consumer:team-a}' WHERE id = $1")
-        .bind(r.id.0)
-        .execute(s.pool())
-        .await
-        .unwrap_err();
-    assert_eq!(
-        e.as_database_error().and_then(|d| d.code()).as_deref(),
-        Some("23514")
-    );
+    // A call's limit columns are set together or not at all: half of them is refused too.
+    for update in [
+        "UPDATE executions SET hold = -1 WHERE id = $1",
+        "UPDATE executions SET limit_subjects = '{consumer:team-a}' WHERE id = $1",
+    ] {
+        let e = sqlx::query(update)
+            .bind(r.id.0)
+            .execute(s.pool())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.as_database_error().and_then(|d| d.code()).as_deref(),
+            Some("23514"),
+            "{update}"
+        );
+    }
     let hold: String = sqlx::query_scalar("SELECT hold::text FROM executions WHERE id = $1")
         .bind(r.id.0)
         .fetch_one(s.pool())
