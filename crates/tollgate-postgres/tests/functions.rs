@@ -433,11 +433,7 @@ async fn h_25_column_rules_are_domains_that_still_refuse_bad_values() {
             .execute(s.pool())
             .await
             .unwrap_err();
-        assert_eq!(
-            e.as_database_error().and_then(|d| d.code()).as_deref(),
-            Some("23514"),
-            "{bad}"
-        );
+        assert_check_violation(&e, bad);
         sqlx::query(&format!("SELECT {good}"))
             .execute(s.pool())
             .await
@@ -457,11 +453,7 @@ async fn h_25_column_rules_are_domains_that_still_refuse_bad_values() {
             .execute(s.pool())
             .await
             .unwrap_err();
-        assert_eq!(
-            e.as_database_error().and_then(|d| d.code()).as_deref(),
-            Some("23514"),
-            "{update}"
-        );
+        assert_check_violation(&e, update);
     }
     let hold: String = sqlx::query_scalar("SELECT hold::text FROM executions WHERE id = $1")
         .bind(r.id.0)
@@ -708,13 +700,15 @@ async fn head_refused(s: &PgStores, chain: i16) {
     .execute(s.pool())
     .await
     .unwrap_err();
+    assert_check_violation(&refused, &refused.to_string());
+}
+
+/// `e` is the database's check_violation (23514); `what` names the statement that failed.
+fn assert_check_violation(e: &sqlx::Error, what: &str) {
     assert_eq!(
-        refused
-            .as_database_error()
-            .and_then(|e| e.code())
-            .as_deref(),
+        e.as_database_error().and_then(|d| d.code()).as_deref(),
         Some("23514"),
-        "{refused}"
+        "{what}"
     );
 }
 
