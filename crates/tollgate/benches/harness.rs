@@ -28,7 +28,9 @@
 //! `TOLLGATE_HARNESS_IN_FLIGHT` (default 1000), `TOLLGATE_HARNESS_MANY_IN_FLIGHT` (the second
 //! in-flight case, default 10000; 0 = skip), `TOLLGATE_HARNESS_GROWTH` (execution counts,
 //! comma-separated, default `10000,100000`; empty = skip), `TOLLGATE_HARNESS_SECTIONS` (any of
-//! `load,growth,collector`, default all), `TOLLGATE_HARNESS_SERVER_BIN` (the `tollgate` binary the
+//! `load,growth,collector`, default all), `TOLLGATE_HARNESS_CASES` (the load cases that run, any of
+//! `mock,one-scope,eight-scopes,hot,hot-limited,replay,two-servers,two-servers-one-consumer`;
+//! default all; a ratio of a case that did not run says so), `TOLLGATE_HARNESS_SERVER_BIN` (the `tollgate` binary the
 //! servers run, for A/B runs of two builds; default this build's). Postgres:
 //! `TOLLGATE_TEST_DATABASE_URL`. `benches/setup.sh` prepares a fresh machine.
 #![allow(
@@ -86,6 +88,8 @@ struct Knobs {
     many_in_flight: u64,
     growth: Vec<u64>,
     sections: String,
+    /// The load cases' families that run (`Case::family`); empty: all.
+    cases: Vec<String>,
 }
 
 impl Knobs {
@@ -105,7 +109,19 @@ impl Knobs {
             growth,
             sections: std::env::var("TOLLGATE_HARNESS_SECTIONS")
                 .unwrap_or_else(|_| "load,growth,collector".into()),
+            cases: std::env::var("TOLLGATE_HARNESS_CASES")
+                .unwrap_or_default()
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect(),
         }
+    }
+
+    /// Whether the load case `case` runs.
+    fn runs_case(&self, case: Case) -> bool {
+        self.cases.is_empty() || self.cases.iter().any(|f| f == case.family())
     }
 
     fn runs(&self, section: &str) -> bool {
@@ -604,6 +620,20 @@ impl Case {
         }
     }
 
+    /// The family `TOLLGATE_HARNESS_CASES` names the case by.
+    fn family(&self) -> &'static str {
+        match self {
+            Case::MockDirect(_) => "mock",
+            Case::OneScope(_) => "one-scope",
+            Case::EightScopes(_) => "eight-scopes",
+            Case::HotCap(_) => "hot",
+            Case::HotLimited(_) => "hot-limited",
+            Case::Replay(_) => "replay",
+            Case::TwoServers(_) => "two-servers",
+            Case::TwoServersOneConsumer(_) => "two-servers-one-consumer",
+        }
+    }
+
     fn concurrency(&self) -> u64 {
         match *self {
             Case::MockDirect(c)
@@ -891,6 +921,11 @@ fn print_row(name: &str, seen: &Observed, ticks_per_sec: f64) {
 }
 
 fn ratio_row(name: &str, value: f64, target: &str, met: bool) {
+    if !value.is_finite() || value == 0.0 {
+        // A case of the ratio did not run (`TOLLGATE_HARNESS_CASES`).
+        println!("| {name} | — | {target} | not run |");
+        return;
+    }
     println!(
         "| {name} | {value:.3} | {target} | {} |",
         if met { "met" } else { "missed" }
@@ -1038,11 +1073,14 @@ async fn load_section(knobs: &Knobs, admin: &str) {
                 (&mut ceiling8, &mut limited8),
             );
         }
-        let order: Vec<Case> = if pg_first {
-            CASES.to_vec()
-        } else {
-            CASES.iter().rev().copied().collect()
-        };
+        let mut order: Vec<Case> = CASES
+            .iter()
+            .copied()
+            .filter(|c| knobs.runs_case(*c))
+            .collect();
+        if !pg_first {
+            order.reverse();
+        }
         for case in order {
             let observed = service.measure(case, knobs.case).await;
             seen.entry(case).or_default().add(observed);
