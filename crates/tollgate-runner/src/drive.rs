@@ -74,15 +74,19 @@ pub(crate) async fn drive(
     let stream = match sent {
         Ok(Ok(stream)) => stream,
         Ok(Err(error)) => {
-            return finish_send_error(&ctx, &record, error)
+            return Box::pin(finish_send_error(&ctx, &record, error))
                 .await
                 .map(Driven::of)
         }
         Err(_) => {
             send_cancel.cancel();
-            return finish_send_error(&ctx, &record, SendError::NoResponse("timeout".into()))
-                .await
-                .map(Driven::of);
+            return Box::pin(finish_send_error(
+                &ctx,
+                &record,
+                SendError::NoResponse("timeout".into()),
+            ))
+            .await
+            .map(Driven::of);
         }
     };
     let mut collector =
@@ -115,7 +119,9 @@ pub(crate) async fn drive(
     send_cancel.cancel();
     drop(stream);
     let collected = collector.finish();
-    finish_collected(&ctx, &record, &collected, policy.as_ref()).await
+    // The finish's state on the heap, taken only once the stream is read: a call waiting for
+    // its provider holds the drive's state, not room for its settlement's and retries'.
+    Box::pin(finish_collected(&ctx, &record, &collected, policy.as_ref())).await
 }
 
 /// One call's drive: the runner's context and the retries of its last writes.

@@ -39,7 +39,7 @@ impl PgStores {
         if seen || request.root_key.is_some() {
             self.reads_first.fetch_add(1, Ordering::Relaxed);
             let held = (&request.binding, request.digest());
-            let existing = executions::view_held(self, &request, held).await?;
+            let existing = Box::pin(executions::view_held(self, &request, held)).await?;
             if let Some(existing) = existing {
                 self.seen_keys
                     .insert(&request.scope, &request.operation_key);
@@ -48,7 +48,8 @@ impl PgStores {
         }
         let record = rules::new_execution(&request);
         if request.root_key.is_none() && !self.general_only() {
-            let outcome = self.claim_call(&request, &record).await?;
+            // Each path's state on the heap, only the one taken (as the settlement's).
+            let outcome = Box::pin(self.claim_call(&request, &record)).await?;
             if matches!(
                 outcome,
                 ClaimOutcome::Claimed(_) | ClaimOutcome::Existing(_)
@@ -58,6 +59,6 @@ impl PgStores {
             }
             return Ok(outcome);
         }
-        self.claim_in_transaction(request, record).await
+        Box::pin(self.claim_in_transaction(request, record)).await
     }
 }

@@ -39,11 +39,13 @@ impl PgStores {
             .seen
             .as_deref()
             .filter(|s| s.root_key.is_none() && !self.general_only());
+        // Each path's state on the heap, only the one taken: thousands of settlements waiting
+        // together hold the function's state, not room for the general transaction's.
         if let Some(seen) = function {
-            if let Some(outcome) = self.settle_call(&request, seen).await? {
+            if let Some(outcome) = Box::pin(self.settle_call(&request, seen)).await? {
                 return Ok(outcome);
             }
         }
-        self.settle_in_transaction(request).await
+        Box::pin(self.settle_in_transaction(request)).await
     }
 }
