@@ -1,6 +1,7 @@
 //! [`ExecutionStore`] for [`PgStores`]: the writes live in `journal` and `settle`; the reads
 //! are here. Every read is scoped and bounded by an index.
 
+use crate::batch::{by_place, failed, failed_statement, Answer};
 use crate::error::DbResultExt;
 use crate::locks;
 use crate::rows::{execution_columns, ExecutionRow, ReceiptRow, ResultRow, SettlementRow};
@@ -9,12 +10,13 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgConnection};
+use std::sync::atomic::Ordering;
 use tollgate_core::digest::{Binding, Digest256};
 use tollgate_core::ids::{ExecutionId, OperationKey, Scope};
 use tollgate_core::state::{ExecutionState, NotDispatchedCause, ReconciliationReason};
 use tollgate_store::rows::*;
 use tollgate_store::traits::ExecutionStore;
-use tollgate_store::StoreResult;
+use tollgate_store::{StoreError, StoreResult};
 
 pub(crate) const BY_ID: &str = concat!(
     "SELECT ",
@@ -45,8 +47,22 @@ pub(crate) const BY_STATE: &str = concat!(
 /// execution's columns by name, the others aliased `r_`, `s_` and `rr_` (each join is on a
 /// unique index of `execution_id`). The binding comes only when its digest is not `$3` (H-26):
 /// a reader that holds a binding with the row's digest already has it.
-pub(crate) const VIEW_BY_KEY: &str = "SELECT e.id, e.scope, e.operation_key, e.kind, e.root_key, \
-     CASE WHEN e.binding_digest = $3 THEN NULL ELSE e.binding END AS binding, \
+pub(crate) const VIEW_BY_KEY: &str = concat!(
+    "SELECT ",
+    view_columns!("$3"),
+    " FROM executions e ",
+    view_joins!(),
+    " WHERE e.scope = $1 AND e.operation_key = $2"
+);
+
+/// The columns of [`VIEW_BY_KEY`], the binding left out when its digest is `$digest`.
+macro_rules! view_columns {
+    ($digest:literal) => {
+        concat!(
+            "e.id, e.scope, e.operation_key, e.kind, e.root_key, \
+             CASE WHEN e.binding_digest = ",
+            $digest,
+            " THEN NULL ELSE e.binding END AS binding, \
      e.binding_digest, e.accounting_day, e.state, e.not_dispatched_cause, e.outcome, e.fence, \
      e.lease_expires_at, e.hold, e.provider_ref, e.created_at, e.updated_at, \
      e.reconciliation_reason, \
@@ -63,12 +79,39 @@ pub(crate) const VIEW_BY_KEY: &str = "SELECT e.id, e.scope, e.operation_key, e.k
      s.reasoning_tokens AS s_reasoning_tokens, s.amount AS s_amount, s.source AS s_source, \
      s.settled_at AS s_settled_at, \
      rr.root_id AS rr_root_id, rr.execution_id AS rr_execution_id, rr.amount AS rr_amount, \
-     rr.currency AS rr_currency, rr.created_at AS rr_created_at \
-     FROM executions e \
-     LEFT JOIN execution_results r ON r.execution_id = e.id \
-     LEFT JOIN cost_settlements s ON s.execution_id = e.id \
-     LEFT JOIN root_receipts rr ON rr.execution_id = e.id \
-     WHERE e.scope = $1 AND e.operation_key = $2";
+     rr.currency AS rr_currency, rr.created_at AS rr_created_at"
+        )
+    };
+}
+use view_columns;
+
+/// The joins of [`VIEW_BY_KEY`] to the execution `e`.
+macro_rules! view_joins {
+    () => {
+        "LEFT JOIN execution_results r ON r.execution_id = e.id \
+         LEFT JOIN cost_settlements s ON s.execution_id = e.id \
+         LEFT JOIN root_receipts rr ON rr.execution_id = e.id"
+    };
+}
+use view_joins;
+
+/// The reads of [`VIEW_BY_KEY`] for several keys in one statement (H-37): `$1`, `$2` and `$3`
+/// are arrays of the scopes, keys and held digests (a digest `NULL` when the reader holds no
+/// binding), and each row found answers [`VIEW_BY_KEY`]'s columns after `k_n`, its read's place
+/// in the arrays counted from 1. A key without a row answers no row. Each key is one probe of
+/// the unique index of `(scope, operation_key)` and its joins, as alone: the lateral subquery's
+/// `LIMIT` (a key is unique in its scope) keeps it the read alone per key, where a join could be
+/// planned as a hash of a whole table on a database without statistics (H-12).
+pub(crate) const VIEWS_BY_KEYS: &str = concat!(
+    "SELECT k.k_n, v.* \
+     FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY \
+     AS k(k_scope, k_key, k_digest, k_n) \
+     CROSS JOIN LATERAL (SELECT ",
+    view_columns!("k.k_digest"),
+    " FROM executions e ",
+    view_joins!(),
+    " WHERE e.scope = k.k_scope AND e.operation_key = k.k_key LIMIT 1) v"
+);
 
 /// The row under `(scope, key)` with its result, settlement and root receipt, in one statement
 /// ([`VIEW_BY_KEY`]) on `conn`. With `held` (a binding and its digest, as a claimer holds
@@ -120,25 +163,121 @@ pub(crate) async fn view_held(
     view_of_row(row, Some(held))
 }
 
-/// [`view_row`] on a call connection, read once more on a fresh connection when the first
-/// one's was ended by the database (a terminated backend, a restart): a read changes nothing, so
-/// it is safe to repeat (spec/storage.md — Connections the database ends).
+/// [`view_row`], in one statement with the reads that arrive while one is in flight (H-37) when
+/// these stores have the reads' queue, else alone on a call connection; read once more,
+/// alone, on a fresh connection when the first one's was ended by the database (a terminated
+/// backend, a restart): a read changes nothing, so it is safe to repeat (spec/storage.md —
+/// Connections the database ends).
 async fn view_once_more(
     stores: &PgStores,
     scope: &Scope,
     key: &OperationKey,
     digest: Option<Digest256>,
 ) -> StoreResult<Option<PgRow>> {
+    let Some(queue) = &stores.reads else {
+        return view_alone(stores, scope, key, digest, true).await;
+    };
+    let read = ViewRead {
+        scope: scope.as_str().to_owned(),
+        key: key.as_str().to_owned(),
+        digest: digest.map(|d| d.to_hex()),
+    };
+    let together = stores.clone();
+    let (answer, _) = queue
+        .submit(read, move |reads| {
+            let stores = together.clone();
+            async move { stores.send_reads(reads).await }
+        })
+        .await?;
+    match answer {
+        Answer::Row(row) => Ok(Some(row)),
+        Answer::NoRow => Ok(None),
+        Answer::Failed(e) => Err(e),
+        Answer::Lost(_) => view_alone(stores, scope, key, digest, false).await,
+        Answer::Alone | Answer::Single(_) => view_alone(stores, scope, key, digest, true).await,
+    }
+}
+
+/// [`view_row`] alone on a call connection; with `once_more`, read again on a fresh connection
+/// when the first one's was ended by the database.
+async fn view_alone(
+    stores: &PgStores,
+    scope: &Scope,
+    key: &OperationKey,
+    digest: Option<Digest256>,
+    once_more: bool,
+) -> StoreResult<Option<PgRow>> {
     let mut call = stores.call_connection().await?;
     let first = view_row(call.conn()?, scope, key, digest).await;
     match call.check(first) {
-        Err(e) if crate::error::ends_connection(&e) => {
+        Err(e) if once_more && crate::error::ends_connection(&e) => {
             drop(call);
             let mut call = stores.call_connection().await?;
             let second = view_row(call.conn()?, scope, key, digest).await;
             call.check(second).store_err()
         }
         result => result.store_err(),
+    }
+}
+
+/// One read of a call's view by key waiting in the reads' queue (H-37).
+pub(crate) struct ViewRead {
+    scope: String,
+    key: String,
+    /// The hex digest of the binding the reader holds.
+    digest: Option<String>,
+}
+
+impl PgStores {
+    /// The reads waiting together, in one statement of [`VIEWS_BY_KEYS`] on a call connection
+    /// (one read alone is [`VIEW_BY_KEY`]): each answered its row, or `NoRow` when its key has
+    /// none; a failed statement answers every read `Failed`, or `Lost` when it ended its
+    /// connection.
+    async fn send_reads(&self, reads: Vec<ViewRead>) -> (Vec<Answer>, Vec<ViewRead>) {
+        let answered = async {
+            let mut call = self.call_connection().await?;
+            let rows = if let [read] = reads.as_slice() {
+                sqlx::query(VIEW_BY_KEY)
+                    .bind(&read.scope)
+                    .bind(&read.key)
+                    .bind(&read.digest)
+                    .fetch_optional(call.conn()?)
+                    .await
+                    .map(|row| row.into_iter().collect::<Vec<_>>())
+            } else {
+                self.read_together.fetch_add(
+                    u64::try_from(reads.len()).unwrap_or(u64::MAX),
+                    Ordering::Relaxed,
+                );
+                let scopes: Vec<&str> = reads.iter().map(|r| r.scope.as_str()).collect();
+                let keys: Vec<&str> = reads.iter().map(|r| r.key.as_str()).collect();
+                let digests: Vec<Option<&str>> =
+                    reads.iter().map(|r| r.digest.as_deref()).collect();
+                sqlx::query(VIEWS_BY_KEYS)
+                    .bind(&scopes)
+                    .bind(&keys)
+                    .bind(&digests)
+                    .fetch_all(call.conn()?)
+                    .await
+            };
+            Ok::<_, StoreError>(call.check(rows))
+        }
+        .await;
+        let rows = match answered {
+            Ok(Ok(rows)) => rows,
+            Ok(Err(e)) => return (failed_statement(e, reads.len()), reads),
+            Err(e) => return (failed(&e, reads.len()), reads),
+        };
+        if let [_] = reads.as_slice() {
+            let answer = rows.into_iter().next().map_or(Answer::NoRow, Answer::Row);
+            return (vec![answer], reads);
+        }
+        // A key is unique in its scope, so a read finds one row at most.
+        let answers = by_place(rows, "k_n", reads.len())
+            .into_iter()
+            .map(|row| row.map_or(Answer::NoRow, Answer::Row))
+            .collect();
+        (answers, reads)
     }
 }
 

@@ -358,35 +358,11 @@ impl PgStores {
         .await;
         let rows = match answered {
             Ok(Ok(rows)) => rows,
-            Ok(Err(e)) => {
-                let lost = crate::error::ends_connection(&e);
-                let error = db(e);
-                let answers = renewals
-                    .iter()
-                    .map(|_| {
-                        if lost {
-                            Answer::Lost(error.clone())
-                        } else {
-                            Answer::Failed(error.clone())
-                        }
-                    })
-                    .collect();
-                return (answers, renewals);
-            }
+            Ok(Err(e)) => return (crate::batch::failed_statement(e, renewals.len()), renewals),
             Err(e) => return (crate::batch::failed(&e, renewals.len()), renewals),
         };
         // `r_n` counts from 1 over the renewals sent (the first of each execution).
-        let mut by_place: Vec<Option<PgRow>> = (0..ids.len()).map(|_| None).collect();
-        for row in rows {
-            let place: Result<i64, _> = row.try_get("r_n");
-            if let Some(slot) = place
-                .ok()
-                .and_then(|n| usize::try_from(n - 1).ok())
-                .and_then(|n| by_place.get_mut(n))
-            {
-                *slot = Some(row);
-            }
-        }
+        let by_place = crate::batch::by_place(rows, "r_n", ids.len());
         let mut sent = by_place.into_iter();
         let answers = once
             .iter()

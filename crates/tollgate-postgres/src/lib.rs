@@ -234,6 +234,11 @@ pub struct PgStores {
     renewals: Option<Arc<batch::Batcher<journal::Renewal>>>,
     /// How many renewals went in a statement with others, for tests and the harness.
     renewed_together: Arc<AtomicU64>,
+    /// The queue that sends the reads of calls' views by key waiting at once as one statement
+    /// (H-37), with the lane.
+    reads: Option<Arc<batch::Batcher<executions::ViewRead>>>,
+    /// How many reads of a view went in a statement with others, for tests and the harness.
+    read_together: Arc<AtomicU64>,
     /// The keys these stores have seen with a row: they decide which statement a claim sends
     /// first.
     seen_keys: Arc<seen_keys::SeenKeys>,
@@ -411,6 +416,8 @@ impl PgStores {
             batches: None,
             renewals: None,
             renewed_together: Arc::new(AtomicU64::new(0)),
+            reads: None,
+            read_together: Arc::new(AtomicU64::new(0)),
             seen_keys: Arc::new(seen_keys::SeenKeys::new(
                 seen_keys::SEEN_KEYS_PER_GENERATION,
             )),
@@ -425,6 +432,11 @@ impl PgStores {
     /// How many lease renewals went in one statement with others (H-36).
     pub fn renewed_together(&self) -> u64 {
         self.renewed_together.load(Ordering::Relaxed)
+    }
+
+    /// How many reads of a call's view by key went in one statement with others (H-37).
+    pub fn views_read_together(&self) -> u64 {
+        self.read_together.load(Ordering::Relaxed)
     }
 
     /// How many claims read their key before claiming it: claims of keys these stores have seen
@@ -456,11 +468,16 @@ impl PgStores {
         let renewals = leases
             .as_ref()
             .map(|_| batch::Batcher::new(&Arc::new(Semaphore::new(1)), self.statement_deadline));
+        // One read statement in flight; the reads that arrive meanwhile go together.
+        let reads = lane
+            .as_ref()
+            .map(|_| batch::Batcher::new(&Arc::new(Semaphore::new(1)), self.statement_deadline));
         Self {
             lane,
             leases,
             batches,
             renewals,
+            reads,
             ..self
         }
     }

@@ -55,6 +55,8 @@ pub mod statements {
     pub const EXECUTION_BY_KEY: &str = crate::locks::EXECUTION_BY_KEY;
     /// An execution's view (row, result, settlement) by key.
     pub const VIEW_BY_KEY: &str = crate::executions::VIEW_BY_KEY;
+    /// The views of several keys in one statement (H-37).
+    pub const VIEWS_BY_KEYS: &str = crate::executions::VIEWS_BY_KEYS;
     /// An execution by id.
     pub const EXECUTION_BY_ID: &str = crate::executions::BY_ID;
     /// The execution row's lock.

@@ -1030,6 +1030,80 @@ async fn h_36_renewals_arriving_together_share_a_statement_each_decided_as_alone
     );
 }
 
+/// Reads of calls' views by key that arrive together go in one statement (H-37), each answered
+/// as alone: a completed call's view with its result and settlement, a dispatched one's, a key
+/// without a row (in its scope or only in another), the same key twice, and a claim's read as a
+/// replay (its binding's digest held) or as a conflict (another binding: the stored one is read).
+#[tokio::test]
+async fn h_37_reads_arriving_together_share_a_statement_each_answered_as_alone() {
+    let (_database, s) = fresh().await;
+    let mut records = Vec::new();
+    for i in 0..40 {
+        let r = claimed(&s, &format!("v{i}"), "0.01").await;
+        if i % 2 == 0 {
+            s.settle(settle_req(&r, "0.005", "x")).await.unwrap();
+        }
+        records.push(r);
+    }
+    let key = |k: &str| tollgate_core::ids::OperationKey::parse(k).unwrap();
+    let names: Vec<String> = (0..40)
+        .map(|i| format!("v{i}"))
+        .chain(["v-none".to_string(), "v0".to_string(), "v7".to_string()])
+        .collect();
+    let scopes: Vec<&str> = names
+        .iter()
+        .enumerate()
+        .map(|(i, _)| if i == names.len() - 1 { "b" } else { "a" })
+        .collect();
+    // Each read alone first: the queues are idle, so each is its own statement.
+    let mut alone = Vec::new();
+    for (name, sc) in names.iter().zip(&scopes) {
+        alone.push(s.execution_view(&scope(sc), &key(name)).await.unwrap());
+    }
+    assert_eq!(s.views_read_together(), 0, "reads one at a time go alone");
+    assert!(alone[0]
+        .as_ref()
+        .is_some_and(|v| v.settlement.is_some() && v.result.is_some()));
+    assert!(alone[1].as_ref().is_some_and(|v| v.settlement.is_none()));
+    assert!(alone[40].is_none() && alone[42].is_none());
+    for round in 0..3 {
+        let reads = names.iter().zip(&scopes).map(|(name, sc)| {
+            let (s, name, sc) = (s.clone(), key(name), scope(sc));
+            async move { s.execution_view(&sc, &name).await }
+        });
+        let together = futures::future::join_all(reads).await;
+        for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+            let t = t
+                .as_ref()
+                .unwrap_or_else(|e| panic!("round {round}, read {i}: {e}"));
+            assert_eq!(a, t, "round {round}, read {i}");
+        }
+        // Claims of the keys seen: each reads first, holding its binding's digest.
+        let claims = (0..40).map(|i| {
+            let s = s.clone();
+            let mut request = claim_req("a", &format!("v{i}"), capped(), "0.1");
+            if i == 5 {
+                request = claim_req("a", "v5", text_config(), "0.1");
+            }
+            async move { s.claim(request).await }
+        });
+        let answers = futures::future::join_all(claims).await;
+        for (i, answer) in answers.into_iter().enumerate() {
+            match answer.unwrap() {
+                ClaimOutcome::Existing(view) => {
+                    assert_eq!(view.execution.id, records[i].id, "round {round}, claim {i}");
+                    assert_eq!(view.execution.binding, records[i].binding, "claim {i}");
+                }
+                other => panic!("round {round}, claim {i}: {other:?}"),
+            }
+        }
+    }
+    assert!(
+        s.views_read_together() > 0,
+        "no read went in a statement with others"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Rate and concurrency limits (SC-220..SC-223).
 

@@ -167,6 +167,11 @@ pub fn hot_statements() -> Vec<HotStatement> {
             sql::VIEW_BY_KEY,
             "executions_operation_key_scope_key",
         ),
+        s(
+            "views by keys, read together",
+            sql::VIEWS_BY_KEYS,
+            "executions_operation_key_scope_key",
+        ),
         s("execution by id", sql::EXECUTION_BY_ID, "executions_pkey"),
         s("execution lock", sql::EXECUTION_LOCK, "executions_pkey"),
         s("fenced transition", sql::FENCED, "executions_pkey"),

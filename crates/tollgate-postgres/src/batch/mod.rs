@@ -86,6 +86,40 @@ pub(crate) fn failed(error: &StoreError, calls: usize) -> Vec<Answer> {
     (0..calls).map(|_| Answer::Failed(error.clone())).collect()
 }
 
+/// `calls` answers of a statement that failed with `error`: [`Answer::Lost`] when the error
+/// ended its connection (whether it committed is unknown), else [`Answer::Failed`].
+pub(crate) fn failed_statement(error: sqlx::Error, calls: usize) -> Vec<Answer> {
+    let lost = ends_connection(&error);
+    let error = crate::error::db(error);
+    (0..calls)
+        .map(|_| {
+            if lost {
+                Answer::Lost(error.clone())
+            } else {
+                Answer::Failed(error.clone())
+            }
+        })
+        .collect()
+}
+
+/// `rows` by their place (`places` of them): each row's `column` holds its call's place in the
+/// statement's arrays, counted from 1 (`WITH ORDINALITY`); a place no row names is `None`.
+pub(crate) fn by_place(rows: Vec<PgRow>, column: &str, places: usize) -> Vec<Option<PgRow>> {
+    use sqlx::Row;
+    let mut placed: Vec<Option<PgRow>> = (0..places).map(|_| None).collect();
+    for row in rows {
+        let place: Result<i64, _> = row.try_get(column);
+        if let Some(slot) = place
+            .ok()
+            .and_then(|n| usize::try_from(n - 1).ok())
+            .and_then(|n| placed.get_mut(n))
+        {
+            *slot = Some(row);
+        }
+    }
+    placed
+}
+
 /// A queue of calls and the one runner that sends them. Its `Debug` shows counts only: the
 /// calls hold content (a prompt's output, a binding).
 pub(crate) struct Batcher<C> {
