@@ -30,7 +30,7 @@
 //! comma-separated, default `10000,100000`; empty = skip), `TOLLGATE_HARNESS_SECTIONS` (any of
 //! `load,growth,collector`, default all), `TOLLGATE_HARNESS_CASES` (the load cases that run, any of
 //! `mock,one-scope,eight-scopes,hot,hot-limited,replay,two-servers,two-servers-one-consumer`;
-//! default all; a ratio of a case that did not run says so), `TOLLGATE_HARNESS_SERVER_BIN` (the `tollgate` binary the
+//! default all; a ratio of a case that did not run reads `not measured`), `TOLLGATE_HARNESS_SERVER_BIN` (the `tollgate` binary the
 //! servers run, for A/B runs of two builds; default this build's). Postgres:
 //! `TOLLGATE_TEST_DATABASE_URL`. `benches/setup.sh` prepares a fresh machine.
 #![allow(
@@ -921,9 +921,11 @@ fn print_row(name: &str, seen: &Observed, ticks_per_sec: f64) {
 }
 
 fn ratio_row(name: &str, value: f64, target: &str, met: bool) {
-    if !value.is_finite() || value == 0.0 {
-        // A case of the ratio did not run (`TOLLGATE_HARNESS_CASES`).
-        println!("| {name} | — | {target} | not run |");
+    if !value.is_finite() {
+        // A case of the ratio did not run (`TOLLGATE_HARNESS_CASES`), or its denominator is
+        // zero (a case without a success): there is no ratio to judge. A case that ran without
+        // a success has the rate 0, and its ratio is missed.
+        println!("| {name} | — | {target} | not measured |");
         return;
     }
     println!(
@@ -934,7 +936,11 @@ fn ratio_row(name: &str, value: f64, target: &str, met: bool) {
 
 /// A figure the table shows without a target.
 fn info_row(name: &str, value: f64) {
-    println!("| {name} | {value:.3} | — | info |");
+    if value.is_finite() {
+        println!("| {name} | {value:.3} | — | info |");
+    } else {
+        println!("| {name} | — | — | info, not measured |");
+    }
 }
 
 async fn load_section(knobs: &Knobs, admin: &str) {
@@ -1216,7 +1222,8 @@ async fn load_section(knobs: &Knobs, admin: &str) {
         seen.iter()
             .filter(|(c, _)| f(c))
             .map(|(_, o)| o.per_sec())
-            .fold(0.0, f64::max)
+            // NaN when no case of the family ran, so its ratios read "not measured".
+            .fold(f64::NAN, f64::max)
     };
     let one_scope = best(|c| matches!(c, Case::OneScope(_)));
     let eight = best(|c| matches!(c, Case::EightScopes(_)));
