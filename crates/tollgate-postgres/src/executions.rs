@@ -178,9 +178,9 @@ async fn view_once_more(
         return view_alone(stores, scope, key, digest, true).await;
     };
     let read = ViewRead {
-        scope: scope.as_str().to_owned(),
-        key: key.as_str().to_owned(),
-        digest: digest.map(|d| d.to_hex()),
+        scope: scope.clone(),
+        key: key.clone(),
+        digest,
     };
     let together = stores.clone();
     let (answer, _) = queue
@@ -222,10 +222,10 @@ async fn view_alone(
 
 /// One read of a call's view by key waiting in the reads' queue (H-37).
 pub(crate) struct ViewRead {
-    scope: String,
-    key: String,
-    /// The hex digest of the binding the reader holds.
-    digest: Option<String>,
+    scope: Scope,
+    key: OperationKey,
+    /// The digest of the binding the reader holds.
+    digest: Option<Digest256>,
 }
 
 impl PgStores {
@@ -237,22 +237,18 @@ impl PgStores {
         let answered = async {
             let mut call = self.call_connection().await?;
             let rows = if let [read] = reads.as_slice() {
-                sqlx::query(VIEW_BY_KEY)
-                    .bind(&read.scope)
-                    .bind(&read.key)
-                    .bind(&read.digest)
-                    .fetch_optional(call.conn()?)
+                view_row(call.conn()?, &read.scope, &read.key, read.digest)
                     .await
                     .map(|row| row.into_iter().collect::<Vec<_>>())
             } else {
-                self.read_together.fetch_add(
+                self.views_read_together.fetch_add(
                     u64::try_from(reads.len()).unwrap_or(u64::MAX),
                     Ordering::Relaxed,
                 );
                 let scopes: Vec<&str> = reads.iter().map(|r| r.scope.as_str()).collect();
                 let keys: Vec<&str> = reads.iter().map(|r| r.key.as_str()).collect();
-                let digests: Vec<Option<&str>> =
-                    reads.iter().map(|r| r.digest.as_deref()).collect();
+                let digests: Vec<Option<String>> =
+                    reads.iter().map(|r| r.digest.map(|d| d.to_hex())).collect();
                 sqlx::query(VIEWS_BY_KEYS)
                     .bind(&scopes)
                     .bind(&keys)

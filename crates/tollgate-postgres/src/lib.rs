@@ -238,7 +238,7 @@ pub struct PgStores {
     /// (H-37), with the lane.
     reads: Option<Arc<batch::Batcher<executions::ViewRead>>>,
     /// How many reads of a view went in a statement with others, for tests and the harness.
-    read_together: Arc<AtomicU64>,
+    views_read_together: Arc<AtomicU64>,
     /// The keys these stores have seen with a row: they decide which statement a claim sends
     /// first.
     seen_keys: Arc<seen_keys::SeenKeys>,
@@ -417,7 +417,7 @@ impl PgStores {
             renewals: None,
             renewed_together: Arc::new(AtomicU64::new(0)),
             reads: None,
-            read_together: Arc::new(AtomicU64::new(0)),
+            views_read_together: Arc::new(AtomicU64::new(0)),
             seen_keys: Arc::new(seen_keys::SeenKeys::new(
                 seen_keys::SEEN_KEYS_PER_GENERATION,
             )),
@@ -436,7 +436,7 @@ impl PgStores {
 
     /// How many reads of a call's view by key went in one statement with others (H-37).
     pub fn views_read_together(&self) -> u64 {
-        self.read_together.load(Ordering::Relaxed)
+        self.views_read_together.load(Ordering::Relaxed)
     }
 
     /// How many claims read their key before claiming it: claims of keys these stores have seen
