@@ -454,6 +454,8 @@ mod tests {
                 (Kind::Function, "tollgate_settle"),
                 (Kind::Type, "tollgate_claim_call"),
                 (Kind::Type, "tollgate_settle_call"),
+                (Kind::Function, "tollgate_claim_together"),
+                (Kind::Function, "tollgate_settle_together"),
                 (Kind::Function, "tollgate_claim_batch"),
                 (Kind::Function, "tollgate_settle_batch"),
             ]

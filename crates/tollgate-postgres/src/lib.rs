@@ -27,9 +27,12 @@
 //!    its claim (`tollgate_limits_admit`) and by its end (`tollgate_limits_end`, in the
 //!    transaction of `mark_not_dispatched`, `mark_reconciliation_required` and `settle`).
 //!
-//! A batch of calls (`batch/`) holds the locks of several calls in one transaction, each call in
-//! this order; from its second call on it waits for a lock at most `BATCH_LOCK_TIMEOUT_MS` and
-//! leaves out a call that would wait longer, so it cannot deadlock.
+//! A batch of calls (`batch/`) holds the locks of several calls in one transaction. Decided as a
+//! whole (`tollgate_claim_together`, `tollgate_settle_together`), it takes each kind of row for
+//! every call before the next kind, in this order, waiting for any lock at most
+//! `BATCH_LOCK_TIMEOUT_MS`; past it, the whole is rolled back and the calls go one by one, each
+//! in this order, and from the second call on a call that would wait longer is left out. So a
+//! batch cannot deadlock.
 //!
 //! # Modules
 //! The claim (`claim/`) and the settlement (`settle/`) each hold the path a call takes, the

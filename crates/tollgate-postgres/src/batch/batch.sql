@@ -2,6 +2,9 @@
 -- the settlements) of several calls outside a root, each decided exactly as the single function
 -- decides it, in one statement whose one commit they share.
 --
+-- - The batch is first decided as a whole (H-38, `tollgate_claim_together`,
+--   `tollgate_settle_together` below), in a subtransaction: when that raises, it is rolled back
+--   (nothing of it is written) and the calls are decided one by one, as follows.
 -- - Each call runs in a subtransaction of its own (the `EXCEPTION` block): a call that fails is
 --   rolled back alone, nothing of it is written, and its answer is `alone`; the caller then sends
 --   it by the single function, which decides it (and states its error) as for any call.
@@ -96,6 +99,441 @@ CREATE TYPE tollgate_settle_call AS (
     blocked_tail bytea
 );
 
+-- A batch decided as a whole (H-38): one statement per table for all of its calls instead of
+-- the single function's statements once per call, used when it decides every call as the single
+-- functions would, one after the other in the batch's order. Whatever it cannot decide so (a
+-- call the caps or the limits refuse, a row that is not the one its caller read, a chain's first
+-- append, a lock it would wait for past the batch's lock timeout) it raises: the batch function
+-- rolls it back whole (nothing of it is written) and decides the calls one by one.
+--
+-- Locks, in the crate's order, each kind for every call before the next kind: the execution
+-- rows, the heads of the audit chains (ascending), the session spend rows, the day spend rows,
+-- then each limited call's windows in the calls' order; a batch waits for any of them at most the
+-- batch's lock timeout, which its caller sets.
+--
+-- Every table is read through an index (`enable_seqscan` off for these functions), in a plan made
+-- once per connection (`plan_cache_mode` `force_generic_plan`): a statement over a batch's keys
+-- (`id = ANY (…)`, a join with the calls) keeps the plan it was first given, and one made while a
+-- table was small would otherwise scan it whole as it grows; planning it again for each batch's
+-- values would cost more than it saves.
+--
+-- The claims: the execution rows by one insert in the calls' order (a key that already has a row,
+-- an earlier call's of the batch included, inserts nothing and its call answers no row); the
+-- audit rows of every claimed call, hashed from their chain's locked head in the calls' order as
+-- each claim alone would hash them, by one insert, and the heads' moves by one update; the holds
+-- by one upsert of each kind of spend row (the sum of the holds of its calls). A call's block caps
+-- then judge the totals as they were after its own hold alone (the totals after every hold, less
+-- the holds of the calls after it); when one refuses, the whole raises. Answers the places of the
+-- claimed calls (counted from 1) and their rows, in the calls' order.
+CREATE OR REPLACE FUNCTION tollgate_claim_together(
+    p_calls tollgate_claim_call[],
+    OUT places integer[],
+    OUT claimed executions[]
+)
+LANGUAGE plpgsql SET enable_seqscan = off SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    c tollgate_claim_call;
+    head_scopes text[];
+    head_chains smallint[];
+    head_keys text[];
+    head_seqs bigint[];
+    head_hashes text[];
+    scopes text[];
+    chains smallint[];
+    keys text[];
+    h integer;
+    seq bigint;
+    prev text;
+    m integer := 0;
+    a_place integer[] := '{}';
+    a_k integer[] := '{}';
+    a_seq bigint[] := '{}';
+    a_prev text[] := '{}';
+    a_hash text[] := '{}';
+BEGIN
+    -- The rows, in the calls' order; each lease runs from its "now", at which a limited call is
+    -- also admitted (`limit_admitted_at`).
+    WITH x AS MATERIALIZED (
+        SELECT x.*, COALESCE(x.lease_now, clock_timestamp()) AS v_now
+        FROM unnest(p_calls) WITH ORDINALITY AS x
+    ), ins AS (
+        INSERT INTO executions (id, scope, operation_key, kind, root_key, binding, binding_digest,
+            accounting_day, state, not_dispatched_cause, outcome, fence, lease_expires_at, hold,
+            provider_ref, created_at, updated_at, reconciliation_reason, limit_subjects,
+            limit_input_tokens, limit_output_tokens, limit_admitted_at)
+        SELECT x.id, x.scope, x.operation_key, x.kind, NULL, x.binding, x.binding_digest,
+            x.accounting_day, x.state, NULL, NULL, x.fence,
+            x.v_now + x.lease_ms * interval '1 millisecond', x.hold, NULL, x.created_at,
+            x.updated_at, NULL, x.limit_subjects, x.limit_tokens[1], x.limit_tokens[2],
+            CASE WHEN x.limit_subjects IS NOT NULL THEN x.v_now END
+        FROM x ORDER BY x.ordinality
+        ON CONFLICT (scope, operation_key) DO NOTHING
+        RETURNING *
+    )
+    SELECT COALESCE(array_agg(x.ordinality::integer ORDER BY x.ordinality), '{}'),
+        COALESCE(array_agg(ins::executions ORDER BY x.ordinality), '{}')
+    INTO places, claimed
+    FROM ins JOIN x ON x.id = ins.id;
+    IF cardinality(places) = 0 THEN
+        RETURN;
+    END IF;
+
+    -- The heads of the claimed calls' chains, locked in ascending order.
+    FOREACH h IN ARRAY places LOOP
+        c := p_calls[h];
+        keys := keys || (c.chain || ':' || c.scope);
+        IF NOT (c.scope = ANY (COALESCE(scopes, '{}'))) THEN
+            scopes := scopes || c.scope;
+        END IF;
+        IF NOT (c.chain = ANY (COALESCE(chains, '{}'))) THEN
+            chains := chains || c.chain;
+        END IF;
+    END LOOP;
+    SELECT array_agg(t.scope), array_agg(t.chain), array_agg(t.chain || ':' || t.scope),
+        array_agg(t.last_seq), array_agg(t.last_hash)
+    INTO head_scopes, head_chains, head_keys, head_seqs, head_hashes
+    FROM (
+        SELECT hd.scope, hd.chain, hd.last_seq, hd.last_hash FROM audit_heads hd
+        WHERE hd.scope = ANY (scopes) AND hd.chain = ANY (chains)
+            AND (hd.chain || ':' || hd.scope) = ANY (keys)
+        ORDER BY hd.scope, hd.chain
+        FOR UPDATE
+    ) t;
+
+    -- Each claimed call's audit rows, hashed from its head in the calls' order.
+    FOR j IN 1 .. cardinality(places) LOOP
+        c := p_calls[places[j]];
+        h := array_position(head_keys, keys[j]);
+        IF h IS NULL THEN
+            -- The scope's first append: the single function makes its heads.
+            RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
+        END IF;
+        seq := head_seqs[h];
+        prev := head_hashes[h];
+        FOR k IN 1 .. cardinality(c.kinds) LOOP
+            seq := seq + 1;
+            m := m + 1;
+            a_place[m] := places[j];
+            a_k[m] := k;
+            a_seq[m] := seq;
+            a_prev[m] := prev;
+            prev := encode(sha256(c.hash_prefix || decode(prev, 'hex') || c.hash_mid
+                || int8send(seq) || c.tails[k]), 'hex');
+            a_hash[m] := prev;
+        END LOOP;
+        head_seqs[h] := seq;
+        head_hashes[h] := prev;
+    END LOOP;
+    WITH hd AS (
+        UPDATE audit_heads hd SET last_seq = u.seq, last_hash = u.hash
+        FROM unnest(head_scopes, head_chains, head_seqs, head_hashes) AS u(scope, chain, seq, hash)
+        WHERE hd.scope = u.scope AND hd.chain = u.chain
+    )
+    INSERT INTO audit_log (scope, chain, seq, execution_id, kind, detail, at, prev_hash, hash)
+    SELECT x.scope, x.chain, a.seq, x.id, x.kinds[a.k], x.details -> (a.k - 1), x.ats[a.k],
+        a.prev, a.hash
+    FROM unnest(a_place, a_k, a_seq, a_prev, a_hash) WITH ORDINALITY
+        AS a(place, k, seq, prev, hash, n)
+    JOIN unnest(p_calls) WITH ORDINALITY AS x ON x.ordinality = a.place
+    ORDER BY a.n;
+
+    -- The holds: each session row, then each day row, with the sum of its calls' holds.
+    WITH x AS (
+        SELECT x.* FROM unnest(p_calls) WITH ORDINALITY AS x WHERE x.ordinality = ANY (places)
+    )
+    INSERT INTO spend_sessions AS s (scope, consumer, session_id, currency, held)
+    SELECT x.scope, x.consumer, x.session_id, x.currency, sum(x.hold) FROM x
+    GROUP BY x.scope, x.consumer, x.session_id, x.currency
+    ORDER BY x.scope, x.consumer, x.session_id, x.currency
+    ON CONFLICT (scope, consumer, session_id, currency)
+    DO UPDATE SET held = s.held + EXCLUDED.held;
+    WITH x AS (
+        SELECT x.* FROM unnest(p_calls) WITH ORDINALITY AS x WHERE x.ordinality = ANY (places)
+    )
+    INSERT INTO spend_days AS d (scope, consumer, day, currency, held)
+    SELECT x.scope, x.consumer, x.accounting_day, x.currency, sum(x.hold) FROM x
+    GROUP BY x.scope, x.consumer, x.accounting_day, x.currency
+    ORDER BY x.scope, x.consumer, x.accounting_day, x.currency
+    ON CONFLICT (scope, consumer, day, currency)
+    DO UPDATE SET held = d.held + EXCLUDED.held;
+
+    -- Each call's block caps on the totals after its own hold.
+    IF EXISTS (
+        SELECT 1 FROM unnest(p_calls) WITH ORDINALITY AS x
+        WHERE x.ordinality = ANY (places)
+            AND (x.session_block IS NOT NULL OR x.daily_block IS NOT NULL)
+    ) AND EXISTS (
+        SELECT 1 FROM (
+            SELECT x.session_block, x.daily_block,
+                s.settled + s.held - COALESCE(sum(x.hold) OVER (
+                    PARTITION BY x.scope, x.consumer, x.session_id, x.currency
+                    ORDER BY x.ordinality ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING), 0)
+                    AS session_total,
+                d.settled + d.held - COALESCE(sum(x.hold) OVER (
+                    PARTITION BY x.scope, x.consumer, x.accounting_day, x.currency
+                    ORDER BY x.ordinality ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING), 0)
+                    AS day_total
+            FROM unnest(p_calls) WITH ORDINALITY AS x
+            JOIN spend_sessions s ON s.scope = x.scope AND s.consumer = x.consumer
+                AND s.session_id = x.session_id AND s.currency = x.currency
+            JOIN spend_days d ON d.scope = x.scope AND d.consumer = x.consumer
+                AND d.day = x.accounting_day AND d.currency = x.currency
+            WHERE x.ordinality = ANY (places)
+        ) t
+        WHERE tollgate_cap_crossed('block', t.session_total, t.session_block)
+            OR tollgate_cap_crossed('block', t.day_total, t.daily_block)
+    ) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
+    END IF;
+
+    -- The limits last, each limited call in the calls' order, at its admission time.
+    FOR j IN 1 .. cardinality(places) LOOP
+        c := p_calls[places[j]];
+        IF c.limit_subjects IS NOT NULL THEN
+            PERFORM tollgate_limits_admit(c.scope, c.limit_subjects, c.limit_values,
+                c.limit_tokens, claimed[j].limit_admitted_at);
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- The settlements (see `tollgate_claim_together`): the rows locked in id order, each the row its
+-- caller read (as the single function checks it); the heads of their chains locked in ascending
+-- order; each call's `settled` audit row hashed from its head in the calls' order; the evidence,
+-- the charges, the results, the audit rows, the heads' moves and the completions by one statement;
+-- then each session row, and each day row, charged with the sum of its calls' amounts and
+-- released of the sum of their holds (a row that holds less raises). Each call's post-call caps
+-- then judge the totals as they were after its own charge (the totals after every charge, less
+-- the amounts of the calls after it): when one is crossed, a warning or a block, the whole raises,
+-- since the single function then decides on locked totals what this one would not. A limited
+-- call's windows are then corrected as its settlement alone corrects them. Answers each call's
+-- `tollgate_settled` row, in the calls' order, with the totals after its own charge.
+CREATE OR REPLACE FUNCTION tollgate_settle_together(p_calls tollgate_settle_call[])
+RETURNS tollgate_settled[]
+LANGUAGE plpgsql SET enable_seqscan = off SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    n integer := cardinality(p_calls);
+    c tollgate_settle_call;
+    ids uuid[];
+    locked executions[];
+    done executions[];
+    head_scopes text[];
+    head_chains smallint[];
+    head_keys text[];
+    head_seqs bigint[];
+    head_hashes text[];
+    scopes text[];
+    chains smallint[];
+    keys text[] := '{}';
+    h integer;
+    a_seq bigint[] := '{}';
+    a_prev text[] := '{}';
+    a_hash text[] := '{}';
+    rows_expected integer;
+    rows_charged integer;
+    crossed boolean;
+    answers tollgate_settled[];
+BEGIN
+    SELECT array_agg(x.id), count(DISTINCT x.id) INTO ids, rows_expected
+    FROM unnest(p_calls) AS x;
+    IF rows_expected <> n THEN
+        RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
+    END IF;
+
+    -- The rows, locked in id order, in the calls' order; each must be the row its caller read.
+    WITH e AS MATERIALIZED (
+        SELECT e.* FROM executions e WHERE e.id = ANY (ids) ORDER BY e.id FOR UPDATE
+    )
+    SELECT array_agg(e::executions ORDER BY x.ordinality) INTO locked
+    FROM unnest(p_calls) WITH ORDINALITY AS x JOIN e ON e.id = x.id
+    WHERE e.root_key IS NULL AND e.fence = x.fence AND e.state = ANY (x.states)
+        AND e.binding_digest = x.binding_digest AND e.hold = x.hold;
+    IF cardinality(locked) IS DISTINCT FROM n THEN
+        RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
+    END IF;
+
+    -- The heads of their chains, locked in ascending order.
+    FOR i IN 1 .. n LOOP
+        c := p_calls[i];
+        keys[i] := c.chain || ':' || locked[i].scope;
+        IF NOT (locked[i].scope = ANY (COALESCE(scopes, '{}'))) THEN
+            scopes := scopes || locked[i].scope;
+        END IF;
+        IF NOT (c.chain = ANY (COALESCE(chains, '{}'))) THEN
+            chains := chains || c.chain;
+        END IF;
+    END LOOP;
+    SELECT array_agg(t.scope), array_agg(t.chain), array_agg(t.chain || ':' || t.scope),
+        array_agg(t.last_seq), array_agg(t.last_hash)
+    INTO head_scopes, head_chains, head_keys, head_seqs, head_hashes
+    FROM (
+        SELECT hd.scope, hd.chain, hd.last_seq, hd.last_hash FROM audit_heads hd
+        WHERE hd.scope = ANY (scopes) AND hd.chain = ANY (chains)
+            AND (hd.chain || ':' || hd.scope) = ANY (keys)
+        ORDER BY hd.scope, hd.chain
+        FOR UPDATE
+    ) t;
+
+    -- Each call's `settled` row, hashed from its head in the calls' order.
+    FOR i IN 1 .. n LOOP
+        c := p_calls[i];
+        h := array_position(head_keys, keys[i]);
+        IF h IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
+        END IF;
+        a_seq[i] := head_seqs[h] + 1;
+        a_prev[i] := head_hashes[h];
+        a_hash[i] := encode(sha256(c.hash_prefix || decode(a_prev[i], 'hex') || c.hash_mid
+            || int8send(a_seq[i]) || c.tail), 'hex');
+        head_seqs[h] := a_seq[i];
+        head_hashes[h] := a_hash[i];
+    END LOOP;
+
+    -- The evidence, the charges, the results, the audit rows, the heads and the completions.
+    WITH x AS MATERIALIZED (
+        SELECT x.ordinality AS n, x.id, x.provider_ref, x.now, x.evidence_id,
+            x.evidence_provider_ref, x.evidence_tokens, x.evidence_exact, x.evidence_source,
+            x.evidence_at, x.evidence_acknowledged_at, x.settlement_id, x.consumer, x.session_id,
+            x.provider, x.model, x.price_version, x.policy_version, x.currency, x.tokens, x.amount,
+            x.source, x.outcome, x.stop, x.output, x.step, x.retention_expires_at, x.chain, x.at,
+            x.detail, r.scope, r.operation_key, r.kind, r.accounting_day, a.seq, a.prev, a.hash
+        FROM unnest(p_calls) WITH ORDINALITY AS x
+        JOIN unnest(locked) WITH ORDINALITY AS r ON r.ordinality = x.ordinality
+        JOIN unnest(a_seq, a_prev, a_hash) WITH ORDINALITY AS a(seq, prev, hash, n)
+            ON a.n = x.ordinality
+    ), ev AS (
+        INSERT INTO usage_inbox (id, scope, execution_id, operation_key, provider_ref,
+            input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens,
+            exact, source, received_at, acknowledged_at)
+        SELECT x.evidence_id, x.scope, x.id, x.operation_key, x.evidence_provider_ref,
+            x.evidence_tokens[1], x.evidence_tokens[2], x.evidence_tokens[3],
+            x.evidence_tokens[4], x.evidence_tokens[5], x.evidence_exact, x.evidence_source,
+            x.evidence_at, x.evidence_acknowledged_at
+        FROM x WHERE x.evidence_id IS NOT NULL ORDER BY x.n
+    ), st AS (
+        INSERT INTO cost_settlements (settlement_id, execution_id, scope, operation_key, kind,
+            consumer, session_id, accounting_day, provider, model, price_version, policy_version,
+            currency, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+            reasoning_tokens, amount, source, settled_at)
+        SELECT x.settlement_id, x.id, x.scope, x.operation_key, x.kind, x.consumer, x.session_id,
+            x.accounting_day, x.provider, x.model, x.price_version, x.policy_version, x.currency,
+            x.tokens[1], x.tokens[2], x.tokens[3], x.tokens[4], x.tokens[5], x.amount, x.source,
+            x.now
+        FROM x ORDER BY x.n
+    ), rs AS (
+        INSERT INTO execution_results (execution_id, outcome, stop, output, step, warnings,
+            retention_expires_at, erased_at)
+        SELECT x.id, x.outcome, x.stop, x.output::json, x.step::json, '[]'::jsonb,
+            x.retention_expires_at, NULL
+        FROM x ORDER BY x.n
+    ), al AS (
+        INSERT INTO audit_log (scope, chain, seq, execution_id, kind, detail, at, prev_hash,
+            hash)
+        SELECT x.scope, x.chain, x.seq, x.id, 'settled', x.detail, x.at, x.prev, x.hash
+        FROM x ORDER BY x.n
+    ), hd AS (
+        UPDATE audit_heads hd SET last_seq = u.seq, last_hash = u.hash
+        FROM unnest(head_scopes, head_chains, head_seqs, head_hashes) AS u(scope, chain, seq, hash)
+        WHERE hd.scope = u.scope AND hd.chain = u.chain
+    ), up AS (
+        UPDATE executions e SET state = 'completed', outcome = x.outcome, hold = 0,
+            provider_ref = COALESCE(x.provider_ref, e.provider_ref), updated_at = x.now
+        FROM x WHERE e.id = x.id
+        RETURNING e.*, x.n
+    )
+    SELECT array_agg(ROW(up.id, up.scope, up.operation_key, up.kind, up.root_key, up.binding,
+            up.binding_digest, up.accounting_day, up.state, up.not_dispatched_cause, up.outcome,
+            up.fence, up.lease_expires_at, up.hold, up.provider_ref, up.created_at,
+            up.updated_at, up.reconciliation_reason, up.limit_subjects, up.limit_input_tokens,
+            up.limit_output_tokens, up.limit_admitted_at)::executions ORDER BY up.n)
+    INTO done FROM up;
+
+    -- The charges: each session row, then each day row, by the sums of its calls.
+    WITH k AS (
+        SELECT r.scope, x.consumer, x.session_id, x.currency, sum(x.amount) AS amount,
+            sum(x.hold) AS hold
+        FROM unnest(p_calls) WITH ORDINALITY AS x
+        JOIN unnest(locked) WITH ORDINALITY AS r ON r.ordinality = x.ordinality
+        GROUP BY r.scope, x.consumer, x.session_id, x.currency
+    ), u AS (
+        UPDATE spend_sessions s SET settled = s.settled + k.amount, held = s.held - k.hold
+        FROM k
+        WHERE s.scope = k.scope AND s.consumer = k.consumer AND s.session_id = k.session_id
+            AND s.currency = k.currency AND s.held >= k.hold
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM k), (SELECT count(*) FROM u) INTO rows_expected, rows_charged;
+    IF rows_charged <> rows_expected THEN
+        RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
+    END IF;
+    WITH k AS (
+        SELECT r.scope, x.consumer, r.accounting_day, x.currency, sum(x.amount) AS amount,
+            sum(x.hold) AS hold
+        FROM unnest(p_calls) WITH ORDINALITY AS x
+        JOIN unnest(locked) WITH ORDINALITY AS r ON r.ordinality = x.ordinality
+        GROUP BY r.scope, x.consumer, r.accounting_day, x.currency
+    ), u AS (
+        UPDATE spend_days d SET settled = d.settled + k.amount, held = d.held - k.hold
+        FROM k
+        WHERE d.scope = k.scope AND d.consumer = k.consumer AND d.day = k.accounting_day
+            AND d.currency = k.currency AND d.held >= k.hold
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM k), (SELECT count(*) FROM u) INTO rows_expected, rows_charged;
+    IF rows_charged <> rows_expected THEN
+        RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
+    END IF;
+
+    -- Each call's totals after its own charge, and its post-call caps on them.
+    SELECT array_agg(ROW(e.id, e.scope, e.operation_key, e.kind, e.root_key, e.binding,
+            e.binding_digest, e.accounting_day, e.state, e.not_dispatched_cause, e.outcome,
+            e.fence, e.lease_expires_at, e.hold::numeric, e.provider_ref, e.created_at,
+            e.updated_at, e.reconciliation_reason, t.session_settled, t.session_held,
+            t.day_settled, t.day_held)::tollgate_settled ORDER BY t.n),
+        bool_or(tollgate_cap_crossed('warn', t.session_settled, t.session_warn)
+            OR tollgate_cap_crossed('block', t.session_settled, t.session_block)
+            OR tollgate_cap_crossed('warn', t.day_settled, t.daily_warn)
+            OR tollgate_cap_crossed('block', t.day_settled, t.daily_block))
+    INTO answers, crossed
+    FROM (
+        SELECT x.ordinality AS n, x.session_warn, x.session_block, x.daily_warn, x.daily_block,
+            s.settled - COALESCE(sum(x.amount) OVER later_in_session, 0) AS session_settled,
+            s.held + COALESCE(sum(x.hold) OVER later_in_session, 0) AS session_held,
+            d.settled - COALESCE(sum(x.amount) OVER later_in_day, 0) AS day_settled,
+            d.held + COALESCE(sum(x.hold) OVER later_in_day, 0) AS day_held
+        FROM unnest(p_calls) WITH ORDINALITY AS x
+        JOIN unnest(locked) WITH ORDINALITY AS r ON r.ordinality = x.ordinality
+        JOIN spend_sessions s ON s.scope = r.scope AND s.consumer = x.consumer
+            AND s.session_id = x.session_id AND s.currency = x.currency
+        JOIN spend_days d ON d.scope = r.scope AND d.consumer = x.consumer
+            AND d.day = r.accounting_day AND d.currency = x.currency
+        WINDOW later_in_session AS (PARTITION BY r.scope, x.consumer, x.session_id, x.currency
+                ORDER BY x.ordinality ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING),
+            later_in_day AS (PARTITION BY r.scope, x.consumer, r.accounting_day, x.currency
+                ORDER BY x.ordinality ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING)
+    ) t
+    JOIN unnest(done) WITH ORDINALITY AS e ON e.ordinality = t.n;
+    IF crossed OR cardinality(answers) IS DISTINCT FROM n THEN
+        RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
+    END IF;
+
+    -- The limits last, each limited call in the calls' order.
+    FOR i IN 1 .. n LOOP
+        IF locked[i].limit_subjects IS NOT NULL THEN
+            c := p_calls[i];
+            PERFORM tollgate_limits_end(locked[i].scope, locked[i].limit_subjects,
+                locked[i].limit_input_tokens, locked[i].limit_output_tokens,
+                locked[i].limit_admitted_at, 'settled',
+                LEAST(c.tokens[1]::numeric + c.tokens[3] + c.tokens[4],
+                    9223372036854775807)::bigint,
+                LEAST(c.tokens[2]::numeric + c.tokens[5], 9223372036854775807)::bigint,
+                locked[i].state = 'dispatched');
+        END IF;
+    END LOOP;
+    RETURN answers;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION tollgate_claim_batch(p_calls tollgate_claim_call[], p_lock_timeout_ms integer)
 RETURNS TABLE (call_index integer, call_state text, call_row executions)
 LANGUAGE plpgsql AS $$
@@ -103,11 +541,29 @@ DECLARE
     c tollgate_claim_call;
     answer executions;
     g integer;
+    places integer[];
+    claimed executions[];
 BEGIN
     -- The calls' chain groups, locked in ascending order before any row (H-35).
     FOR g IN SELECT DISTINCT (x.chain >> 3)::integer FROM unnest(p_calls) AS x ORDER BY 1 LOOP
         PERFORM pg_advisory_xact_lock(1953459308, g);
     END LOOP;
+    -- The batch as a whole (H-38), waiting for any lock at most the batch's lock timeout; when
+    -- it raises, it is rolled back whole (the lock timeout with it) and the calls go one by one.
+    BEGIN
+        PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
+        SELECT t.places, t.claimed INTO places, claimed FROM tollgate_claim_together(p_calls) t;
+    EXCEPTION WHEN OTHERS THEN
+        places := NULL;
+    END;
+    IF places IS NOT NULL THEN
+        RETURN QUERY
+        SELECT i, CASE WHEN p.n IS NULL THEN 'none' ELSE 'row' END, claimed[p.n]
+        FROM generate_series(1, cardinality(p_calls)) AS i
+        LEFT JOIN unnest(places) WITH ORDINALITY AS p(place, n) ON p.place = i
+        ORDER BY i;
+        RETURN;
+    END IF;
     FOR i IN 1 .. cardinality(p_calls) LOOP
         c := p_calls[i];
         IF i = 2 THEN
@@ -141,11 +597,30 @@ DECLARE
     c tollgate_settle_call;
     answer tollgate_settled;
     g integer;
+    answers tollgate_settled[];
 BEGIN
     -- The calls' chain groups, locked in ascending order before any row (H-35).
     FOR g IN SELECT DISTINCT (x.chain >> 3)::integer FROM unnest(p_calls) AS x ORDER BY 1 LOOP
         PERFORM pg_advisory_xact_lock(1953459308, g);
     END LOOP;
+    -- The batch as a whole (H-38), as the claims' batch tries it.
+    BEGIN
+        PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
+        answers := tollgate_settle_together(p_calls);
+    EXCEPTION WHEN OTHERS THEN
+        answers := NULL;
+    END;
+    IF answers IS NOT NULL THEN
+        RETURN QUERY
+        SELECT a.ordinality::integer, 'row'::text, ROW(a.id, a.scope, a.operation_key, a.kind, a.root_key,
+            a.binding, a.binding_digest, a.accounting_day, a.state, a.not_dispatched_cause,
+            a.outcome, a.fence, a.lease_expires_at, a.hold, a.provider_ref, a.created_at,
+            a.updated_at, a.reconciliation_reason, a.session_settled, a.session_held,
+            a.day_settled, a.day_held)::tollgate_settled
+        FROM unnest(answers) WITH ORDINALITY AS a
+        ORDER BY a.ordinality;
+        RETURN;
+    END IF;
     FOR i IN 1 .. cardinality(p_calls) LOOP
         c := p_calls[i];
         IF i = 2 THEN

@@ -8,7 +8,9 @@
 //! batches form only while the queue's statements are in flight. The stores keep one queue per
 //! shard of the consumers and kind (`Batches` in `lib.rs`).
 //!
-//! Each call of a batch is decided as the single function decides it (a subtransaction each).
+//! Each call of a batch is decided as the single function decides it: the batch function first
+//! decides the batch as a whole, one statement per table (H-38), and when a call would be decided
+//! otherwise than alone, rolls that back and decides the calls one by one (a subtransaction each).
 //! A call the batch could not decide without waiting for a lock, or that failed, is answered
 //! [`Answer::Alone`]: nothing of it was written, and its caller sends it by the single function.
 //! A batch statement the database refused as a whole answers every call [`Answer::Alone`] the
