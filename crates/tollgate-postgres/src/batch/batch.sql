@@ -111,11 +111,12 @@ CREATE TYPE tollgate_settle_call AS (
 -- then each limited call's windows in the calls' order; a batch waits for any of them at most the
 -- batch's lock timeout, which its caller sets.
 --
--- Every table is read through an index (`enable_seqscan` off for these functions), in a plan made
--- once per connection (`plan_cache_mode` `force_generic_plan`): a statement over a batch's keys
--- (`id = ANY (…)`, a join with the calls) keeps the plan it was first given, and one made while a
--- table was small would otherwise scan it whole as it grows; planning it again for each batch's
--- values would cost more than it saves.
+-- Every table is read by index probes for the batch's keys: these functions plan with nested
+-- loops only and no sequential scan (`enable_hashjoin`, `enable_mergejoin`, `enable_seqscan`
+-- off), so a join of the calls with a table probes its index once per call rather than reading
+-- the table (or a whole index) into a hash, and the plan is made once per connection
+-- (`plan_cache_mode` `force_generic_plan`): one made while a table was small would otherwise
+-- read it whole as it grows, and planning again for each batch's values costs more than it saves.
 --
 -- The claims: the execution rows by one insert in the calls' order (a key that already has a row,
 -- an earlier call's of the batch included, inserts nothing and its call answers no row); the
@@ -130,7 +131,9 @@ CREATE OR REPLACE FUNCTION tollgate_claim_together(
     OUT places integer[],
     OUT claimed executions[]
 )
-LANGUAGE plpgsql SET enable_seqscan = off SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     c tollgate_claim_call;
     head_scopes text[];
@@ -274,10 +277,20 @@ BEGIN
                     ORDER BY x.ordinality ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING), 0)
                     AS day_total
             FROM unnest(p_calls) WITH ORDINALITY AS x
-            JOIN spend_sessions s ON s.scope = x.scope AND s.consumer = x.consumer
-                AND s.session_id = x.session_id AND s.currency = x.currency
-            JOIN spend_days d ON d.scope = x.scope AND d.consumer = x.consumer
-                AND d.day = x.accounting_day AND d.currency = x.currency
+            -- Each spend row by its whole key, one probe per call (the `LIMIT` keeps the subquery a
+        -- probe of its own rather than a join the planner may turn around).
+            CROSS JOIN LATERAL (
+                SELECT s.settled, s.held FROM spend_sessions s
+                WHERE s.scope = x.scope AND s.consumer = x.consumer
+                    AND s.session_id = x.session_id AND s.currency = x.currency
+                LIMIT 1
+            ) s
+            CROSS JOIN LATERAL (
+                SELECT d.settled, d.held FROM spend_days d
+                WHERE d.scope = x.scope AND d.consumer = x.consumer AND d.day = x.accounting_day
+                    AND d.currency = x.currency
+                LIMIT 1
+            ) d
             WHERE x.ordinality = ANY (places)
         ) t
         WHERE tollgate_cap_crossed('block', t.session_total, t.session_block)
@@ -310,7 +323,9 @@ $$;
 -- `tollgate_settled` row, in the calls' order, with the totals after its own charge.
 CREATE OR REPLACE FUNCTION tollgate_settle_together(p_calls tollgate_settle_call[])
 RETURNS tollgate_settled[]
-LANGUAGE plpgsql SET enable_seqscan = off SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     n integer := cardinality(p_calls);
     c tollgate_settle_call;
@@ -496,21 +511,37 @@ BEGIN
             OR tollgate_cap_crossed('block', t.day_settled, t.daily_block))
     INTO answers, crossed
     FROM (
-        SELECT x.ordinality AS n, x.session_warn, x.session_block, x.daily_warn, x.daily_block,
+        SELECT x.n, x.session_warn, x.session_block, x.daily_warn, x.daily_block,
             s.settled - COALESCE(sum(x.amount) OVER later_in_session, 0) AS session_settled,
             s.held + COALESCE(sum(x.hold) OVER later_in_session, 0) AS session_held,
             d.settled - COALESCE(sum(x.amount) OVER later_in_day, 0) AS day_settled,
             d.held + COALESCE(sum(x.hold) OVER later_in_day, 0) AS day_held
-        FROM unnest(p_calls) WITH ORDINALITY AS x
-        JOIN unnest(locked) WITH ORDINALITY AS r ON r.ordinality = x.ordinality
-        JOIN spend_sessions s ON s.scope = r.scope AND s.consumer = x.consumer
-            AND s.session_id = x.session_id AND s.currency = x.currency
-        JOIN spend_days d ON d.scope = r.scope AND d.consumer = x.consumer
-            AND d.day = r.accounting_day AND d.currency = x.currency
-        WINDOW later_in_session AS (PARTITION BY r.scope, x.consumer, x.session_id, x.currency
-                ORDER BY x.ordinality ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING),
-            later_in_day AS (PARTITION BY r.scope, x.consumer, r.accounting_day, x.currency
-                ORDER BY x.ordinality ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING)
+        FROM (
+            SELECT x.ordinality AS n, r.scope, x.consumer, x.session_id, r.accounting_day,
+                x.currency, x.amount, x.hold, x.session_warn, x.session_block, x.daily_warn,
+                x.daily_block
+            FROM unnest(p_calls) WITH ORDINALITY AS x
+            JOIN unnest(locked) WITH ORDINALITY AS r ON r.ordinality = x.ordinality
+            OFFSET 0
+        ) x
+        -- Each spend row by its whole key, one probe per call (the `LIMIT` keeps the subquery a
+        -- probe of its own rather than a join the planner may turn around).
+        CROSS JOIN LATERAL (
+            SELECT s.settled, s.held FROM spend_sessions s
+            WHERE s.scope = x.scope AND s.consumer = x.consumer AND s.session_id = x.session_id
+                AND s.currency = x.currency
+            LIMIT 1
+        ) s
+        CROSS JOIN LATERAL (
+            SELECT d.settled, d.held FROM spend_days d
+            WHERE d.scope = x.scope AND d.consumer = x.consumer AND d.day = x.accounting_day
+                AND d.currency = x.currency
+            LIMIT 1
+        ) d
+        WINDOW later_in_session AS (PARTITION BY x.scope, x.consumer, x.session_id, x.currency
+                ORDER BY x.n ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING),
+            later_in_day AS (PARTITION BY x.scope, x.consumer, x.accounting_day, x.currency
+                ORDER BY x.n ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING)
     ) t
     JOIN unnest(done) WITH ORDINALITY AS e ON e.ordinality = t.n;
     IF crossed OR cardinality(answers) IS DISTINCT FROM n THEN
