@@ -37,26 +37,28 @@ const TABLES: &str = "SELECT jsonb_build_object(\
 
 /// The claim calls `from ..= to` of the cases: scope `a`, keys `k<g>` (or `key` for every one
 /// when given), two consumers, chains shared by some calls, dispatched (two audit rows) but for
-/// every third, a daily block cap of `daily_block`, and call 3 under limits.
+/// every fourth, a daily block cap of `daily_block`, and every third under limits: its
+/// consumer's and the key `x`'s, which all of them share (at most 5 in flight).
 fn claim_calls(from: i32, to: i32, key: Option<&str>, daily_block: &str) -> String {
     let key = key.map_or("'k' || g".to_owned(), |k| format!("'{k}'"));
     format!(
         "SELECT array_agg(ROW(\
             ('00000000-0000-0000-0000-' || lpad(g::text, 12, '0'))::uuid, 'a', {key}, 'text', \
             jsonb_build_object('n', g), 'd' || g, DATE '2026-12-06', \
-            CASE WHEN g % 3 = 0 THEN 'prepared' ELSE 'dispatched' END, 1, \
+            CASE WHEN g % 4 = 1 THEN 'prepared' ELSE 'dispatched' END, 1, \
             TIMESTAMPTZ '2026-12-06 12:00:00+00' + g * interval '1 second', 60000, 0.1 * g, \
             TIMESTAMPTZ '2026-12-06 12:00:00+00', TIMESTAMPTZ '2026-12-06 12:00:01+00', \
             (g % 3)::smallint, 64, '\\x01'::bytea, '\\x02'::bytea, \
-            CASE WHEN g % 3 = 0 THEN ARRAY['claimed'] ELSE ARRAY['claimed', 'dispatched'] END, \
+            CASE WHEN g % 4 = 1 THEN ARRAY['claimed'] ELSE ARRAY['claimed', 'dispatched'] END, \
             jsonb_build_array(jsonb_build_object('g', g), jsonb_build_object('d', g)), \
             ARRAY[TIMESTAMPTZ '2026-12-06 12:00:00+00', TIMESTAMPTZ '2026-12-06 12:00:02+00'], \
             ARRAY[int4send(g), int4send(-g)], \
             CASE WHEN g % 2 = 0 THEN 'team-a' ELSE 'team-b' END, 's-' || (g % 4), 'USD', \
             NULL, {daily_block}::numeric, \
-            CASE WHEN g = 3 THEN ARRAY['consumer:team-b', 'key:x'] END, \
-            CASE WHEN g = 3 THEN ARRAY[10, 100, 100000, NULL, 5, NULL, NULL, NULL]::bigint[] END, \
-            CASE WHEN g = 3 THEN ARRAY[40, 20]::bigint[] END\
+            CASE WHEN g % 3 = 0 THEN ARRAY[CASE WHEN g % 2 = 0 THEN 'consumer:team-a' \
+                ELSE 'consumer:team-b' END, 'key:x'] END, \
+            CASE WHEN g % 3 = 0 THEN ARRAY[10, 100, 100000, NULL, 5, NULL, NULL, NULL]::bigint[] END, \
+            CASE WHEN g % 3 = 0 THEN ARRAY[40 + g, 20]::bigint[] END\
          )::tollgate_claim_call ORDER BY g) FROM generate_series({from}, {to}) AS g"
     )
 }
@@ -190,24 +192,17 @@ async fn commit(database: &TestDatabase, batch: &str, calls: &str) {
 #[tokio::test]
 async fn h_38_a_batch_decided_together_writes_and_answers_what_its_calls_alone_do() {
     let database = fresh().await;
-    // A scope's first claims make its audit heads: that batch goes call by call, alike.
-    assert!(
-        !both_ways(
-            &database,
-            "tollgate_claim_batch",
-            &claim_calls(1, 2, None, "100.0")
-        )
-        .await
-    );
-    commit(
-        &database,
-        "tollgate_claim_batch",
-        &claim_calls(1, 2, None, "100.0"),
-    )
-    .await;
+    // A scope's first claims make its audit heads, and the first limited claims their windows:
+    // those batches go call by call, alike.
+    let first = claim_calls(1, 2, None, "100.0");
+    assert!(!both_ways(&database, "tollgate_claim_batch", &first).await);
+    commit(&database, "tollgate_claim_batch", &first).await;
+    let windows = claim_calls(42, 45, None, "100.0");
+    assert!(!both_ways(&database, "tollgate_claim_batch", &windows).await);
+    commit(&database, "tollgate_claim_batch", &windows).await;
 
-    // Claims of two consumers on shared chains, one under limits, with two keys that already
-    // have rows (calls 1 and 2): decided together, exactly as call by call.
+    // Claims of two consumers on shared chains, three under limits on shared windows, with two
+    // keys that already have rows (calls 1 and 2): decided together, exactly as call by call.
     let claims = claim_calls(1, 9, None, "100.0");
     assert!(both_ways(&database, "tollgate_claim_batch", &claims).await);
     // The same key three times in one batch: the first claims it, the others answer no row.
@@ -215,12 +210,19 @@ async fn h_38_a_batch_decided_together_writes_and_answers_what_its_calls_alone_d
     assert!(both_ways(&database, "tollgate_claim_batch", &same_key).await);
     // A daily block cap that some of the holds cross: the batch gives way, and the calls alone
     // claim those it admits and refuse the others.
-    let capped = claim_calls(30, 39, None, "6.9");
+    let capped = claim_calls(30, 38, None, "15.0");
     assert!(!both_ways(&database, "tollgate_claim_batch", &capped).await);
+    // Six limited claims where the key's window admits three more in flight: call by call.
+    let limited = claim_calls(60, 75, None, "100.0");
+    assert!(!both_ways(&database, "tollgate_claim_batch", &limited).await);
+    // A limited claim admitted a minute after its window opened restarts it: call by call.
+    let later = claim_calls(100, 105, None, "100.0");
+    assert!(!both_ways(&database, "tollgate_claim_batch", &later).await);
 
     commit(&database, "tollgate_claim_batch", &claims).await;
-    // The settlements of calls 3..=9 (one prepared, one limited, evidence for some, acknowledged
-    // for some), under caps that none crosses: decided together.
+    // The settlements of calls 3..=9 (two prepared, three limited, two of those dispatched,
+    // evidence for some, acknowledged for some), under caps that none crosses: decided
+    // together.
     let settles = settle_calls(3, 9, "100.0");
     assert!(both_ways(&database, "tollgate_settle_batch", &settles).await);
     // A warn cap that the batch's charges cross: the batch gives way, and the calls alone store

@@ -108,8 +108,8 @@ CREATE TYPE tollgate_settle_call AS (
 --
 -- Locks, in the crate's order, each kind for every call before the next kind: the execution
 -- rows, the heads of the audit chains (ascending), the session spend rows, the day spend rows,
--- then each limited call's windows in the calls' order; a batch waits for any of them at most the
--- batch's lock timeout, which its caller sets.
+-- then the limit windows of the limited calls' subjects (ascending); a batch waits for any of them
+-- at most the batch's lock timeout, which its caller sets.
 --
 -- Every table is read by index probes for the batch's keys: these functions plan with nested
 -- loops only and no sequential scan (`enable_hashjoin`, `enable_mergejoin`, `enable_seqscan`
@@ -153,6 +153,9 @@ DECLARE
     a_seq bigint[] := '{}';
     a_prev text[] := '{}';
     a_hash text[] := '{}';
+    windows_expected integer;
+    windows_counted integer;
+    refused boolean;
 BEGIN
     -- The rows, in the calls' order; each lease runs from its "now", at which a limited call is
     -- also admitted (`limit_admitted_at`).
@@ -299,14 +302,60 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
     END IF;
 
-    -- The limits last, each limited call in the calls' order, at its admission time.
-    FOR j IN 1 .. cardinality(places) LOOP
-        c := p_calls[places[j]];
-        IF c.limit_subjects IS NOT NULL THEN
-            PERFORM tollgate_limits_admit(c.scope, c.limit_subjects, c.limit_values,
-                c.limit_tokens, claimed[j].limit_admitted_at);
+    -- The limits last: each subject's window counts every limited call of the batch on it in one
+    -- update, the subjects in ascending order, when the window is open at every call's admission
+    -- time (a window to restart, or a subject's first admission, raises). Each call is then judged
+    -- on the counts after its own admission (the counts after the batch's, less what the calls
+    -- after it counted), kinds as `tollgate_limits_admit` judges them; a refusal, or a count at
+    -- bigint's top, raises.
+    IF EXISTS (SELECT 1 FROM unnest(claimed) AS e WHERE e.limit_subjects IS NOT NULL) THEN
+        WITH u AS MATERIALIZED (
+            SELECT j.j AS n, (claimed[j.j]).scope, t.subject,
+                (claimed[j.j]).limit_admitted_at AS at,
+                (claimed[j.j]).limit_input_tokens::bigint AS input,
+                (claimed[j.j]).limit_output_tokens::bigint AS output,
+                (p_calls[places[j.j]]).limit_values[(t.k - 1) * 4 + 1] AS max_flight,
+                (p_calls[places[j.j]]).limit_values[(t.k - 1) * 4 + 2] AS max_requests,
+                (p_calls[places[j.j]]).limit_values[(t.k - 1) * 4 + 3] AS max_input,
+                (p_calls[places[j.j]]).limit_values[(t.k - 1) * 4 + 4] AS max_output
+            FROM generate_subscripts(places, 1) AS j(j)
+            CROSS JOIN LATERAL unnest((claimed[j.j]).limit_subjects) WITH ORDINALITY
+                AS t(subject, k)
+        ), w AS MATERIALIZED (
+            SELECT u.scope, u.subject, count(*) AS calls, sum(u.input) AS input,
+                sum(u.output) AS output, max(u.at) AS last_at
+            FROM u GROUP BY u.scope, u.subject ORDER BY u.scope, u.subject
+        ), up AS (
+            UPDATE limit_windows l SET
+                requests = LEAST(l.requests + w.calls::numeric, 9223372036854775807),
+                input_tokens = LEAST(l.input_tokens + w.input, 9223372036854775807),
+                output_tokens = LEAST(l.output_tokens + w.output, 9223372036854775807),
+                in_flight = LEAST(l.in_flight + w.calls::numeric, 9223372036854775807)
+            FROM w
+            WHERE l.scope = w.scope AND l.subject = w.subject
+                AND w.last_at < l.started_at + interval '60000 milliseconds'
+            RETURNING l.scope, l.subject, l.requests, l.input_tokens, l.output_tokens, l.in_flight
+        )
+        SELECT (SELECT count(*) FROM w), (SELECT count(*) FROM up), (
+            SELECT bool_or(t.flight > t.max_flight OR t.requests > t.max_requests
+                OR t.input > t.max_input OR t.output > t.max_output OR t.top)
+            FROM (
+                SELECT u.max_flight, u.max_requests, u.max_input, u.max_output,
+                    up.in_flight - count(*) OVER later AS flight,
+                    up.requests - count(*) OVER later AS requests,
+                    up.input_tokens - COALESCE(sum(u.input) OVER later, 0) AS input,
+                    up.output_tokens - COALESCE(sum(u.output) OVER later, 0) AS output,
+                    9223372036854775807 IN (up.requests, up.input_tokens, up.output_tokens,
+                        up.in_flight) AS top
+                FROM u JOIN up ON up.scope = u.scope AND up.subject = u.subject
+                WINDOW later AS (PARTITION BY u.scope, u.subject ORDER BY u.n
+                    ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING)
+            ) t)
+        INTO windows_expected, windows_counted, refused;
+        IF windows_counted <> windows_expected OR refused THEN
+            RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
         END IF;
-    END LOOP;
+    END IF;
 END
 $$;
 
@@ -548,19 +597,68 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
     END IF;
 
-    -- The limits last, each limited call in the calls' order.
-    FOR i IN 1 .. n LOOP
-        IF locked[i].limit_subjects IS NOT NULL THEN
-            c := p_calls[i];
-            PERFORM tollgate_limits_end(locked[i].scope, locked[i].limit_subjects,
-                locked[i].limit_input_tokens, locked[i].limit_output_tokens,
-                locked[i].limit_admitted_at, 'settled',
-                LEAST(c.tokens[1]::numeric + c.tokens[3] + c.tokens[4],
-                    9223372036854775807)::bigint,
-                LEAST(c.tokens[2]::numeric + c.tokens[5], 9223372036854775807)::bigint,
-                locked[i].state = 'dispatched');
+    -- The limits last: each subject's window ends every limited call of the batch on it in one
+    -- update, the subjects in ascending order, as `tollgate_limits_end` ends them one by one
+    -- ('settled'): a call that was dispatched leaves flight, and the window that counted a call
+    -- (the one open at its admission time) is corrected from the tokens it counted to its
+    -- settled usage. When a count could stop at zero or at bigint's top on the way, or a subject
+    -- has no row, the whole raises.
+    IF EXISTS (SELECT 1 FROM unnest(locked) AS e WHERE e.limit_subjects IS NOT NULL) THEN
+        WITH u AS MATERIALIZED (
+            SELECT e.scope, t.subject, e.limit_admitted_at AS at,
+                e.limit_input_tokens::bigint AS held_input,
+                e.limit_output_tokens::bigint AS held_output,
+                LEAST(x.tokens[1]::numeric + x.tokens[3] + x.tokens[4],
+                    9223372036854775807)::bigint AS input,
+                LEAST(x.tokens[2]::numeric + x.tokens[5], 9223372036854775807)::bigint AS output,
+                (e.state = 'dispatched') AS flight
+            FROM unnest(locked) WITH ORDINALITY AS e
+            JOIN unnest(p_calls) WITH ORDINALITY AS x ON x.ordinality = e.ordinality
+            CROSS JOIN LATERAL unnest(e.limit_subjects) AS t(subject)
+        ), w AS MATERIALIZED (
+            SELECT u.scope, u.subject, count(*) FILTER (WHERE u.flight) AS flights
+            FROM u GROUP BY u.scope, u.subject ORDER BY u.scope, u.subject
+        ), up AS (
+            -- The corrections read the calls that the window, as it is locked, counted (those
+            -- admitted while it was open).
+            UPDATE limit_windows l SET
+                in_flight = l.in_flight - w.flights,
+                input_tokens = l.input_tokens + (
+                    SELECT COALESCE(sum(u.input - u.held_input), 0) FROM u
+                    WHERE u.scope = l.scope AND u.subject = l.subject
+                        AND u.at >= l.started_at
+                        AND u.at < l.started_at + interval '60000 milliseconds'),
+                output_tokens = l.output_tokens + (
+                    SELECT COALESCE(sum(u.output - u.held_output), 0) FROM u
+                    WHERE u.scope = l.scope AND u.subject = l.subject
+                        AND u.at >= l.started_at
+                        AND u.at < l.started_at + interval '60000 milliseconds')
+            FROM w
+            WHERE l.scope = w.scope AND l.subject = w.subject
+                AND l.in_flight >= w.flights
+                AND (
+                    SELECT bool_and(l.input_tokens >= sum_held_input
+                        AND l.output_tokens >= sum_held_output
+                        AND l.input_tokens + sum_input <= 9223372036854775807
+                        AND l.output_tokens + sum_output <= 9223372036854775807)
+                    FROM (
+                        SELECT COALESCE(sum(u.held_input), 0) AS sum_held_input,
+                            COALESCE(sum(u.held_output), 0) AS sum_held_output,
+                            COALESCE(sum(u.input), 0) AS sum_input,
+                            COALESCE(sum(u.output), 0) AS sum_output
+                        FROM u
+                        WHERE u.scope = l.scope AND u.subject = l.subject
+                            AND u.at >= l.started_at
+                            AND u.at < l.started_at + interval '60000 milliseconds'
+                    ) t)
+            RETURNING 1
+        )
+        SELECT (SELECT count(*) FROM w), (SELECT count(*) FROM up)
+        INTO rows_expected, rows_charged;
+        IF rows_charged <> rows_expected THEN
+            RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
         END IF;
-    END LOOP;
+    END IF;
     RETURN answers;
 END
 $$;
