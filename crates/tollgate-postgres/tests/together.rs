@@ -114,6 +114,8 @@ struct Run {
     tables: String,
     together: i64,
     single: i64,
+    /// Rows the run read from the tables a batch probes (sequential and index fetches).
+    rows_read: i64,
 }
 
 async fn run(url: &str, batch: &str, calls: &str, call_by_call: bool) -> Run {
@@ -140,6 +142,14 @@ async fn run(url: &str, batch: &str, calls: &str, call_by_call: bool) -> Run {
     .fetch_all(&mut conn)
     .await
     .unwrap();
+    let rows_read: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(sum(COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0)), 0)::bigint \
+         FROM pg_stat_xact_user_tables WHERE relname IN \
+         ('executions', 'audit_heads', 'spend_sessions', 'spend_days', 'limit_windows')",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
     let tables: String = sqlx::query_scalar(TABLES)
         .fetch_one(&mut conn)
         .await
@@ -164,13 +174,20 @@ async fn run(url: &str, batch: &str, calls: &str, call_by_call: bool) -> Run {
         tables,
         together,
         single,
+        rows_read,
     }
 }
 
 /// Runs `batch` over `calls` both ways and checks they agree; answers whether the set-based
-/// function decided the batch.
+/// function decided the batch. Decided together, it reads at most `ROWS_READ_MAX` rows of the
+/// tables it probes, however many rows they hold (`fill`).
 async fn both_ways(database: &TestDatabase, batch: &str, calls: &str) -> bool {
     let as_it_runs = run(database.url(), batch, calls, false).await;
+    assert!(
+        as_it_runs.together == 0 || as_it_runs.rows_read <= ROWS_READ_MAX,
+        "{batch} read {} rows",
+        as_it_runs.rows_read
+    );
     let by_call = run(database.url(), batch, calls, true).await;
     assert!(by_call.single > 0, "the batch went call by call");
     assert_eq!(as_it_runs.answers, by_call.answers, "{batch}: the answers");
@@ -189,9 +206,41 @@ async fn commit(database: &TestDatabase, batch: &str, calls: &str) {
         .unwrap();
 }
 
+/// The most rows of the probed tables a batch of the cases decided together reads: its own rows,
+/// heads, spend rows and windows, each a few times, and none of `fill`'s.
+const ROWS_READ_MAX: i64 = 200;
+
+/// Rows beside the cases' in every table a batch probes, more than `ROWS_READ_MAX` of each and on
+/// the cases' own leading key columns: executions of another scope, sessions and days of the
+/// cases' consumers, chains' heads of other scopes and windows of other subjects. A plan that
+/// reads a table, or an index by less than its whole key, reads them.
+async fn fill(database: &TestDatabase) {
+    let mut conn = PgConnection::connect(database.url()).await.unwrap();
+    for statement in [
+        "INSERT INTO executions (id, scope, operation_key, kind, binding, binding_digest, \
+            accounting_day, state, outcome, fence, lease_expires_at, hold, created_at, updated_at) \
+         SELECT gen_random_uuid(), 'filler', 'f' || g, 'text', '{}', 'd', DATE '2026-12-06', \
+            'completed', 'success', 1, now(), 0, now(), now() FROM generate_series(1, 3000) AS g",
+        "INSERT INTO spend_sessions (scope, consumer, session_id, currency, held) \
+         SELECT 'a', c, 'f-' || g, 'USD', 0 FROM generate_series(1, 1000) AS g, \
+            unnest(ARRAY['team-a', 'team-b']) AS c",
+        "INSERT INTO spend_days (scope, consumer, day, currency, held) \
+         SELECT 'a', c, DATE '2020-01-01' + g, 'USD', 0 FROM generate_series(1, 1000) AS g, \
+            unnest(ARRAY['team-a', 'team-b']) AS c",
+        "INSERT INTO audit_heads (scope, chain, last_seq, last_hash) \
+         SELECT 'a-' || g, c, 0, repeat('0', 64) FROM generate_series(1, 50) AS g, \
+            generate_series(0, 63) AS c",
+        "INSERT INTO limit_windows (scope, subject, started_at) \
+         SELECT 'a', 'key:f' || g, now() FROM generate_series(1, 1000) AS g",
+    ] {
+        sqlx::query(statement).execute(&mut conn).await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn h_38_a_batch_decided_together_writes_and_answers_what_its_calls_alone_do() {
     let database = fresh().await;
+    fill(&database).await;
     // A scope's first claims make its audit heads, and the first limited claims their windows:
     // those batches go call by call, alike.
     let first = claim_calls(1, 2, None, "100.0");
