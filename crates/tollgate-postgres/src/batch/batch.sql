@@ -503,14 +503,9 @@ BEGIN
         UPDATE executions e SET state = 'completed', outcome = x.outcome, hold = 0,
             provider_ref = COALESCE(x.provider_ref, e.provider_ref), updated_at = x.now
         FROM x WHERE e.id = x.id
-        RETURNING e.*, x.n
+        RETURNING e AS row, x.n
     )
-    SELECT array_agg(ROW(up.id, up.scope, up.operation_key, up.kind, up.root_key, up.binding,
-            up.binding_digest, up.accounting_day, up.state, up.not_dispatched_cause, up.outcome,
-            up.fence, up.lease_expires_at, up.hold, up.provider_ref, up.created_at,
-            up.updated_at, up.reconciliation_reason, up.limit_subjects, up.limit_input_tokens,
-            up.limit_output_tokens, up.limit_admitted_at)::executions ORDER BY up.n)
-    INTO done FROM up;
+    SELECT array_agg(up.row ORDER BY up.n) INTO done FROM up;
 
     -- The charges: each session row, then each day row, by the sums of its calls.
     WITH k AS (
@@ -741,13 +736,7 @@ BEGIN
     END;
     IF answers IS NOT NULL THEN
         RETURN QUERY
-        SELECT a.ordinality::integer, 'row'::text, ROW(a.id, a.scope, a.operation_key, a.kind, a.root_key,
-            a.binding, a.binding_digest, a.accounting_day, a.state, a.not_dispatched_cause,
-            a.outcome, a.fence, a.lease_expires_at, a.hold, a.provider_ref, a.created_at,
-            a.updated_at, a.reconciliation_reason, a.session_settled, a.session_held,
-            a.day_settled, a.day_held)::tollgate_settled
-        FROM unnest(answers) WITH ORDINALITY AS a
-        ORDER BY a.ordinality;
+        SELECT i, 'row'::text, answers[i] FROM generate_subscripts(answers, 1) AS i ORDER BY i;
         RETURN;
     END IF;
     FOR i IN 1 .. cardinality(p_calls) LOOP
