@@ -440,6 +440,9 @@ struct Observed {
     failed: u64,
     wall: Duration,
     cpu_ticks: u64,
+    /// CPU time of the whole Postgres cluster in the same window, in clock ticks
+    /// ([`postgres_ticks`]).
+    postgres_ticks: u64,
     db: DbActivity,
     statements: Option<i64>,
 }
@@ -452,6 +455,7 @@ impl Observed {
         self.failed += other.failed;
         self.wall += other.wall;
         self.cpu_ticks += other.cpu_ticks;
+        self.postgres_ticks += other.postgres_ticks;
         self.db = DbActivity {
             xact_commit: self.db.xact_commit + other.db.xact_commit,
             xact_rollback: self.db.xact_rollback + other.db.xact_rollback,
@@ -762,10 +766,11 @@ impl Service {
         let per_plan = (case.concurrency() / plans.len() as u64).max(1);
         // Statistics reach pg_stat_database when a backend goes idle (about once a second).
         tokio::time::sleep(Duration::from_millis(1_100)).await;
-        let (db0, st0, cpu0) = (
+        let (db0, st0, cpu0, pg0) = (
             self.db.activity().await.unwrap(),
             self.db.statement_calls().await.unwrap(),
             self.cpu_ticks(servers).await,
+            postgres_ticks(),
         );
         let runs = futures::future::join_all(
             plans
@@ -780,17 +785,54 @@ impl Service {
             seen.add(run);
         }
         seen.wall = wall;
-        let cpu1 = self.cpu_ticks(servers).await;
+        let (cpu1, pg1) = (self.cpu_ticks(servers).await, postgres_ticks());
         tokio::time::sleep(Duration::from_millis(1_100)).await;
         let (db1, st1) = (
             self.db.activity().await.unwrap(),
             self.db.statement_calls().await.unwrap(),
         );
         seen.cpu_ticks = cpu1 - cpu0;
+        seen.postgres_ticks = pg1.saturating_sub(pg0);
         seen.db = db1.since(&db0);
         seen.statements = st0.zip(st1).map(|(a, b)| b - a);
         seen
     }
+}
+
+/// CPU time (user + system) of every process named `postgres` on this machine, in clock ticks,
+/// with the children each has reaped: the backends and workers running now, and through the
+/// postmaster's reaped-children counts, those that ended (a backend whose connection closed, an
+/// autovacuum worker). The database the load section drives runs on this machine; its own
+/// background work (checkpoints, autovacuum, statistics) counts with the calls that cause it.
+fn postgres_ticks() -> u64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut ticks = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let command = stat
+            .split_once('(')
+            .and_then(|(_, rest)| rest.rsplit_once(')'))
+            .map(|(command, _)| command);
+        if command != Some("postgres") {
+            continue;
+        }
+        // Fields after the command name start at field 3: utime 14, stime 15, cutime 16,
+        // cstime 17.
+        let rest = stat.rsplit(')').next().unwrap_or_default();
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        ticks += (14..=17)
+            .filter_map(|n| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok()))
+            .sum::<u64>();
+    }
+    ticks
 }
 
 /// The peak RSS of a fresh server with `in_flight` calls on the slow model at once.
@@ -903,11 +945,12 @@ fn ms(d: Option<Duration>) -> String {
 fn print_row(name: &str, seen: &Observed, ticks_per_sec: f64) {
     let attempted = seen.attempted().max(1) as f64;
     let cpu_ms = seen.cpu_ticks as f64 / ticks_per_sec * 1e3 / attempted;
+    let postgres_ms = seen.postgres_ticks as f64 / ticks_per_sec * 1e3 / attempted;
     let stmts = seen
         .statements
         .map_or("n/a".into(), |s| format!("{:.1}", s as f64 / attempted));
     println!(
-        "| {name} | {:.0} | {} | {} | {}/{} | {:.3} | {:.2} | {:.1} | {:.1} | {stmts} |",
+        "| {name} | {:.0} | {} | {} | {}/{} | {:.3} | {postgres_ms:.3} | {:.2} | {:.1} | {:.1} | {stmts} |",
         seen.per_sec(),
         ms(seen.percentile(50)),
         ms(seen.percentile(99)),
@@ -1205,9 +1248,9 @@ async fn load_section(knobs: &Knobs, admin: &str) {
     println!("pgbench failed transactions: {pg_failed} of {pg_total}");
     println!();
     println!(
-        "| case | ok/s | p50 ms | p99 ms | failed/attempted | server CPU ms/call | commits/call | tup_returned/call | tup_fetched/call | statements/call |"
+        "| case | ok/s | p50 ms | p99 ms | failed/attempted | server CPU ms/call | Postgres CPU ms/call | commits/call | tup_returned/call | tup_fetched/call | statements/call |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (case, observed) in &seen {
         print_row(&case.name(), observed, service.ticks_per_sec);
     }
