@@ -387,16 +387,7 @@ impl Server {
     fn cpu_ticks(&self) -> u64 {
         let stat =
             std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
-        // Fields after the command name (which may hold spaces) start at field 3.
-        let rest = stat.rsplit(')').next().unwrap_or_default();
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let field = |n: usize| {
-            fields
-                .get(n - 3)
-                .and_then(|f| f.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        field(14) + field(15)
+        stat_fields_sum(&stat, 14..=15)
     }
 
     /// A `/proc/<pid>/status` value in KiB (`VmHWM`, `VmRSS`).
@@ -824,15 +815,21 @@ fn postgres_ticks() -> u64 {
         if command != Some("postgres") {
             continue;
         }
-        // Fields after the command name start at field 3: utime 14, stime 15, cutime 16,
-        // cstime 17.
-        let rest = stat.rsplit(')').next().unwrap_or_default();
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        ticks += (14..=17)
-            .filter_map(|n| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok()))
-            .sum::<u64>();
+        // utime 14, stime 15, cutime 16, cstime 17.
+        ticks += stat_fields_sum(&stat, 14..=17);
     }
     ticks
+}
+
+/// The sum of the numeric fields `fields` (numbered from 1, as proc(5) numbers them) of a
+/// `/proc/<pid>/stat` line; a field that is missing or not a number counts 0.
+fn stat_fields_sum(stat: &str, fields: std::ops::RangeInclusive<usize>) -> u64 {
+    // Fields after the command name (which may hold spaces and parentheses) start at field 3.
+    let rest = stat.rsplit(')').next().unwrap_or_default();
+    let after: Vec<&str> = rest.split_whitespace().collect();
+    fields
+        .filter_map(|n| after.get(n - 3).and_then(|f| f.parse::<u64>().ok()))
+        .sum()
 }
 
 /// The peak RSS of a fresh server with `in_flight` calls on the slow model at once.
