@@ -237,6 +237,68 @@ async fn sc_186_connections_past_the_cap_wait_until_one_closes() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
 
+/// SC-226: a connection that opens with the HTTP/2 preface is served HTTP/2 (cleartext, prior
+/// knowledge): the server's settings announce `http2_max_streams` streams at once, and a request
+/// gets the answer it gets over HTTP/1.1. A connection whose preface stops half-way is closed
+/// after `header_read_timeout_ms`, as a half-sent HTTP/1.1 header is.
+#[tokio::test]
+async fn sc_226_http2_with_prior_knowledge_is_served_with_its_streams_bounded() {
+    let server = Server::start("http2_max_streams = 3\nheader_read_timeout_ms = 300").await;
+    let over_http1 = reqwest::Client::new()
+        .get(format!("{}/v1/profiles", server.base))
+        .bearer_auth(CALLER_KEY)
+        .timeout(WAIT)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+
+    let (mut send, mut connection) = h2::client::handshake(server.connect().await).await.unwrap();
+    let request = http::Request::get(format!("{}/v1/profiles", server.base))
+        .header("authorization", format!("Bearer {CALLER_KEY}"))
+        .body(())
+        .unwrap();
+    let (answer, _) = send.send_request(request, true).unwrap();
+    let answer = tokio::time::timeout(WAIT, async {
+        tokio::select! {
+            answer = answer => answer.unwrap(),
+            ended = &mut connection => panic!("the connection ended first: {ended:?}"),
+        }
+    })
+    .await
+    .expect("an answer within the bound");
+    assert_eq!(answer.status(), 200);
+    // The server's SETTINGS frame came before its answer.
+    assert_eq!(connection.max_concurrent_send_streams(), 3);
+    let mut body = answer.into_body();
+    let mut text = Vec::new();
+    let read = async {
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.unwrap();
+            let _ = body.flow_control().release_capacity(chunk.len());
+            text.extend_from_slice(&chunk);
+        }
+    };
+    tokio::time::timeout(WAIT, async {
+        tokio::select! {
+            () = read => {}
+            ended = &mut connection => panic!("the connection ended first: {ended:?}"),
+        }
+    })
+    .await
+    .expect("the body within the bound");
+    assert_eq!(String::from_utf8(text).unwrap(), over_http1);
+
+    let mut half = server.connect().await;
+    let started = Instant::now();
+    half.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    let (_, closed) = read_to_close(&mut half).await;
+    assert!(closed, "a preface that stops half-way is closed");
+    assert!(started.elapsed() >= Duration::from_millis(250));
+}
+
 /// SC-187: on SIGTERM the server stops within `http_drain_ms` (plus its drive drain) even while
 /// a client keeps a request half-sent.
 #[tokio::test]

@@ -241,6 +241,14 @@ fn connection_limits(
             0,
             c::CONNECTION_TIMEOUT_MS_MAX,
         )?,
+        http2_max_streams: u32::try_from(bounded(
+            "server.http2_max_streams",
+            server.http2_max_streams,
+            c::HTTP2_MAX_STREAMS_DEFAULT,
+            1,
+            c::HTTP2_MAX_STREAMS_MAX,
+        )?)
+        .unwrap_or(u32::MAX),
     })
 }
 
@@ -682,6 +690,22 @@ mod tests {
         assert_eq!(off.shutdown_drain_ms, 0);
         let bad = settings("[server]\nshutdown_drain_ms = 600001\n").unwrap_err();
         assert!(bad.0.contains("server.shutdown_drain_ms"), "{bad}");
+    }
+
+    #[test]
+    fn sc_226_http2_streams_default_and_are_bounded() {
+        let e = Env::new();
+        let settings = |text: &str| FileConfig::from_toml(text, &e).unwrap().validate(&e);
+        assert_eq!(
+            u64::from(settings("").unwrap().limits.connections.http2_max_streams),
+            crate::connections::HTTP2_MAX_STREAMS_DEFAULT
+        );
+        let set = settings("[server]\nhttp2_max_streams = 10000\n").unwrap();
+        assert_eq!(set.limits.connections.http2_max_streams, 10_000);
+        for bad in ["0", "10001"] {
+            let bad = settings(&format!("[server]\nhttp2_max_streams = {bad}\n")).unwrap_err();
+            assert!(bad.0.contains("server.http2_max_streams"), "{bad}");
+        }
     }
 
     #[test]

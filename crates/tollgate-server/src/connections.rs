@@ -1,11 +1,19 @@
-//! The HTTP/1.1 accept loop (spec/service.md — Connections): every connection is bounded in
-//! time and in number, so a client that opens sockets and sends nothing, half a header, or a
-//! body byte by byte cannot hold the server's memory, tasks or file descriptors.
+//! The HTTP accept loop (spec/service.md — Connections): every connection is bounded in time and
+//! in number, so a client that opens sockets and sends nothing, half a header, or a body byte by
+//! byte cannot hold the server's memory, tasks or file descriptors.
+//!
+//! A connection speaks HTTP/1.1, or HTTP/2 with prior knowledge (cleartext, as a proxy or a
+//! load balancer in front of the service speaks it): its first bytes tell which, the HTTP/2
+//! connection preface or anything else.
 //!
 //! - at most `connections_max` connections are served at once; past it the loop stops accepting
 //!   (the kernel's backlog holds the next ones) until one closes;
-//! - a request's header must arrive within `header_read_timeout_ms` of the connection being
-//!   ready for it (hyper's own timer);
+//! - the first bytes, enough to tell the two apart, must arrive within `header_read_timeout_ms`
+//!   of the accept; an HTTP/1.1 request's header then within `header_read_timeout_ms` of the
+//!   connection being ready for it (hyper's own timer);
+//! - an HTTP/2 connection carries at most `http2_max_streams` requests at once (its
+//!   `SETTINGS_MAX_CONCURRENT_STREAMS`); each request is then admitted, authenticated and bounded
+//!   as any other;
 //! - a connection on which no byte is read or written for `idle_timeout_ms` is closed (after the
 //!   answer in progress, if any: the close is graceful);
 //! - on shutdown the listener closes at once, every connection closes after its answer in
@@ -16,8 +24,8 @@
 
 use axum::Router;
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -43,6 +51,12 @@ pub const CONNECTIONS_MAX_DEFAULT: u64 = 4_096;
 pub const CONNECTIONS_MAX_MAX: u64 = 100_000;
 /// Default of `[server] http_drain_ms`.
 pub const HTTP_DRAIN_MS_DEFAULT: u64 = 10_000;
+/// Default of `[server] http2_max_streams`.
+pub const HTTP2_MAX_STREAMS_DEFAULT: u64 = 128;
+/// Largest `[server] http2_max_streams`.
+pub const HTTP2_MAX_STREAMS_MAX: u64 = 10_000;
+/// The first bytes of every HTTP/2 connection with prior knowledge (RFC 9113, section 3.4).
+const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Smallest header-read and idle timeout.
 pub const CONNECTION_TIMEOUT_MS_MIN: u64 = 100;
 /// Largest header-read and idle timeout, and largest `http_drain_ms`.
@@ -62,6 +76,8 @@ pub struct ConnectionLimits {
     pub connections_max: usize,
     /// On shutdown, the longest wait for open connections to finish their answers.
     pub http_drain_ms: u64,
+    /// Requests one HTTP/2 connection carries at once.
+    pub http2_max_streams: u32,
 }
 
 impl Default for ConnectionLimits {
@@ -71,6 +87,7 @@ impl Default for ConnectionLimits {
             idle_timeout_ms: IDLE_TIMEOUT_MS_DEFAULT,
             connections_max: usize::try_from(CONNECTIONS_MAX_DEFAULT).unwrap_or(usize::MAX),
             http_drain_ms: HTTP_DRAIN_MS_DEFAULT,
+            http2_max_streams: u32::try_from(HTTP2_MAX_STREAMS_DEFAULT).unwrap_or(u32::MAX),
         }
     }
 }
@@ -115,14 +132,15 @@ pub async fn serve(
         // A socket that refuses the option still works, only slower: without it every
         // keep-alive answer waits for the peer's delayed ACK between its header and body.
         let _ = tcp.set_nodelay(true);
-        connections.spawn(connection(
+        let fut = connection(
             tcp,
             router.clone(),
             limits,
             permit,
             closing.clone(),
             dropped.clone(),
-        ));
+        );
+        connections.spawn(fut);
     }
     drop(listener);
     closing.cancel();
@@ -157,6 +175,52 @@ fn one_connection(e: &io::Error) -> bool {
     )
 }
 
+/// The protocol a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// The longest pause between two looks at a connection's first bytes while they are a part of
+/// the HTTP/2 preface, in milliseconds.
+const PREFACE_LOOK_PAUSE_MS_MAX: u64 = 50;
+
+/// Looks at a connection's first bytes, without taking them, until they tell its protocol: the
+/// whole HTTP/2 preface, or the first byte that departs from it. While they are a part of the
+/// preface, it looks again after a pause that doubles up to [`PREFACE_LOOK_PAUSE_MS_MAX`] (a
+/// look does not wait for more bytes than it saw). No byte for `idle`, or a preface still
+/// incomplete `idle` after its last look found more, ends the connection (`TimedOut`), as the
+/// idle bound ends any connection.
+async fn protocol(tcp: &TcpStream, idle: Duration) -> io::Result<Protocol> {
+    let mut buf = [0u8; HTTP2_PREFACE.len()];
+    let mut seen = 0;
+    let mut pause = Duration::from_millis(1);
+    let mut last_more = Instant::now();
+    loop {
+        let n = tokio::time::timeout(idle, tcp.peek(&mut buf))
+            .await
+            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        if !HTTP2_PREFACE.starts_with(&buf[..n]) {
+            return Ok(Protocol::Http1);
+        }
+        if n == HTTP2_PREFACE.len() {
+            return Ok(Protocol::Http2);
+        }
+        if n > seen {
+            seen = n;
+            last_more = Instant::now();
+        } else if last_more.elapsed() >= idle {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(PREFACE_LOOK_PAUSE_MS_MAX));
+    }
+}
+
 async fn connection(
     tcp: TcpStream,
     router: Router,
@@ -165,6 +229,22 @@ async fn connection(
     closing: CancellationToken,
     dropped: CancellationToken,
 ) {
+    let header_read_timeout = Duration::from_millis(limits.header_read_timeout_ms);
+    let idle = Duration::from_millis(limits.idle_timeout_ms);
+    let protocol = tokio::select! {
+        first = tokio::time::timeout(header_read_timeout, protocol(&tcp, idle)) => match first {
+            Ok(Ok(protocol)) => protocol,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "connection ended before its first bytes");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(limits.header_read_timeout_ms, "no first bytes in time");
+                return;
+            }
+        },
+        () = closing.cancelled() => return,
+    };
     let activity = Activity::new();
     let io = TokioIo::new(Tracked {
         inner: tcp,
@@ -173,14 +253,59 @@ async fn connection(
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
         router.clone().oneshot(request.map(axum::body::Body::new))
     });
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms))
-        .keep_alive(true);
-    let served = builder.serve_connection(io, service);
+    match protocol {
+        Protocol::Http1 => {
+            let mut builder = http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_read_timeout)
+                .keep_alive(true);
+            let served = builder.serve_connection(io, service);
+            serve_until_closed(
+                served,
+                |c| c.graceful_shutdown(),
+                &activity,
+                idle,
+                &closing,
+                &dropped,
+            )
+            .await;
+        }
+        Protocol::Http2 => {
+            let mut builder = http2::Builder::new(TokioExecutor::new());
+            builder
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(limits.http2_max_streams);
+            let served = builder.serve_connection(io, service);
+            // Boxed: an HTTP/2 connection's state is far larger than an HTTP/1.1 one's, and
+            // inline it would size every connection's task.
+            Box::pin(serve_until_closed(
+                served,
+                |c| c.graceful_shutdown(),
+                &activity,
+                idle,
+                &closing,
+                &dropped,
+            ))
+            .await;
+        }
+    }
+}
+
+/// Serves `served` until it ends; closes it gracefully (`close`) on shutdown or once no byte was
+/// read or written for `idle`, and drops it when `dropped` fires.
+async fn serve_until_closed<F, C>(
+    served: F,
+    close: C,
+    activity: &Activity,
+    idle: Duration,
+    closing: &CancellationToken,
+    dropped: &CancellationToken,
+) where
+    F: Future<Output = Result<(), hyper::Error>>,
+    C: Fn(Pin<&mut F>),
+{
     tokio::pin!(served);
-    let idle = Duration::from_millis(limits.idle_timeout_ms);
     let mut closing_now = false;
     loop {
         let idle_at = activity.last() + idle;
@@ -193,13 +318,13 @@ async fn connection(
             }
             () = dropped.cancelled() => return,
             () = closing.cancelled(), if !closing_now => {
-                served.as_mut().graceful_shutdown();
+                close(served.as_mut());
                 closing_now = true;
             }
             () = tokio::time::sleep_until(idle_at), if !closing_now => {
                 if activity.last() + idle <= Instant::now() {
-                    tracing::debug!(limits.idle_timeout_ms, "closing an idle connection");
-                    served.as_mut().graceful_shutdown();
+                    tracing::debug!(idle_ms = idle.as_millis(), "closing an idle connection");
+                    close(served.as_mut());
                     closing_now = true;
                 }
             }

@@ -39,6 +39,8 @@ pub struct ServerSection {
     pub connections_max: Option<u64>,
     /// On shutdown, the longest wait for open connections to finish their answers.
     pub http_drain_ms: Option<u64>,
+    /// Requests one HTTP/2 connection carries at once.
+    pub http2_max_streams: Option<u64>,
     /// Whether `GET /metrics` answers without a key on `listen` (default false: an operator key).
     pub metrics_public: Option<bool>,
     /// A second address on which `GET /metrics` alone is served without a key (none by default).

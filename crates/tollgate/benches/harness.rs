@@ -13,8 +13,8 @@
 //!    block cap, the same hot cap under rate and concurrency limits that never refuse (what limits
 //!    cost, spec/limits.md), replays of completed keys (c16), two servers on one database, and the
 //!    mock alone (the baseline);
-//!    then 1,000 and 10,000 calls in flight on `mock-slow-2000` against a fresh server, for its
-//!    peak RSS;
+//!    then 1,000 calls in flight on `mock-slow-2000` against a fresh server over HTTP/1.1, and
+//!    10,000 over HTTP/2 (prior knowledge, 100 a connection), for its peak RSS;
 //! 3. **growth**: a read by key, a replay, one usage reconciliation page and the scheduler's scan
 //!    for scopes with work, at 10k and 100k seeded executions (`TOLLGATE_HARNESS_GROWTH`);
 //! 4. **collector**: SSE parsing and step collection per protocol, in MB/s and against
@@ -832,54 +832,122 @@ fn stat_fields_sum(stat: &str, fields: std::ops::RangeInclusive<usize>) -> u64 {
         .sum()
 }
 
+/// How the in-flight cases reach the server.
+#[derive(Debug, Clone, Copy)]
+enum Transport {
+    /// One HTTP/1.1 connection a call.
+    Http1,
+    /// HTTP/2 with prior knowledge, this many calls a connection at once (the server's
+    /// `http2_max_streams`), as a proxy in front of the service carries them.
+    Http2 { streams: u64 },
+}
+
+impl Transport {
+    /// Sockets one call holds in this process and in the server, beside the connections.
+    fn sockets_a_call(self) -> u64 {
+        match self {
+            // This process: its request and the mock's side of the provider request; the
+            // server: its client's and its provider request.
+            Transport::Http1 => 2,
+            // The mock's side here, the provider request there; the calls share connections.
+            Transport::Http2 { .. } => 1,
+        }
+    }
+
+    /// Connections `calls` calls take.
+    fn connections(self, calls: u64) -> u64 {
+        match self {
+            Transport::Http1 => 0,
+            Transport::Http2 { streams } => calls.div_ceil(streams.max(1)),
+        }
+    }
+}
+
 /// The peak RSS of a fresh server with `in_flight` calls on the slow model at once.
 async fn peak_rss(
     config: &Path,
     db: &TestDatabase,
     caller: &str,
     in_flight: u64,
+    transport: Transport,
 ) -> (u64, u64, u64, u64, Duration) {
     let server = Server::start(config, db.url()).await;
-    let in_flight = calls_that_fit(server.pid(), in_flight);
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(0)
-        .build()
-        .unwrap();
+    let in_flight = calls_that_fit(server.pid(), in_flight, transport);
     let started = Instant::now();
-    let tasks: Vec<_> = (0..in_flight)
-        .map(|i| {
-            let request = http
-                .post(format!("{}/v1/calls", server.base))
-                .bearer_auth(caller)
-                .json(&call_body(
-                    "slow",
-                    &format!("slow-{i}"),
-                    &format!("slow-{}", i % 97),
-                ));
-            tokio::spawn(async move {
-                match request.send().await {
-                    Ok(r) => {
-                        let status = r.status().as_u16();
-                        let v: Value = r.json().await.unwrap_or(Value::Null);
-                        if completed(status, &v) {
-                            "completed".to_string()
-                        } else {
-                            format!("{status} {}", v["error"]["code"].as_str().unwrap_or("-"))
+    let outcomes: Vec<String> = match transport {
+        Transport::Http1 => {
+            let http = reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .build()
+                .unwrap();
+            let tasks: Vec<_> = (0..in_flight)
+                .map(|i| {
+                    let request = http
+                        .post(format!("{}/v1/calls", server.base))
+                        .bearer_auth(caller)
+                        .json(&slow_call(i));
+                    tokio::spawn(async move {
+                        match request.send().await {
+                            Ok(r) => {
+                                let status = r.status().as_u16();
+                                let v: Value = r.json().await.unwrap_or(Value::Null);
+                                outcome(status, &v)
+                            }
+                            Err(e) if e.is_connect() => "connect error".to_string(),
+                            Err(e) if e.is_timeout() => "timed out".to_string(),
+                            Err(_) => "transport error".to_string(),
                         }
-                    }
-                    Err(e) if e.is_connect() => "connect error".to_string(),
-                    Err(e) if e.is_timeout() => "timed out".to_string(),
-                    Err(_) => "transport error".to_string(),
-                }
-            })
-        })
-        .collect();
+                    })
+                })
+                .collect();
+            let mut outcomes = Vec::with_capacity(tasks.len());
+            for t in tasks {
+                outcomes.push(t.await.unwrap_or_else(|_| "task failed".to_string()));
+            }
+            outcomes
+        }
+        Transport::Http2 { streams } => {
+            let addr = server.base.trim_start_matches("http://").to_string();
+            let mut senders = Vec::new();
+            for _ in 0..transport.connections(in_flight) {
+                let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+                let (send, connection) = h2::client::handshake(tcp).await.unwrap();
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                senders.push(send);
+            }
+            let tasks: Vec<_> = (0..in_flight)
+                .map(|i| {
+                    let send = senders[usize::try_from(i / streams.max(1)).unwrap()].clone();
+                    let request = http::Request::post(format!("{}/v1/calls", server.base))
+                        .header("authorization", format!("Bearer {caller}"))
+                        .header("content-type", "application/json")
+                        .body(())
+                        .unwrap();
+                    let body = serde_json::to_vec(&slow_call(i)).unwrap();
+                    tokio::spawn(async move {
+                        match h2_call(send, request, body).await {
+                            Ok((status, v)) => outcome(status, &v),
+                            Err(e) => format!("transport error: {e}"),
+                        }
+                    })
+                })
+                .collect();
+            let mut outcomes = Vec::with_capacity(tasks.len());
+            for t in tasks {
+                outcomes.push(t.await.unwrap_or_else(|_| "task failed".to_string()));
+            }
+            outcomes
+        }
+    };
     let mut ok = 0;
     let mut failures: BTreeMap<String, u64> = BTreeMap::new();
-    for t in tasks {
-        match t.await.unwrap_or_else(|_| "task failed".to_string()) {
-            done if done == "completed" => ok += 1,
-            other => *failures.entry(other).or_default() += 1,
+    for done in outcomes {
+        if done == "completed" {
+            ok += 1;
+        } else {
+            *failures.entry(done).or_default() += 1;
         }
     }
     if !failures.is_empty() {
@@ -893,6 +961,42 @@ async fn peak_rss(
         in_flight - ok,
         wall,
     )
+}
+
+/// The body of the `i`th call of an in-flight case.
+fn slow_call(i: u64) -> Value {
+    call_body("slow", &format!("slow-{i}"), &format!("slow-{}", i % 97))
+}
+
+/// `completed`, or what else a call's answer was.
+fn outcome(status: u16, view: &Value) -> String {
+    if completed(status, view) {
+        "completed".to_string()
+    } else {
+        format!("{status} {}", view["error"]["code"].as_str().unwrap_or("-"))
+    }
+}
+
+/// One request over an HTTP/2 connection (`send`), waiting for a stream when the connection
+/// carries as many as the server allows: its status and its body as JSON.
+async fn h2_call(
+    send: h2::client::SendRequest<bytes::Bytes>,
+    request: http::Request<()>,
+    body: Vec<u8>,
+) -> Result<(u16, Value), h2::Error> {
+    let mut send = send.ready().await?;
+    let (answer, mut stream) = send.send_request(request, false)?;
+    stream.send_data(bytes::Bytes::from(body), true)?;
+    let answer = answer.await?;
+    let status = answer.status().as_u16();
+    let mut body = answer.into_body();
+    let mut read = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        read.extend_from_slice(&chunk);
+    }
+    Ok((status, serde_json::from_slice(&read).unwrap_or(Value::Null)))
 }
 
 /// The open-file limits `(soft, hard)` of process `pid` (`/proc/<pid>/limits`).
@@ -909,15 +1013,17 @@ fn open_file_limits(pid: u32) -> (u64, u64) {
     (field(3), field(4))
 }
 
+/// Calls one HTTP/2 connection carries at once in the second in-flight case.
+const MANY_IN_FLIGHT_STREAMS: u64 = 100;
+
 /// Sockets a process keeps beside its calls' (listeners, database connections, files).
 const OTHER_FILES: u64 = 200;
 
 /// How many of `wanted` calls in flight fit the open-file limits of this process and of the
-/// server `pid`: each call holds two sockets in each (this process: its request and the mock's
-/// side of the provider request; the server: its client's and its provider request). Raises each
-/// soft limit to its hard limit (`prlimit`); a hard limit cannot be raised without
-/// `CAP_SYS_RESOURCE`.
-fn calls_that_fit(server: u32, wanted: u64) -> u64 {
+/// server `pid`, each call holding the sockets `transport` says in each
+/// ([`Transport::sockets_a_call`]) beside the connections they share. Raises each soft limit to
+/// its hard limit (`prlimit`); a hard limit cannot be raised without `CAP_SYS_RESOURCE`.
+fn calls_that_fit(server: u32, wanted: u64, transport: Transport) -> u64 {
     let mut fit = wanted;
     for pid in [std::process::id(), server] {
         let (soft, hard) = open_file_limits(pid);
@@ -928,7 +1034,8 @@ fn calls_that_fit(server: u32, wanted: u64) -> u64 {
                 .status();
         }
         let (soft, _) = open_file_limits(pid);
-        fit = fit.min(soft.saturating_sub(OTHER_FILES) / 2);
+        let room = soft.saturating_sub(OTHER_FILES + transport.connections(wanted));
+        fit = fit.min(room / transport.sockets_a_call());
     }
     fit
 }
@@ -1146,19 +1253,25 @@ async fn load_section(knobs: &Knobs, admin: &str) {
         &service.db,
         &service.keys.callers[1],
         knobs.in_flight,
+        Transport::Http1,
     )
     .await;
     let many_rss = if knobs.many_in_flight > 0 {
-        // A server that admits them all: the default request and connection bounds are far
-        // below, and each call holds two sockets (its client's, its provider request's).
+        // A server that admits them all (the default request and connection bounds are far
+        // below), reached over HTTP/2 as a proxy reaches it: a call holds its provider request's
+        // socket and a stream of a shared connection, where over HTTP/1.1 it would hold two
+        // sockets, more than this machine's open-file limit allows for 10,000.
         let many_config = dir.join("tollgate-many.toml");
         let bound = knobs.many_in_flight + 1_000;
+        let many_transport = Transport::Http2 {
+            streams: MANY_IN_FLIGHT_STREAMS,
+        };
         std::fs::write(
             &many_config,
             config_text(&mock.base_url(), &service.keys).replacen(
                 "listen = \"127.0.0.1:0\"",
                 &format!(
-                    "listen = \"127.0.0.1:0\"\nconcurrency_limit = {bound}\nconnections_max = {bound}"
+                    "listen = \"127.0.0.1:0\"\nconcurrency_limit = {bound}\nconnections_max = {bound}\nhttp2_max_streams = {MANY_IN_FLIGHT_STREAMS}"
                 ),
                 1,
             ),
@@ -1169,20 +1282,22 @@ async fn load_section(knobs: &Knobs, admin: &str) {
             &service.db,
             &service.keys.callers[2],
             knobs.many_in_flight,
+            many_transport,
         )
         .await;
         println!(
-            "peak RSS with {ran} calls in flight on {SLOW_MODEL}: {:.1} MiB (VmHWM of a fresh server), {ok} completed, {failed} failed, {:.1} s",
+            "peak RSS with {ran} calls in flight on {SLOW_MODEL} over HTTP/2 ({MANY_IN_FLIGHT_STREAMS} a connection): {:.1} MiB (VmHWM of a fresh server), {ok} completed, {failed} failed, {:.1} s",
             kib as f64 / 1024.0,
             wall.as_secs_f64()
         );
         if ran < knobs.many_in_flight {
             println!(
                 "  ({} wanted: the open-file limit of this process or the server, {} soft and \
-                 hard here, admits {ran} calls of two sockets each; a hard limit rises only with \
+                 hard here, admits {ran} calls of {} socket(s) each; a hard limit rises only with \
                  CAP_SYS_RESOURCE)",
                 knobs.many_in_flight,
-                open_file_limits(std::process::id()).1
+                open_file_limits(std::process::id()).1,
+                many_transport.sockets_a_call()
             );
         }
         Some((kib, ran, failed))
@@ -1369,7 +1484,7 @@ async fn load_section(knobs: &Knobs, admin: &str) {
     );
     if let Some((kib, ran, failed)) = many_rss {
         ratio_row(
-            &format!("peak RSS MiB, {ran} in flight, all completed"),
+            &format!("peak RSS MiB, {ran} in flight over HTTP/2, all completed"),
             kib as f64 / 1024.0,
             "≤ 1024",
             (kib as f64 / 1024.0) <= 1024.0 && failed == 0 && ran >= knobs.many_in_flight,
