@@ -239,8 +239,9 @@ async fn sc_186_connections_past_the_cap_wait_until_one_closes() {
 
 /// SC-226: a connection that opens with the HTTP/2 preface is served HTTP/2 (cleartext, prior
 /// knowledge): the server's settings announce `http2_max_streams` streams at once, and a request
-/// gets the answer it gets over HTTP/1.1. A connection whose preface stops half-way is closed
-/// after `header_read_timeout_ms`, as a half-sent HTTP/1.1 header is.
+/// gets the answer it gets over HTTP/1.1, and a request without a key the same 401 before its
+/// body. A connection whose preface stops half-way is closed after `header_read_timeout_ms`, as a
+/// half-sent HTTP/1.1 header is.
 #[tokio::test]
 async fn sc_226_http2_with_prior_knowledge_is_served_with_its_streams_bounded() {
     let server = Server::start("http2_max_streams = 3\nheader_read_timeout_ms = 300").await;
@@ -290,6 +291,22 @@ async fn sc_226_http2_with_prior_knowledge_is_served_with_its_streams_bounded() 
     .await
     .expect("the body within the bound");
     assert_eq!(String::from_utf8(text).unwrap(), over_http1);
+
+    // A request without a key on the same connection is refused as on HTTP/1.1.
+    let keyless = http::Request::post(format!("{}/v1/calls", server.base))
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    let (refused, _) = send.send_request(keyless, false).unwrap();
+    let refused = tokio::time::timeout(WAIT, async {
+        tokio::select! {
+            refused = refused => refused.unwrap(),
+            ended = &mut connection => panic!("the connection ended first: {ended:?}"),
+        }
+    })
+    .await
+    .expect("a refusal within the bound");
+    assert_eq!(refused.status(), 401);
 
     let mut half = server.connect().await;
     let started = Instant::now();
