@@ -239,8 +239,8 @@ async fn sc_186_connections_past_the_cap_wait_until_one_closes() {
 
 /// SC-226: a connection that opens with the HTTP/2 preface is served HTTP/2 (cleartext, prior
 /// knowledge): the server's settings announce `http2_max_streams` streams at once, and a request
-/// gets the answer it gets over HTTP/1.1, and a request without a key the same 401 before its
-/// body. A connection whose preface stops half-way is closed after `header_read_timeout_ms`, as a
+/// gets the answer it gets over HTTP/1.1, a request without a key the same 401 before its body,
+/// and a stream may send 65,535 bytes of body before the service reads them. A connection whose preface stops half-way is closed after `header_read_timeout_ms`, as a
 /// half-sent HTTP/1.1 header is.
 #[tokio::test]
 async fn sc_226_http2_with_prior_knowledge_is_served_with_its_streams_bounded() {
@@ -307,6 +307,27 @@ async fn sc_226_http2_with_prior_knowledge_is_served_with_its_streams_bounded() 
     .await
     .expect("a refusal within the bound");
     assert_eq!(refused.status(), 401);
+
+    // The body a stream may send before the service reads it is the protocol's initial window.
+    let upload = http::Request::post(format!("{}/v1/calls", server.base))
+        .header("authorization", format!("Bearer {CALLER_KEY}"))
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    let (_, mut upload) = send.send_request(upload, false).unwrap();
+    upload.reserve_capacity(1 << 20);
+    let granted = tokio::time::timeout(WAIT, async {
+        tokio::select! {
+            granted = futures::future::poll_fn(|cx| upload.poll_capacity(cx)) => {
+                granted.expect("capacity").unwrap()
+            }
+            ended = &mut connection => panic!("the connection ended first: {ended:?}"),
+        }
+    })
+    .await
+    .expect("capacity within the bound");
+    assert_eq!(granted, 65_535);
+    upload.send_reset(h2::Reason::CANCEL);
 
     let mut half = server.connect().await;
     let started = Instant::now();

@@ -55,6 +55,11 @@ pub const HTTP_DRAIN_MS_DEFAULT: u64 = 10_000;
 pub const HTTP2_MAX_STREAMS_DEFAULT: u64 = 128;
 /// Largest `[server] http2_max_streams`.
 pub const HTTP2_MAX_STREAMS_MAX: u64 = 10_000;
+/// The flow-control window of an HTTP/2 connection and of each of its streams, in bytes: the
+/// protocol's own initial window (RFC 9113, section 6.9.2). A connection holds at most this much
+/// request body that the service has not read yet, as an HTTP/1.1 connection leaves what it has
+/// not read in the kernel's socket buffer.
+const HTTP2_WINDOW_BYTES: u32 = 65_535;
 /// The first bytes of every HTTP/2 connection with prior knowledge (RFC 9113, section 3.4).
 const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Smallest header-read and idle timeout.
@@ -275,7 +280,9 @@ async fn connection(
             let mut builder = http2::Builder::new(TokioExecutor::new());
             builder
                 .timer(TokioTimer::new())
-                .max_concurrent_streams(limits.http2_max_streams);
+                .max_concurrent_streams(limits.http2_max_streams)
+                .initial_connection_window_size(HTTP2_WINDOW_BYTES)
+                .initial_stream_window_size(HTTP2_WINDOW_BYTES);
             let served = builder.serve_connection(io, service);
             // Boxed: an HTTP/2 connection's state is far larger than an HTTP/1.1 one's, and
             // inline it would size every connection's task.
