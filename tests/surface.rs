@@ -57,15 +57,20 @@ impl Server {
 
     /// `GET /v1/profiles` with the caller key: its status.
     async fn profiles_status(&self) -> u16 {
-        reqwest::Client::new()
+        self.profiles().await.0
+    }
+
+    /// `GET /v1/profiles` with the caller key over HTTP/1.1: its status and body.
+    async fn profiles(&self) -> (u16, String) {
+        let answer = reqwest::Client::new()
             .get(format!("{}/v1/profiles", self.base))
             .bearer_auth(CALLER_KEY)
             .timeout(WAIT)
             .send()
             .await
-            .unwrap()
-            .status()
-            .as_u16()
+            .unwrap();
+        let status = answer.status().as_u16();
+        (status, answer.text().await.unwrap())
     }
 }
 
@@ -237,24 +242,32 @@ async fn sc_186_connections_past_the_cap_wait_until_one_closes() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
 
+/// `work` on an HTTP/2 connection, which is driven meanwhile; it must end within `WAIT`, before
+/// the connection does.
+async fn driven<T>(
+    connection: &mut h2::client::Connection<TcpStream>,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::time::timeout(WAIT, async {
+        tokio::select! {
+            done = work => done,
+            ended = connection => panic!("the connection ended first: {ended:?}"),
+        }
+    })
+    .await
+    .expect("done within the bound")
+}
+
 /// SC-226: a connection that opens with the HTTP/2 preface is served HTTP/2 (cleartext, prior
-/// knowledge): the server's settings announce `http2_max_streams` streams at once, and a request
-/// gets the answer it gets over HTTP/1.1, a request without a key the same 401 before its body,
-/// and a stream may send 65,535 bytes of body before the service reads them. A connection whose preface stops half-way is closed after `header_read_timeout_ms`, as a
-/// half-sent HTTP/1.1 header is.
+/// knowledge): the server's settings announce `http2_max_streams` streams at once, a request gets
+/// the answer it gets over HTTP/1.1, a request without a key the same 401 before its body, and a
+/// stream may send 65,535 bytes of body before the service reads them. A connection whose
+/// preface stops half-way is closed after `header_read_timeout_ms`, as a half-sent HTTP/1.1
+/// header is.
 #[tokio::test]
 async fn sc_226_http2_with_prior_knowledge_is_served_with_its_streams_bounded() {
     let server = Server::start("http2_max_streams = 3\nheader_read_timeout_ms = 300").await;
-    let over_http1 = reqwest::Client::new()
-        .get(format!("{}/v1/profiles", server.base))
-        .bearer_auth(CALLER_KEY)
-        .timeout(WAIT)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, over_http1) = server.profiles().await;
 
     let (mut send, mut connection) = h2::client::handshake(server.connect().await).await.unwrap();
     let request = http::Request::get(format!("{}/v1/profiles", server.base))
@@ -262,14 +275,7 @@ async fn sc_226_http2_with_prior_knowledge_is_served_with_its_streams_bounded() 
         .body(())
         .unwrap();
     let (answer, _) = send.send_request(request, true).unwrap();
-    let answer = tokio::time::timeout(WAIT, async {
-        tokio::select! {
-            answer = answer => answer.unwrap(),
-            ended = &mut connection => panic!("the connection ended first: {ended:?}"),
-        }
-    })
-    .await
-    .expect("an answer within the bound");
+    let answer = driven(&mut connection, answer).await.unwrap();
     assert_eq!(answer.status(), 200);
     // The server's SETTINGS frame came before its answer.
     assert_eq!(connection.max_concurrent_send_streams(), 3);
@@ -282,14 +288,7 @@ async fn sc_226_http2_with_prior_knowledge_is_served_with_its_streams_bounded() 
             text.extend_from_slice(&chunk);
         }
     };
-    tokio::time::timeout(WAIT, async {
-        tokio::select! {
-            () = read => {}
-            ended = &mut connection => panic!("the connection ended first: {ended:?}"),
-        }
-    })
-    .await
-    .expect("the body within the bound");
+    driven(&mut connection, read).await;
     assert_eq!(String::from_utf8(text).unwrap(), over_http1);
 
     // A request without a key on the same connection is refused as on HTTP/1.1.
@@ -298,14 +297,7 @@ async fn sc_226_http2_with_prior_knowledge_is_served_with_its_streams_bounded() 
         .body(())
         .unwrap();
     let (refused, _) = send.send_request(keyless, false).unwrap();
-    let refused = tokio::time::timeout(WAIT, async {
-        tokio::select! {
-            refused = refused => refused.unwrap(),
-            ended = &mut connection => panic!("the connection ended first: {ended:?}"),
-        }
-    })
-    .await
-    .expect("a refusal within the bound");
+    let refused = driven(&mut connection, refused).await.unwrap();
     assert_eq!(refused.status(), 401);
 
     // The body a stream may send before the service reads it is the protocol's initial window.
@@ -316,16 +308,13 @@ async fn sc_226_http2_with_prior_knowledge_is_served_with_its_streams_bounded() 
         .unwrap();
     let (_, mut upload) = send.send_request(upload, false).unwrap();
     upload.reserve_capacity(1 << 20);
-    let granted = tokio::time::timeout(WAIT, async {
-        tokio::select! {
-            granted = futures::future::poll_fn(|cx| upload.poll_capacity(cx)) => {
-                granted.expect("capacity").unwrap()
-            }
-            ended = &mut connection => panic!("the connection ended first: {ended:?}"),
-        }
-    })
+    let granted = driven(
+        &mut connection,
+        futures::future::poll_fn(|cx| upload.poll_capacity(cx)),
+    )
     .await
-    .expect("capacity within the bound");
+    .expect("capacity")
+    .unwrap();
     assert_eq!(granted, 65_535);
     upload.send_reset(h2::Reason::CANCEL);
 

@@ -258,6 +258,12 @@ async fn connection(
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
         router.clone().oneshot(request.map(axum::body::Body::new))
     });
+    let ending = Ending {
+        activity: &activity,
+        idle,
+        closing: &closing,
+        dropped: &dropped,
+    };
     match protocol {
         Protocol::Http1 => {
             let mut builder = http1::Builder::new();
@@ -266,15 +272,7 @@ async fn connection(
                 .header_read_timeout(header_read_timeout)
                 .keep_alive(true);
             let served = builder.serve_connection(io, service);
-            serve_until_closed(
-                served,
-                |c| c.graceful_shutdown(),
-                &activity,
-                idle,
-                &closing,
-                &dropped,
-            )
-            .await;
+            serve_until_closed(served, |c| c.graceful_shutdown(), &ending).await;
         }
         Protocol::Http2 => {
             let mut builder = http2::Builder::new(TokioExecutor::new());
@@ -289,29 +287,36 @@ async fn connection(
             Box::pin(serve_until_closed(
                 served,
                 |c| c.graceful_shutdown(),
-                &activity,
-                idle,
-                &closing,
-                &dropped,
+                &ending,
             ))
             .await;
         }
     }
 }
 
-/// Serves `served` until it ends; closes it gracefully (`close`) on shutdown or once no byte was
-/// read or written for `idle`, and drops it when `dropped` fires.
-async fn serve_until_closed<F, C>(
-    served: F,
-    close: C,
-    activity: &Activity,
+/// What ends a connection being served: no byte read or written (`activity`) for `idle`, or
+/// shutdown (`closing`), both gracefully; `dropped`, at once.
+struct Ending<'a> {
+    activity: &'a Activity,
     idle: Duration,
-    closing: &CancellationToken,
-    dropped: &CancellationToken,
-) where
+    closing: &'a CancellationToken,
+    dropped: &'a CancellationToken,
+}
+
+/// Serves `served` until it ends; closes it gracefully (`close`) on shutdown or once it was idle
+/// for `ending.idle`, and drops it when `ending.dropped` fires.
+async fn serve_until_closed<F, C>(served: F, close: C, ending: &Ending<'_>)
+where
     F: Future<Output = Result<(), hyper::Error>>,
     C: Fn(Pin<&mut F>),
 {
+    let Ending {
+        activity,
+        idle,
+        closing,
+        dropped,
+    } = ending;
+    let idle = *idle;
     tokio::pin!(served);
     let mut closing_now = false;
     loop {

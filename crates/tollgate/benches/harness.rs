@@ -874,13 +874,13 @@ async fn peak_rss(
     let server = Server::start(config, db.url()).await;
     let in_flight = calls_that_fit(server.pid(), in_flight, transport);
     let started = Instant::now();
-    let outcomes: Vec<String> = match transport {
+    let tasks: Vec<tokio::task::JoinHandle<String>> = match transport {
         Transport::Http1 => {
             let http = reqwest::Client::builder()
                 .pool_max_idle_per_host(0)
                 .build()
                 .unwrap();
-            let tasks: Vec<_> = (0..in_flight)
+            (0..in_flight)
                 .map(|i| {
                     let request = http
                         .post(format!("{}/v1/calls", server.base))
@@ -899,12 +899,7 @@ async fn peak_rss(
                         }
                     })
                 })
-                .collect();
-            let mut outcomes = Vec::with_capacity(tasks.len());
-            for t in tasks {
-                outcomes.push(t.await.unwrap_or_else(|_| "task failed".to_string()));
-            }
-            outcomes
+                .collect()
         }
         Transport::Http2 { streams } => {
             let addr = server.base.trim_start_matches("http://").to_string();
@@ -917,7 +912,7 @@ async fn peak_rss(
                 });
                 senders.push(send);
             }
-            let tasks: Vec<_> = (0..in_flight)
+            (0..in_flight)
                 .map(|i| {
                     let send = senders[usize::try_from(i / streams.max(1)).unwrap()].clone();
                     let request = http::Request::post(format!("{}/v1/calls", server.base))
@@ -933,17 +928,13 @@ async fn peak_rss(
                         }
                     })
                 })
-                .collect();
-            let mut outcomes = Vec::with_capacity(tasks.len());
-            for t in tasks {
-                outcomes.push(t.await.unwrap_or_else(|_| "task failed".to_string()));
-            }
-            outcomes
+                .collect()
         }
     };
     let mut ok = 0;
     let mut failures: BTreeMap<String, u64> = BTreeMap::new();
-    for done in outcomes {
+    for task in tasks {
+        let done = task.await.unwrap_or_else(|_| "task failed".to_string());
         if done == "completed" {
             ok += 1;
         } else {
