@@ -137,15 +137,14 @@ pub async fn serve(
         // A socket that refuses the option still works, only slower: without it every
         // keep-alive answer waits for the peer's delayed ACK between its header and body.
         let _ = tcp.set_nodelay(true);
-        let fut = connection(
+        connections.spawn(connection(
             tcp,
             router.clone(),
             limits,
             permit,
             closing.clone(),
             dropped.clone(),
-        );
-        connections.spawn(fut);
+        ));
     }
     drop(listener);
     closing.cancel();
