@@ -967,3 +967,214 @@ async fn sc_139_the_concurrency_limit_and_the_request_timeout_on_postgres() {
         .stop()
         .await;
 }
+
+/// `name`'s value in a Prometheus text (a sample without labels, or with the labels written
+/// into `name`).
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|line| {
+            line.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no {name} in the metrics"))
+}
+
+/// One member's counters of H-39: answered forwards, unreachable owners, requests received.
+async fn cluster_counters(http: &reqwest::Client, base: &str, operator: &str) -> [u64; 4] {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .bearer_auth(operator)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    [
+        metric(&text, "tollgate_cluster_members"),
+        metric(
+            &text,
+            "tollgate_forwarded_calls_total{outcome=\"answered\"}",
+        ),
+        metric(
+            &text,
+            "tollgate_forwarded_calls_total{outcome=\"unreachable\"}",
+        ),
+        metric(&text, "tollgate_forwarded_calls_received_total"),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn h_39_two_members_serve_each_consumer_s_calls_on_its_group_s_owner() {
+    let db = fresh_database().await;
+    let mock = MockProvider::start(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    // team-a's chain group (6) and team-b's (3) have different owners in a cluster of two.
+    let text = format!(
+        "{}\n[[profiles]]\nname = \"summarize-b\"\nkind = \"text\"\nprovider = \"mock\"\n\
+         model = \"mock-echo\"\npolicy_version = \"policy-1\"\nprice_version = \"prices-service\"\n\
+         consumer = \"team-b\"\nmax_tokens = 64\nmax_input_chars = 2000\nrun_timeout_ms = 10000\n",
+        service_config(&mock.base_url(), "")
+    );
+    let config = TempFile::new("cluster.toml", &text);
+    let (caller, _) = create_key(db.url(), "acme", "caller", &[]);
+    let (operator, _) = create_key(db.url(), "acme", "operator", &[]);
+    let (a, a_base) = support::serve_member(&config.0, db.url()).await;
+    let (b, b_base) = support::serve_member(&config.0, db.url()).await;
+    let http = reqwest::Client::new();
+    let bases = [a_base.clone(), b_base.clone()];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for base in &bases {
+        while cluster_counters(&http, base, &operator).await[0] != 2 {
+            assert!(
+                Instant::now() < deadline,
+                "{base} never counted two members"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    // Each consumer's calls sent to both members, by the native route and the OpenAI door (a
+    // stream among them): one member serves its own, the other forwards them.
+    const EACH: usize = 4;
+    let mut keys = Vec::new();
+    for (profile, consumer) in [("summarize", "a"), ("summarize-b", "b")] {
+        for (m, base) in bases.iter().enumerate() {
+            for i in 0..EACH {
+                let key = format!("h39-{consumer}-{m}-{i}");
+                let answer: Value = if i < 2 {
+                    let r = http
+                        .post(format!("{base}/v1/calls"))
+                        .bearer_auth(&caller)
+                        .json(&call(profile, &key, &key))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status(), StatusCode::OK, "{key}");
+                    r.json().await.unwrap()
+                } else {
+                    let stream = i == 3;
+                    let r = http
+                        .post(format!("{base}/v1/chat/completions"))
+                        .bearer_auth(&caller)
+                        .header("Idempotency-Key", &key)
+                        .json(&json!({"model": profile, "stream": stream,
+                            "messages": [{"role": "user", "content": key}]}))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status(), StatusCode::OK, "{key}");
+                    let body = r.text().await.unwrap();
+                    if stream {
+                        assert!(body.contains("data: [DONE]"), "{key}: {body}");
+                        json!({"state": "completed"})
+                    } else {
+                        let completion: Value = serde_json::from_str(&body).unwrap();
+                        assert!(completion["choices"][0]["message"]["content"].is_string());
+                        json!({"state": "completed"})
+                    }
+                };
+                assert_eq!(answer["state"], "completed", "{key}: {answer}");
+                keys.push(key);
+            }
+        }
+    }
+    let [_, a_sent, a_lost, a_received] = cluster_counters(&http, &a_base, &operator).await;
+    let [_, b_sent, b_lost, b_received] = cluster_counters(&http, &b_base, &operator).await;
+    assert_eq!((a_lost, b_lost), (0, 0));
+    // Each member owns one of the two consumers and forwards the other's calls, once each.
+    assert_eq!((a_sent, b_sent), (EACH as u64, EACH as u64));
+    assert_eq!((a_received, b_received), (b_sent, a_sent));
+    for key in &keys {
+        assert_eq!(mock.request_count_for(key), 1, "{key} sent once");
+    }
+    // A replay on either member answers the stored call without a send.
+    for base in &bases {
+        let r = http
+            .post(format!("{base}/v1/calls"))
+            .bearer_auth(&caller)
+            .json(&call("summarize-b", "h39-b-0-0", "h39-b-0-0"))
+            .send()
+            .await
+            .unwrap();
+        let view: Value = r.json().await.unwrap();
+        assert_eq!(view["replayed"], true, "{view}");
+    }
+    assert_eq!(mock.request_count_for("h39-b-0-0"), 1);
+
+    // Which consumer member a forwards.
+    let sent_before = cluster_counters(&http, &a_base, &operator).await[1];
+    let r = http
+        .post(format!("{a_base}/v1/calls"))
+        .bearer_auth(&caller)
+        .json(&call("summarize", "h39-probe", "h39-probe"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let forwarded = cluster_counters(&http, &a_base, &operator).await[1] > sent_before;
+    let foreign = if forwarded {
+        "summarize"
+    } else {
+        "summarize-b"
+    };
+    let [_, sent_now, _, received_now] = cluster_counters(&http, &a_base, &operator).await;
+
+    // A request that arrives forwarded is served where it arrives, never sent on again.
+    let r = http
+        .post(format!("{a_base}/v1/calls"))
+        .bearer_auth(&caller)
+        .header("tollgate-forwarded", "a-test")
+        .json(&call(foreign, "h39-marked", "h39-marked"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let after = cluster_counters(&http, &a_base, &operator).await;
+    assert_eq!(
+        after[1], sent_now,
+        "a forwarded request is not forwarded again"
+    );
+    assert_eq!(after[3], received_now + 1);
+
+    // The owner dies (SIGKILL): member a gets no answer from it and serves the calls itself,
+    // each sent once.
+    drop(b);
+    for i in 0..3 {
+        let key = format!("h39-after-kill-{i}");
+        let r = http
+            .post(format!("{a_base}/v1/calls"))
+            .bearer_auth(&caller)
+            .json(&call(foreign, &key, &key))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{key}");
+        let view: Value = r.json().await.unwrap();
+        assert_eq!(view["state"], "completed", "{view}");
+        assert_eq!(mock.request_count_for(&key), 1, "{key} sent once");
+    }
+    let after = cluster_counters(&http, &a_base, &operator).await;
+    assert_eq!(
+        after[2], 1,
+        "one forward found the owner gone; the rest were served here"
+    );
+    assert_eq!(after[1], sent_now);
+    // Once the dead member's row expires, a counts itself alone.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cluster_counters(&http, &a_base, &operator).await[0] != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the dead member was never dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(a);
+    mock.shutdown().await;
+    drop(config);
+    drop(db);
+}

@@ -92,12 +92,37 @@ pub async fn serve_embedded(config: &Path) -> (ServeChild, String) {
     serve_from(config, None).await
 }
 
+/// Starts `tollgate serve` on `db_url` as a member of a cluster (spec/performance.md, H-39): it
+/// listens on a port chosen here and names it as its `[cluster] url`.
+pub async fn serve_member(config: &Path, db_url: &str) -> (ServeChild, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let env = [
+        ("TOLLGATE_SERVER__LISTEN", format!("127.0.0.1:{port}")),
+        ("TOLLGATE_CLUSTER__URL", format!("http://127.0.0.1:{port}")),
+    ];
+    serve_with(config, Some(db_url), &env).await
+}
+
 async fn serve_from(config: &Path, db_url: Option<&str>) -> (ServeChild, String) {
+    serve_with(config, db_url, &[]).await
+}
+
+async fn serve_with(
+    config: &Path,
+    db_url: Option<&str>,
+    env: &[(&str, String)],
+) -> (ServeChild, String) {
     use std::io::{BufRead, BufReader};
     let mut command = tollgate();
     command.arg("serve").arg("--config").arg(config);
     if let Some(url) = db_url {
         command.env("DATABASE_URL", url);
+    }
+    for (name, value) in env {
+        command.env(name, value);
     }
     let mut child = command
         .stdin(std::process::Stdio::null())

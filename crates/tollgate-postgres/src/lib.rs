@@ -68,6 +68,7 @@ mod error;
 mod executions;
 pub mod hosts;
 mod inbox;
+pub mod instances;
 mod journal;
 mod lane;
 mod ledger;

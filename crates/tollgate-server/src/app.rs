@@ -119,6 +119,8 @@ pub struct AppState {
     /// The console's chain verifications and ledger audits, per scope, served from memory for
     /// a short time after they ran (SC-194).
     pub audit_checks: crate::audit_checks::AuditChecks,
+    /// The cluster this instance is a member of (`[cluster] url`, H-39), if any.
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 /// Longest wait for a fetch's response headers and for each body chunk.
@@ -254,6 +256,7 @@ impl App {
     ) -> Result<App, StartError> {
         let mut profiles = BTreeMap::new();
         let drives = TaskTracker::new();
+        let backend_is_postgres = matches!(backend, Backend::Postgres(_));
         for profile in settings.profiles.values() {
             let loaded = loaded(profile, settings, &backend, &drives)?;
             profiles.insert(profile.name.clone(), loaded);
@@ -270,6 +273,10 @@ impl App {
             shutdown_drain_ms: settings.shutdown_drain_ms,
             limits: settings.limits,
             audit_checks: crate::audit_checks::AuditChecks::default(),
+            cluster: match (&settings.cluster_url, &backend_is_postgres) {
+                (Some(url), true) => Some(Arc::new(crate::cluster::Cluster::new(url.clone()))),
+                _ => None,
+            },
         })))
     }
 }

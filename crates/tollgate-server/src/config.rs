@@ -21,8 +21,9 @@ use tollgate_provider::Protocol;
 use tollgate_store::{KeyDigest, KeyRole};
 
 pub use crate::sections::{
-    CapsSection, ConfigError, DatabaseSection, KeySection, LogSection, ModelPricesSection,
-    PriceSection, ProfileSection, ProviderSection, RunnerSection, SchedulerSection, ServerSection,
+    CapsSection, ClusterSection, ConfigError, DatabaseSection, KeySection, LogSection,
+    ModelPricesSection, PriceSection, ProfileSection, ProviderSection, RunnerSection,
+    SchedulerSection, ServerSection,
 };
 
 /// The file read when `--config` is not given, if it exists.
@@ -74,8 +75,9 @@ pub const POOL_CONNECTIONS_DEFAULT: u32 = 16;
 /// `[log] format`.
 pub const LOG_FORMAT_ENV: &str = "TOLLGATE_LOG_FORMAT";
 
-const SECTIONS: [&str; 9] = [
+const SECTIONS: [&str; 10] = [
     "server",
+    "cluster",
     "log",
     "database",
     "scheduler",
@@ -100,6 +102,9 @@ pub struct FileConfig {
     /// `[log]`.
     #[serde(default)]
     pub log: LogSection,
+    /// `[cluster]`.
+    #[serde(default)]
+    pub cluster: ClusterSection,
     /// `[database]`.
     #[serde(default)]
     pub database: DatabaseSection,
@@ -292,6 +297,9 @@ pub struct Settings {
     pub limits: crate::limits::Limits,
     /// Database URL; `None` → the embedded default.
     pub database_url: Option<Secret>,
+    /// Where the other instances of the cluster reach this one (`[cluster] url`); `None` → the
+    /// instance serves every call itself (H-39).
+    pub cluster_url: Option<String>,
     /// Pool size.
     pub max_connections: u32,
     /// Session bounds of every database connection.
@@ -501,6 +509,7 @@ impl FileConfig {
         let provider_names = providers.keys().map(String::as_str).collect();
         let profiles = profiles::build(&self.profiles, &self.prices, &provider_names)?;
         let keys = keys(&self.keys)?;
+        let cluster_url = cluster_url(&self.cluster, self.database.url.is_some())?;
         Ok(Settings {
             listen,
             log_format,
@@ -509,6 +518,7 @@ impl FileConfig {
             key_cache_ms,
             limits,
             database_url: self.database.url,
+            cluster_url,
             max_connections,
             session_timeouts,
             scheduler: SchedulerSettings { interval_ms, batch },
@@ -521,6 +531,36 @@ impl FileConfig {
             keys,
         })
     }
+}
+
+/// `[cluster] url` checked: an `http://` URL of a host and port with no path, query or
+/// credentials, and a database beside it (the members meet in it).
+fn cluster_url(
+    section: &ClusterSection,
+    has_database: bool,
+) -> Result<Option<String>, ConfigError> {
+    let Some(text) = section.url.as_deref() else {
+        return Ok(None);
+    };
+    // The URL is not quoted back: one with credentials in it would print them.
+    let bad = || {
+        err("cluster.url must be http://host:port (no path, query or credentials), where the other instances reach this one")
+    };
+    let uri: axum::http::Uri = text.parse().map_err(|_| bad())?;
+    let plain = uri.scheme_str() == Some("http")
+        && uri.authority().is_some_and(|a| {
+            a.port_u16().is_some() && !a.as_str().contains('@') && !a.host().is_empty()
+        })
+        && uri.path_and_query().is_none_or(|p| p.as_str() == "/");
+    if !plain {
+        return Err(bad());
+    }
+    if !has_database {
+        return Err(err(
+            "cluster.url needs [database] url: the members of a cluster share one database",
+        ));
+    }
+    Ok(Some(text.trim_end_matches('/').to_string()))
 }
 
 /// Checks `min ≤ value ≤ max`.
@@ -761,6 +801,43 @@ mod tests {
         assert_eq!(scrape.metrics_listen, Some(([127, 0, 0, 1], 9464).into()));
         let bad = settings("[server]\nmetrics_listen = \"nowhere\"\n").unwrap_err();
         assert!(bad.0.contains("server.metrics_listen"), "{bad}");
+    }
+
+    #[test]
+    fn h_39_a_cluster_url_is_a_plain_http_address_beside_a_database() {
+        let e = Env::new();
+        let settings = |text: &str| FileConfig::from_toml(text, &e).unwrap().validate(&e);
+        let db = "[database]\nurl = \"postgres://u@h/db\"\n";
+        assert_eq!(settings(db).unwrap().cluster_url, None);
+        let member =
+            settings(&format!("{db}[cluster]\nurl = \"http://10.0.0.5:8080/\"\n")).unwrap();
+        assert_eq!(member.cluster_url.as_deref(), Some("http://10.0.0.5:8080"));
+        for bad in [
+            "https://10.0.0.5:8080",
+            "http://10.0.0.5",
+            "http://10.0.0.5:8080/v1",
+            "http://u:pw@10.0.0.5:8080",
+            "10.0.0.5:8080",
+            "http://10.0.0.5:8080?x=1",
+        ] {
+            let error = settings(&format!("{db}[cluster]\nurl = \"{bad}\"\n")).unwrap_err();
+            assert!(error.0.contains("cluster.url"), "{bad}: {error}");
+            assert!(!error.0.contains("pw"), "{error}");
+        }
+        let alone = settings("[cluster]\nurl = \"http://10.0.0.5:8080\"\n").unwrap_err();
+        assert!(alone.0.contains("[database] url"), "{alone}");
+        let over = env(&[
+            ("TOLLGATE_CLUSTER__URL", "http://127.0.0.1:9001"),
+            ("DATABASE_URL", "postgres://u@h/db"),
+        ]);
+        let from_env = FileConfig::from_toml("", &over)
+            .unwrap()
+            .validate(&over)
+            .unwrap();
+        assert_eq!(
+            from_env.cluster_url.as_deref(),
+            Some("http://127.0.0.1:9001")
+        );
     }
 
     #[test]

@@ -24,7 +24,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
@@ -91,8 +91,27 @@ pub async fn profiles(State(app): State<App>, who: Principal) -> Answer<ProfileL
         (status = 500, description = "internal", body = ErrorBody)
     )
 )]
-pub async fn create_call(State(app): State<App>, who: Principal, body: Body) -> Answer<View> {
-    calls::create(&app, &who, &body?).await.map(Json)
+pub async fn create_call(
+    State(app): State<App>,
+    who: Principal,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    let profile = || calls::profile_of(&body);
+    if let Some(answer) =
+        crate::service::owner::call_elsewhere(&app, &who, profile, &uri, &headers, &body).await
+    {
+        return answer;
+    }
+    calls::create(&app, &who, &body)
+        .await
+        .map(Json)
+        .into_response()
 }
 
 /// `GET /v1/calls/{operation_key}`.
@@ -604,7 +623,11 @@ pub async fn metrics(State(app): State<App>, mut parts: Parts) -> Result<Respons
 /// The metrics as a Prometheus text answer, whoever asked.
 pub fn prometheus_text(app: &App) -> Response {
     let content_type = [(header::CONTENT_TYPE, "text/plain; version=0.0.4")];
-    (content_type, app.metrics.render()).into_response()
+    let mut text = app.metrics.render();
+    if let Some(cluster) = &app.cluster {
+        cluster.render(&mut text);
+    }
+    (content_type, text).into_response()
 }
 
 /// Unknown routes.
@@ -651,16 +674,26 @@ pub async fn no_method() -> ApiError {
 pub async fn chat_completions(
     State(app): State<App>,
     who: Result<Principal, ApiError>,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let result = match (who, body) {
         (Err(e), _) => Err(e),
         (Ok(_), Err(e)) => Err(ApiError::from(e)),
-        (Ok(who), Ok(body)) => match crate::service::door::wants_stream(&body) {
-            Some(model) => return openai::live_response(app, who, headers, body, model).await,
-            None => openai::complete(&app, &who, &headers, &body).await,
-        },
+        (Ok(who), Ok(body)) => {
+            let model = || crate::service::door::model_of(&body);
+            if let Some(answer) =
+                crate::service::owner::call_elsewhere(&app, &who, model, &uri, &headers, &body)
+                    .await
+            {
+                return answer;
+            }
+            match crate::service::door::wants_stream(&body) {
+                Some(model) => return openai::live_response(app, who, headers, body, model).await,
+                None => openai::complete(&app, &who, &headers, &body).await,
+            }
+        }
     };
     // A stream went to `live_response` above.
     match result {

@@ -10,6 +10,7 @@ pub mod app;
 pub mod audit_checks;
 pub mod auth;
 pub mod backend;
+pub mod cluster;
 pub mod config;
 pub mod connections;
 pub mod console;

@@ -47,6 +47,16 @@ pub struct ServerSection {
     pub metrics_listen: Option<String>,
 }
 
+/// `[cluster]`: the instances of `tollgate serve` on one database that serve each consumer's
+/// calls on one of them (spec/performance.md, H-39).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    /// Where the other instances reach this one (`http://host:port`); none → this instance
+    /// serves every call itself and is no member.
+    pub url: Option<String>,
+}
+
 /// `[database]`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -207,6 +207,14 @@ async fn serve_app(
         .with_evidence_fetch(fetch);
     let stop_scheduler = shutdown.child_token();
     let scheduler = tokio::spawn(scheduler.run(stop_scheduler.clone()));
+    // A member leaves its cluster as soon as shutdown begins, so the others stop sending it
+    // calls while it drains.
+    let membership = match (&app.cluster, &app.backend) {
+        (Some(cluster), Backend::Postgres(stores)) => Some(tokio::spawn(
+            Arc::clone(cluster).run(Arc::clone(stores), shutdown.child_token()),
+        )),
+        _ => None,
+    };
     let served = crate::run(listener, app, shutdown.cancelled_owned()).await;
     if let Some(scrape) = scrape {
         if let Ok(Err(e)) = scrape.await {
@@ -215,6 +223,9 @@ async fn serve_app(
     }
     stop_scheduler.cancel();
     let _ = scheduler.await;
+    if let Some(membership) = membership {
+        let _ = membership.await;
+    }
     served.map_err(|e| StartError(format!("server failed: {e}")))
 }
 

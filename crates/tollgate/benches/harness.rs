@@ -313,7 +313,9 @@ struct Server {
 }
 
 impl Server {
-    async fn start(config: &Path, db_url: &str) -> Self {
+    /// A server of `config` on `db_url`; a `member` of a cluster (H-39) listens on a port
+    /// chosen here and names it as its `[cluster] url`.
+    async fn start(config: &Path, db_url: &str, member: bool) -> Self {
         // A/B runs of two builds: `TOLLGATE_HARNESS_SERVER_BIN` names the other build's binary
         // (it applies its own SQL functions when it starts).
         let binary = std::env::var("TOLLGATE_HARNESS_SERVER_BIN")
@@ -324,6 +326,15 @@ impl Server {
             if name.to_ascii_uppercase().starts_with("TOLLGATE_") {
                 command.env_remove(name);
             }
+        }
+        if member {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            command
+                .env("TOLLGATE_SERVER__LISTEN", format!("127.0.0.1:{port}"))
+                .env("TOLLGATE_CLUSTER__URL", format!("http://127.0.0.1:{port}"));
         }
         let mut child = command
             .arg("serve")
@@ -719,8 +730,7 @@ impl Service {
             Case::HotCap(_) | Case::HotLimited(_) => {
                 vec![calls(&self.servers[0].base, 0, true, 1)]
             }
-            Case::TwoServers(_) | Case::TwoServersOneConsumer(_) => self
-                .servers
+            Case::TwoServers(_) | Case::TwoServersOneConsumer(_) => self.servers[1..]
                 .iter()
                 .enumerate()
                 .map(|(i, server)| calls(&server.base, i, false, 1))
@@ -743,8 +753,14 @@ impl Service {
         }
     }
 
+    /// CPU ticks of the server of the cases of one, or of the two members.
     async fn cpu_ticks(&self, servers: usize) -> u64 {
-        self.servers[..servers].iter().map(Server::cpu_ticks).sum()
+        let measured = if servers == 1 {
+            &self.servers[..1]
+        } else {
+            &self.servers[1..]
+        };
+        measured.iter().map(Server::cpu_ticks).sum()
     }
 
     async fn measure(&self, case: Case, duration: Duration) -> Observed {
@@ -871,7 +887,7 @@ async fn peak_rss(
     in_flight: u64,
     transport: Transport,
 ) -> (u64, u64, u64, u64, Duration) {
-    let server = Server::start(config, db.url()).await;
+    let server = Server::start(config, db.url(), false).await;
     let in_flight = calls_that_fit(server.pid(), in_flight, transport);
     let started = Instant::now();
     let tasks: Vec<tokio::task::JoinHandle<String>> = match transport {
@@ -1120,10 +1136,23 @@ async fn load_section(knobs: &Knobs, admin: &str) {
     std::fs::create_dir_all(&dir).unwrap();
     let config: PathBuf = dir.join("tollgate.toml");
     std::fs::write(&config, config_text(&mock.base_url(), &keys)).unwrap();
+    // One server for the cases of one, and two members of a cluster (H-39) for the cases of two.
     let servers = vec![
-        Server::start(&config, db.url()).await,
-        Server::start(&config, db.url()).await,
+        Server::start(&config, db.url(), false).await,
+        Server::start(&config, db.url(), true).await,
+        Server::start(&config, db.url(), true).await,
     ];
+    // The two members count each other once each has read the other's row (a heartbeat apart);
+    // a build that is no member (an A/B run's other binary) never writes one.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let members = pool.instances(2_000).await.map_or(0, |m| m.len());
+        if members >= 2 {
+            tokio::time::sleep(Duration::from_millis(1_100)).await;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let statements_loaded = db.statement_calls().await.unwrap().is_some();
     let max_connections: u64 = db
         .setting("max_connections")

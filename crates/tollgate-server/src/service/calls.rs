@@ -48,6 +48,16 @@ pub fn profiles(app: &App, _who: &Principal) -> Result<ProfileList, ApiError> {
     })
 }
 
+/// The `profile` a call body names, read without the rest of it; `None` when the body does not
+/// parse or names none.
+pub(crate) fn profile_of(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Peek {
+        profile: String,
+    }
+    serde_json::from_slice::<Peek>(body).ok().map(|p| p.profile)
+}
+
 /// Runs a call: validates the body, the profile and the messages first (a bad request writes
 /// nothing), then runs it on the profile's runner with the key's scope. A replay of a call still
 /// being processed is answered 409 `in_progress` (SC-209).

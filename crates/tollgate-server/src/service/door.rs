@@ -110,6 +110,16 @@ pub(crate) fn wants_stream(body: &[u8]) -> Option<String> {
         .then(|| peek.model.unwrap_or_default())
 }
 
+/// The `model` (the profile) a door's request names, read without the rest of it; `None` when
+/// the body does not parse or names none.
+pub(crate) fn model_of(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Peek {
+        model: String,
+    }
+    serde_json::from_slice::<Peek>(body).ok().map(|p| p.model)
+}
+
 /// The header that says how a stream was answered: `live` (its text as the provider sent it,
 /// its end after the settlement) or `governed` (all of it after the settlement).
 pub const STREAM_MODE_HEADER: &str = "tollgate-stream";

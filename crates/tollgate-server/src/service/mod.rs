@@ -13,6 +13,7 @@ pub(crate) mod door;
 pub mod finance;
 pub mod keys;
 pub mod openai;
+pub(crate) mod owner;
 pub mod roots;
 
 use crate::error::{malformed_json, ApiError};

@@ -1,0 +1,40 @@
+//! A call request served by the member of the cluster that owns its consumer's audit chain group
+//! (spec/performance.md, H-39; [`crate::cluster`]), for the native route and the two doors.
+
+use crate::app::{App, ProfileRunner};
+use crate::auth::Principal;
+use crate::cluster;
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, Method, Response, Uri};
+
+/// The answer of the member that owns the group of the consumer of the profile `profile()`
+/// names, for a call request (`POST`, `uri`, `headers`, `body`) this instance would otherwise
+/// serve; `None` when it is served here: no cluster or a cluster of one, a request that arrived
+/// forwarded, a profile that is unknown (the local answer names the error) or a step profile
+/// (steps under a root are never batched), a group this instance owns, or an owner that gave no
+/// answer. `profile` is read only when another member may own the call.
+pub(crate) async fn call_elsewhere(
+    app: &App,
+    who: &Principal,
+    profile: impl FnOnce() -> Option<String>,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Option<Response<Body>> {
+    let cluster = app.cluster.as_ref()?;
+    if cluster::was_forwarded(headers) {
+        cluster.received();
+        return None;
+    }
+    if cluster.members().len() < 2 {
+        return None;
+    }
+    let loaded = app.profiles.get(&profile()?)?;
+    if matches!(loaded.runner, ProfileRunner::Step(_)) {
+        return None;
+    }
+    let owner = cluster.owner(who.scope.as_str(), loaded.profile.config.consumer.as_str())?;
+    cluster
+        .forward(&owner, Method::POST, uri, headers, body.clone())
+        .await
+}
