@@ -518,16 +518,11 @@ impl Server {
         // The servers are members of one cluster (H-39): each names the port it listens on as
         // its `[cluster] url`; their heartbeats reach the database through the same route as
         // their calls, so the faults below reach the membership too.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .unwrap_or_else(|e| panic!("no free port for {name}: {e}"))
-            .port();
         let mut child = tollgate()
             .arg("serve")
             .arg("--config")
             .arg(config)
-            .env("TOLLGATE_SERVER__LISTEN", format!("127.0.0.1:{port}"))
-            .env("TOLLGATE_CLUSTER__URL", format!("http://127.0.0.1:{port}"))
+            .envs(support::member_env(support::CLUSTER_SECRET))
             .current_dir(config.parent().unwrap_or(Path::new(".")))
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -213,17 +213,12 @@ impl Server {
         // Both slots are members of one cluster (H-39): each incarnation names the port it
         // listens on as its `[cluster] url`, and the other member forwards the calls of the
         // groups it owns to it until it dies.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .unwrap_or_else(|e| panic!("{context}: no free port: {e}"))
-            .port();
         let mut child = tollgate()
             .arg("serve")
             .arg("--config")
             .arg(&self.config)
             .env("DATABASE_URL", &self.db_url)
-            .env("TOLLGATE_SERVER__LISTEN", format!("127.0.0.1:{port}"))
-            .env("TOLLGATE_CLUSTER__URL", format!("http://127.0.0.1:{port}"))
+            .envs(support::member_env(support::CLUSTER_SECRET))
             .current_dir(self.config.parent().unwrap_or(Path::new(".")))
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -1023,8 +1023,15 @@ async fn h_39_two_members_serve_each_consumer_s_calls_on_its_group_s_owner() {
     let config = TempFile::new("cluster.toml", &text);
     let (caller, _) = create_key(db.url(), "acme", "caller", &[]);
     let (operator, _) = create_key(db.url(), "acme", "operator", &[]);
-    let (a, a_base) = support::serve_member(&config.0, db.url()).await;
-    let (b, b_base) = support::serve_member(&config.0, db.url()).await;
+    let secret = support::CLUSTER_SECRET;
+    let (a, a_base) = support::serve_member(&config.0, db.url(), secret).await;
+    let (b, b_base) = support::serve_member(&config.0, db.url(), secret).await;
+    // Beside them, rows that are no member of theirs: an instance of other profiles (a rolling
+    // deploy's other version) and one without the members' secret.
+    let other = TempFile::new("cluster-other.toml", &service_config(&mock.base_url(), ""));
+    let (_other, other_base) = support::serve_member(&other.0, db.url(), secret).await;
+    let forger = "a secret that is not the members' secret at all";
+    let (_forger, forger_base) = support::serve_member(&config.0, db.url(), forger).await;
     let http = reqwest::Client::new();
     let bases = [a_base.clone(), b_base.clone()];
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -1036,6 +1043,17 @@ async fn h_39_two_members_serve_each_consumer_s_calls_on_its_group_s_owner() {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+    // Every row is read each heartbeat: a heartbeat later, each still counts only its own.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    for (base, members) in [
+        (&a_base, 2),
+        (&b_base, 2),
+        (&other_base, 1),
+        (&forger_base, 1),
+    ] {
+        let counted = cluster_counters(&http, base, &operator).await[0];
+        assert_eq!(counted, members, "{base}");
     }
 
     // Each consumer's calls sent to both members, by the native route and the OpenAI door (a

@@ -92,18 +92,27 @@ pub async fn serve_embedded(config: &Path) -> (ServeChild, String) {
     serve_from(config, None).await
 }
 
-/// Starts `tollgate serve` on `db_url` as a member of a cluster (spec/performance.md, H-39): it
-/// listens on a port chosen here and names it as its `[cluster] url`.
-pub async fn serve_member(config: &Path, db_url: &str) -> (ServeChild, String) {
+/// The shared secret of the test clusters' members (`TOLLGATE_CLUSTER_SECRET`).
+pub const CLUSTER_SECRET: &str = "the shared secret of the members of a test cluster";
+
+/// The environment that makes `tollgate serve` a member of a cluster (spec/performance.md,
+/// H-39) with `secret`: it listens on a port chosen here and names it as its `[cluster] url`.
+pub fn member_env(secret: &str) -> [(&'static str, String); 3] {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port();
-    let env = [
+    [
         ("TOLLGATE_SERVER__LISTEN", format!("127.0.0.1:{port}")),
         ("TOLLGATE_CLUSTER__URL", format!("http://127.0.0.1:{port}")),
-    ];
-    serve_with(config, Some(db_url), &env).await
+        ("TOLLGATE_CLUSTER_SECRET", secret.to_string()),
+    ]
+}
+
+/// Starts `tollgate serve` on `db_url` as a member of a cluster with `secret`
+/// ([`member_env`]).
+pub async fn serve_member(config: &Path, db_url: &str, secret: &str) -> (ServeChild, String) {
+    serve_with(config, Some(db_url), &member_env(secret)).await
 }
 
 async fn serve_from(config: &Path, db_url: Option<&str>) -> (ServeChild, String) {

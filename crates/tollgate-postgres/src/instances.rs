@@ -8,46 +8,68 @@ use sqlx::Row;
 use tollgate_store::StoreResult;
 use uuid::Uuid;
 
-/// A member of the cluster: its id and where the others reach it.
+/// A member of the cluster: its id, where the others reach it, and the proof of its row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Instance {
     /// The instance's id, new at each start.
     pub id: Uuid,
     /// Its `[cluster] url`.
     pub url: String,
+    /// The HMAC of its id, url and configuration digest under the members' secret, as it wrote
+    /// it (hex).
+    pub proof: String,
 }
 
-/// Writes the row of `url` seen now as instance `id`'s and answers every instance seen within
-/// `expiry_ms` (by the database's clock), `id` included, ordered by id.
+/// Writes the row of `url` seen now as instance `id`'s (with its configuration digest and
+/// proof) and answers every instance of the same digest seen within `expiry_ms` (by the
+/// database's clock), `id` included, ordered by id.
 const SEEN: &str = "WITH seen AS ( \
-        INSERT INTO instances (url, id, seen_at) VALUES ($2, $1, now()) \
-        ON CONFLICT (url) DO UPDATE SET id = EXCLUDED.id, seen_at = EXCLUDED.seen_at \
-        RETURNING id, url \
+        INSERT INTO instances (url, id, config_digest, proof, seen_at) \
+        VALUES ($2, $1, $4, $5, now()) \
+        ON CONFLICT (url) DO UPDATE SET id = EXCLUDED.id, \
+            config_digest = EXCLUDED.config_digest, proof = EXCLUDED.proof, \
+            seen_at = EXCLUDED.seen_at \
+        RETURNING id, url, proof \
     ) \
-    SELECT id, url FROM seen \
+    SELECT id, url, proof FROM seen \
     UNION ALL \
-    SELECT id, url FROM instances \
-    WHERE url <> $2 AND seen_at >= now() - $3::bigint * interval '1 millisecond' \
+    SELECT id, url, proof FROM instances \
+    WHERE url <> $2 AND config_digest = $4 \
+        AND seen_at >= now() - $3::bigint * interval '1 millisecond' \
     ORDER BY id";
 
+/// What a member writes in its row beside its id and url.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Heartbeat<'a> {
+    /// The member's id.
+    pub id: Uuid,
+    /// Its `[cluster] url`.
+    pub url: &'a str,
+    /// The SHA-256 (hex) of its profiles: members forward only to members of the same digest.
+    pub config_digest: &'a str,
+    /// The HMAC (hex) of its id, url and digest under the members' secret.
+    pub proof: &'a str,
+}
+
 impl PgStores {
-    /// Writes the heartbeat of instance `id` reachable at `url` and answers the members seen
-    /// within `expiry_ms`, `id` among them, ordered by id.
+    /// Writes `beat`, a member's heartbeat, and answers the members of its configuration digest
+    /// seen within `expiry_ms`, itself among them, ordered by id.
     ///
     /// # Errors
     /// The database's failure, as every statement's.
     pub async fn instance_seen(
         &self,
-        id: Uuid,
-        url: &str,
+        beat: &Heartbeat<'_>,
         expiry_ms: u64,
     ) -> StoreResult<Vec<Instance>> {
         let expiry = i64::try_from(expiry_ms).unwrap_or(i64::MAX);
         self.bounded(async move {
             let rows = sqlx::query(SEEN)
-                .bind(id)
-                .bind(url)
+                .bind(beat.id)
+                .bind(beat.url)
                 .bind(expiry)
+                .bind(beat.config_digest)
+                .bind(beat.proof)
                 .fetch_all(self.pool())
                 .await
                 .store_err()?;
@@ -65,7 +87,7 @@ impl PgStores {
         let expiry = i64::try_from(expiry_ms).unwrap_or(i64::MAX);
         self.bounded(async move {
             let rows = sqlx::query(
-                "SELECT id, url FROM instances \
+                "SELECT id, url, proof FROM instances \
                  WHERE seen_at >= now() - $1::bigint * interval '1 millisecond' ORDER BY id",
             )
             .bind(expiry)
@@ -101,5 +123,6 @@ fn instance(row: &sqlx::postgres::PgRow) -> StoreResult<Instance> {
     Ok(Instance {
         id: row.try_get("id").store_err()?,
         url: row.try_get("url").store_err()?,
+        proof: row.try_get("proof").store_err()?,
     })
 }

@@ -273,8 +273,12 @@ impl App {
             shutdown_drain_ms: settings.shutdown_drain_ms,
             limits: settings.limits,
             audit_checks: crate::audit_checks::AuditChecks::default(),
-            cluster: match (&settings.cluster_url, &backend_is_postgres) {
-                (Some(url), true) => Some(Arc::new(crate::cluster::Cluster::new(url.clone()))),
+            cluster: match (&settings.cluster, backend_is_postgres) {
+                (Some(member), true) => Some(Arc::new(crate::cluster::Cluster::new(
+                    member.url.clone(),
+                    member.secret.clone(),
+                    crate::cluster::config_digest(&settings.profiles),
+                ))),
                 _ => None,
             },
         })))

@@ -9,24 +9,35 @@
 //! of every call of its groups (H-32, H-34), whichever instance the client reached, so two
 //! instances batch as one.
 //!
+//! Members forward only to members of the same configuration digest (the SHA-256 of their
+//! profiles: call snapshots, prices and caps), so a call goes only to a member that serves its
+//! profile as this one does, and during a rolling deploy each version forwards among its own. A
+//! row is a member only with a valid proof: the HMAC-SHA256 of its id, url and digest under the
+//! members' shared secret (`[cluster] secret_env`), so an address written into the table by
+//! anyone without the secret receives no request and no API key.
+//!
 //! Ownership decides only which instance sends a call's statements: every answer is the database's
 //! as before (idempotency claim, caps, fences, the group lock of H-35), so two instances that
 //! disagree for a heartbeat on who owns a group are still correct, and a call an owner could not
 //! be reached for is served here. A request that arrives forwarded ([`FORWARDED_HEADER`]) is always
 //! served where it arrives, so a request is forwarded at most once.
 
+use crate::secret::Secret;
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderName, Method, Request, Response, Uri};
+use hmac::{Hmac, Mac};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use sha2::{Digest, Sha256};
 use std::collections::HashMap;
+use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-use tollgate_postgres::instances::Instance;
+use tollgate_postgres::instances::{Heartbeat, Instance};
 use tollgate_postgres::PgStores;
 use tollgate_store::AuditChain;
 use uuid::Uuid;
@@ -61,10 +72,20 @@ const NOT_FORWARDED: [HeaderName; 8] = [
     header::PROXY_AUTHORIZATION,
 ];
 
+/// The shortest shared secret a member accepts, in bytes.
+pub const CLUSTER_SECRET_MIN_BYTES: usize = 32;
+
 /// The instance's view of its cluster.
 pub struct Cluster {
     id: Uuid,
     url: String,
+    secret: Secret,
+    /// SHA-256 (hex) of this member's profiles.
+    config_digest: String,
+    /// This member's proof (hex).
+    proof: String,
+    /// Ids of rows whose proof failed, each logged once.
+    refused: Mutex<HashSet<Uuid>>,
     /// The members seen by the last heartbeat, ordered by id (this instance among them); empty
     /// before the first heartbeat and after one that failed.
     members: RwLock<Arc<[Instance]>>,
@@ -86,14 +107,22 @@ impl std::fmt::Debug for Cluster {
 }
 
 impl Cluster {
-    /// A new member reachable at `url` (an `http://` URL without a path), with a fresh id.
-    pub fn new(url: String) -> Self {
+    /// A new member reachable at `url` (an `http://` URL without a path), with a fresh id, the
+    /// members' shared `secret` and `config_digest`, the digest of its profiles
+    /// ([`config_digest`]).
+    pub fn new(url: String, secret: Secret, config_digest: String) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_millis(FORWARD_CONNECT_TIMEOUT_MS)));
+        let id = Uuid::new_v4();
+        let proof = proof(&secret, id, &url, &config_digest);
         Self {
-            id: Uuid::new_v4(),
+            id,
             url,
+            secret,
+            config_digest,
+            proof,
+            refused: Mutex::new(HashSet::new()),
             members: RwLock::new(Arc::from([])),
             down: Mutex::new(HashMap::new()),
             client: Client::builder(TokioExecutor::new()).build(connector),
@@ -115,6 +144,26 @@ impl Cluster {
 
     fn set_members(&self, members: Arc<[Instance]>) {
         *self.members.write().unwrap_or_else(PoisonError::into_inner) = members;
+    }
+
+    /// The rows of `seen` whose proof holds under this member's secret and digest; each row
+    /// refused is logged once.
+    fn proven(&self, seen: Vec<Instance>) -> Vec<Instance> {
+        seen.into_iter()
+            .filter(|row| {
+                let holds = verify(&self.secret, row, &self.config_digest);
+                if !holds {
+                    let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+                    if refused.insert(row.id) {
+                        tracing::warn!(
+                            instance = %row.id,
+                            "a cluster row's proof does not hold under this member's secret; it is no member"
+                        );
+                    }
+                }
+                holds
+            })
+            .collect()
     }
 
     /// The member that serves the calls of `consumer` in `scope`, when it is another live
@@ -216,11 +265,14 @@ impl Cluster {
                 () = stop.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            match stores
-                .instance_seen(self.id, &self.url, INSTANCE_EXPIRY_MS)
-                .await
-            {
-                Ok(members) => self.set_members(members.into()),
+            let beat = Heartbeat {
+                id: self.id,
+                url: &self.url,
+                config_digest: &self.config_digest,
+                proof: &self.proof,
+            };
+            match stores.instance_seen(&beat, INSTANCE_EXPIRY_MS).await {
+                Ok(seen) => self.set_members(self.proven(seen).into()),
                 Err(e) => {
                     self.set_members(Arc::from([]));
                     tracing::warn!(error = %e, "the cluster heartbeat failed; every call is served here");
@@ -270,6 +322,43 @@ fn owner_of(members: &[Instance], group: u16) -> Option<&Instance> {
     members.get(usize::from(group) % members.len())
 }
 
+/// The SHA-256 (hex) of `profiles` as JSON: members of equal digests serve every profile alike.
+pub fn config_digest<T: serde::Serialize>(profiles: &T) -> String {
+    let json = serde_json::to_vec(profiles).unwrap_or_default();
+    hex::encode(Sha256::digest(json))
+}
+
+fn mac(secret: &Secret, id: Uuid, url: &str, config_digest: &str) -> Hmac<Sha256> {
+    // HMAC takes a key of any length.
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.expose().as_bytes())
+        .unwrap_or_else(|_| unreachable!("HMAC accepts every key length"));
+    for part in [
+        "tollgate-instance".as_bytes(),
+        id.as_bytes(),
+        url.as_bytes(),
+        config_digest.as_bytes(),
+    ] {
+        mac.update(&u64::try_from(part.len()).unwrap_or(u64::MAX).to_be_bytes());
+        mac.update(part);
+    }
+    mac
+}
+
+/// The proof of a member's row: HMAC-SHA256 under `secret` of its id, url and digest (hex).
+fn proof(secret: &Secret, id: Uuid, url: &str, config_digest: &str) -> String {
+    hex::encode(mac(secret, id, url, config_digest).finalize().into_bytes())
+}
+
+/// Whether `row`'s proof holds under `secret` for `config_digest` (compared in constant time).
+fn verify(secret: &Secret, row: &Instance, config_digest: &str) -> bool {
+    let Ok(given) = hex::decode(&row.proof) else {
+        return false;
+    };
+    mac(secret, row.id, &row.url, config_digest)
+        .verify_slice(&given)
+        .is_ok()
+}
+
 /// Whether `headers` say the request was forwarded by another member.
 pub fn was_forwarded(headers: &HeaderMap) -> bool {
     headers.contains_key(FORWARDED_HEADER)
@@ -278,12 +367,22 @@ pub fn was_forwarded(headers: &HeaderMap) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+
+    const SECRET: &str = "a shared secret of the test cluster, 32+ bytes";
 
     fn member(n: u128) -> Instance {
-        Instance {
-            id: Uuid::from_u128(n),
-            url: format!("http://127.0.0.1:{}", 9000 + n),
-        }
+        let (id, url) = (Uuid::from_u128(n), format!("http://127.0.0.1:{}", 9000 + n));
+        let proof = proof(&Secret::new(SECRET), id, &url, "digest");
+        Instance { id, url, proof }
+    }
+
+    fn cluster() -> Cluster {
+        Cluster::new(
+            "http://127.0.0.1:9000".into(),
+            Secret::new(SECRET),
+            "digest".into(),
+        )
     }
 
     #[test]
@@ -301,10 +400,11 @@ mod tests {
 
     #[test]
     fn h_39_calls_are_served_here_for_own_groups_alone_and_down_owners() {
-        let cluster = Cluster::new("http://127.0.0.1:9000".into());
+        let cluster = cluster();
         let here = Instance {
             id: cluster.id(),
             url: cluster.url.clone(),
+            proof: cluster.proof.clone(),
         };
         let other = member(7);
         let mut members = vec![here.clone(), other.clone()];
@@ -340,6 +440,46 @@ mod tests {
             .unwrap()
             .insert(other.id, Instant::now() - Duration::from_millis(1));
         assert!(consumers.iter().any(|c| cluster.owner(scope, c).is_some()));
+    }
+
+    #[test]
+    fn h_39_a_row_is_a_member_only_with_a_proof_of_the_secret_and_the_digest() {
+        let cluster = cluster();
+        let good = member(3);
+        let mut forged = member(4);
+        forged.url = "http://attacker.example:80".into();
+        let other_secret = {
+            let (id, url) = (Uuid::from_u128(5), "http://127.0.0.1:9005".to_string());
+            let proof = proof(
+                &Secret::new("another secret, also 32 bytes or more"),
+                id,
+                &url,
+                "digest",
+            );
+            Instance { id, url, proof }
+        };
+        let other_digest = {
+            let (id, url) = (Uuid::from_u128(6), "http://127.0.0.1:9006".to_string());
+            let proof = proof(&Secret::new(SECRET), id, &url, "another digest");
+            Instance { id, url, proof }
+        };
+        let mut garbled = member(7);
+        garbled.proof = "not hex".into();
+        let kept = cluster.proven(vec![
+            good.clone(),
+            forged,
+            other_secret,
+            other_digest,
+            garbled,
+        ]);
+        assert_eq!(kept, vec![good]);
+        // The digest is of the profiles: equal profiles, equal digests.
+        let a = BTreeMap::from([("p", 1)]);
+        assert_eq!(config_digest(&a), config_digest(&a.clone()));
+        assert_ne!(
+            config_digest(&a),
+            config_digest(&BTreeMap::from([("p", 2)]))
+        );
     }
 
     #[test]

@@ -156,6 +156,18 @@ pub struct KeyGrant {
     pub limits: tollgate_core::limits::RateLimits,
 }
 
+/// A member of a cluster (H-39).
+#[derive(Debug, Clone)]
+pub struct ClusterSettings {
+    /// Where the other members reach this one: `http://host:port`.
+    pub url: String,
+    /// The members' shared secret, from the variable `[cluster] secret_env` names.
+    pub secret: Secret,
+}
+
+/// The variable that holds the members' shared secret when `[cluster] secret_env` is not set.
+pub const CLUSTER_SECRET_ENV_DEFAULT: &str = "TOLLGATE_CLUSTER_SECRET";
+
 /// How often the scheduler runs a pass and how many rows one pass takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SchedulerSettings {
@@ -297,9 +309,9 @@ pub struct Settings {
     pub limits: crate::limits::Limits,
     /// Database URL; `None` → the embedded default.
     pub database_url: Option<Secret>,
-    /// Where the other instances of the cluster reach this one (`[cluster] url`); `None` → the
-    /// instance serves every call itself (H-39).
-    pub cluster_url: Option<String>,
+    /// This instance as a member of a cluster (`[cluster]`, H-39); `None` → it serves every
+    /// call itself.
+    pub cluster: Option<ClusterSettings>,
     /// Pool size.
     pub max_connections: u32,
     /// Session bounds of every database connection.
@@ -509,7 +521,7 @@ impl FileConfig {
         let provider_names = providers.keys().map(String::as_str).collect();
         let profiles = profiles::build(&self.profiles, &self.prices, &provider_names)?;
         let keys = keys(&self.keys)?;
-        let cluster_url = cluster_url(&self.cluster, self.database.url.is_some())?;
+        let cluster = cluster(&self.cluster, self.database.url.is_some(), env)?;
         Ok(Settings {
             listen,
             log_format,
@@ -518,7 +530,7 @@ impl FileConfig {
             key_cache_ms,
             limits,
             database_url: self.database.url,
-            cluster_url,
+            cluster,
             max_connections,
             session_timeouts,
             scheduler: SchedulerSettings { interval_ms, batch },
@@ -533,13 +545,18 @@ impl FileConfig {
     }
 }
 
-/// `[cluster] url` checked: an `http://` URL of a host and port with no path, query or
-/// credentials, and a database beside it (the members meet in it).
-fn cluster_url(
+/// `[cluster]` checked: `url` an `http://` URL of a host and port with no path, query or
+/// credentials, a database beside it (the members meet in it), and the shared secret of at
+/// least `CLUSTER_SECRET_MIN_BYTES` bytes in the variable `secret_env` names.
+fn cluster(
     section: &ClusterSection,
     has_database: bool,
-) -> Result<Option<String>, ConfigError> {
+    env: &Env,
+) -> Result<Option<ClusterSettings>, ConfigError> {
     let Some(text) = section.url.as_deref() else {
+        if section.secret_env.is_some() {
+            return Err(err("cluster.secret_env is set without cluster.url"));
+        }
         return Ok(None);
     };
     // The URL is not quoted back: one with credentials in it would print them.
@@ -560,7 +577,21 @@ fn cluster_url(
             "cluster.url needs [database] url: the members of a cluster share one database",
         ));
     }
-    Ok(Some(text.trim_end_matches('/').to_string()))
+    let var = section
+        .secret_env
+        .as_deref()
+        .unwrap_or(CLUSTER_SECRET_ENV_DEFAULT);
+    let secret = env.get(var).map(String::as_str).unwrap_or_default();
+    if secret.len() < crate::cluster::CLUSTER_SECRET_MIN_BYTES {
+        return Err(err(format!(
+            "cluster: environment variable {var} (cluster.secret_env) must hold the members' shared secret, at least {} bytes",
+            crate::cluster::CLUSTER_SECRET_MIN_BYTES
+        )));
+    }
+    Ok(Some(ClusterSettings {
+        url: text.trim_end_matches('/').to_string(),
+        secret: Secret::new(secret),
+    }))
 }
 
 /// Checks `min ≤ value ≤ max`.
@@ -804,14 +835,18 @@ mod tests {
     }
 
     #[test]
-    fn h_39_a_cluster_url_is_a_plain_http_address_beside_a_database() {
-        let e = Env::new();
+    fn h_39_a_cluster_url_is_a_plain_http_address_beside_a_database_and_a_secret() {
+        let secret = "s".repeat(crate::cluster::CLUSTER_SECRET_MIN_BYTES);
+        let e = env(&[(CLUSTER_SECRET_ENV_DEFAULT, secret.as_str())]);
         let settings = |text: &str| FileConfig::from_toml(text, &e).unwrap().validate(&e);
         let db = "[database]\nurl = \"postgres://u@h/db\"\n";
-        assert_eq!(settings(db).unwrap().cluster_url, None);
-        let member =
-            settings(&format!("{db}[cluster]\nurl = \"http://10.0.0.5:8080/\"\n")).unwrap();
-        assert_eq!(member.cluster_url.as_deref(), Some("http://10.0.0.5:8080"));
+        assert!(settings(db).unwrap().cluster.is_none());
+        let member = settings(&format!("{db}[cluster]\nurl = \"http://10.0.0.5:8080/\"\n"))
+            .unwrap()
+            .cluster
+            .unwrap();
+        assert_eq!(member.url, "http://10.0.0.5:8080");
+        assert_eq!(member.secret.expose(), secret);
         for bad in [
             "https://10.0.0.5:8080",
             "http://10.0.0.5",
@@ -826,16 +861,42 @@ mod tests {
         }
         let alone = settings("[cluster]\nurl = \"http://10.0.0.5:8080\"\n").unwrap_err();
         assert!(alone.0.contains("[database] url"), "{alone}");
+        // The secret: from the default variable or the one named, never shorter than the bound,
+        // never quoted in the error.
+        let cluster = format!("{db}[cluster]\nurl = \"http://10.0.0.5:8080\"\n");
+        let short = env(&[(CLUSTER_SECRET_ENV_DEFAULT, "short-secret")]);
+        let error = FileConfig::from_toml(&cluster, &short)
+            .unwrap()
+            .validate(&short)
+            .unwrap_err();
+        assert!(error.0.contains(CLUSTER_SECRET_ENV_DEFAULT), "{error}");
+        assert!(!error.0.contains("short-secret"), "{error}");
+        let none = Env::new();
+        let error = FileConfig::from_toml(&cluster, &none)
+            .unwrap()
+            .validate(&none)
+            .unwrap_err();
+        assert!(error.0.contains("secret"), "{error}");
+        let named = env(&[("MY_SECRET", secret.as_str())]);
+        let text = format!("{cluster}secret_env = \"MY_SECRET\"\n");
+        let member = FileConfig::from_toml(&text, &named)
+            .unwrap()
+            .validate(&named)
+            .unwrap();
+        assert_eq!(member.cluster.unwrap().secret.expose(), secret);
+        let stray = settings("[cluster]\nsecret_env = \"X\"\n").unwrap_err();
+        assert!(stray.0.contains("cluster.secret_env"), "{stray}");
         let over = env(&[
             ("TOLLGATE_CLUSTER__URL", "http://127.0.0.1:9001"),
             ("DATABASE_URL", "postgres://u@h/db"),
+            (CLUSTER_SECRET_ENV_DEFAULT, secret.as_str()),
         ]);
         let from_env = FileConfig::from_toml("", &over)
             .unwrap()
             .validate(&over)
             .unwrap();
         assert_eq!(
-            from_env.cluster_url.as_deref(),
+            from_env.cluster.map(|c| c.url).as_deref(),
             Some("http://127.0.0.1:9001")
         );
     }

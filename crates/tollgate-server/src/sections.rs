@@ -55,6 +55,9 @@ pub struct ClusterSection {
     /// Where the other instances reach this one (`http://host:port`); none → this instance
     /// serves every call itself and is no member.
     pub url: Option<String>,
+    /// The environment variable holding the members' shared secret (default
+    /// `TOLLGATE_CLUSTER_SECRET`).
+    pub secret_env: Option<String>,
 }
 
 /// `[database]`.

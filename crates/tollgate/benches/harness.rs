@@ -334,7 +334,11 @@ impl Server {
                 .port();
             command
                 .env("TOLLGATE_SERVER__LISTEN", format!("127.0.0.1:{port}"))
-                .env("TOLLGATE_CLUSTER__URL", format!("http://127.0.0.1:{port}"));
+                .env("TOLLGATE_CLUSTER__URL", format!("http://127.0.0.1:{port}"))
+                .env(
+                    "TOLLGATE_CLUSTER_SECRET",
+                    "the shared secret of the harness's two members",
+                );
         }
         let mut child = command
             .arg("serve")
