@@ -55,13 +55,23 @@ pub const PEER_DOWN_MS: u64 = 3_000;
 /// The longest wait for a connection to an owner; past it the call is served here.
 pub const FORWARD_CONNECT_TIMEOUT_MS: u64 = 1_000;
 
+/// Idle time before the first TCP keepalive probe on a connection to an owner, and the time
+/// between probes: an owner whose host stops answering (gone from the network, with no reset) is
+/// found dead within about `FORWARD_KEEPALIVE_MS × (1 + FORWARD_KEEPALIVE_RETRIES)` while its
+/// answer is awaited, and the call is served here.
+pub const FORWARD_KEEPALIVE_MS: u64 = 1_000;
+
+/// Unanswered keepalive probes after which a connection to an owner is dead.
+pub const FORWARD_KEEPALIVE_RETRIES: u32 = 3;
+
 /// The header a forwarded request carries (the forwarding instance's id): it is served where it
 /// arrives.
 pub const FORWARDED_HEADER: &str = "tollgate-forwarded";
 
 /// Headers of one connection (RFC 9110 §7.6.1), never sent on; `host` and `content-length` are
-/// set for the request sent.
-const NOT_FORWARDED: [HeaderName; 8] = [
+/// set for the request sent, and `expect` was answered by this instance as it read the body.
+const NOT_FORWARDED: [HeaderName; 9] = [
+    header::EXPECT,
     header::CONNECTION,
     header::HOST,
     header::CONTENT_LENGTH,
@@ -114,6 +124,9 @@ impl Cluster {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_millis(FORWARD_CONNECT_TIMEOUT_MS)));
+        connector.set_keepalive(Some(Duration::from_millis(FORWARD_KEEPALIVE_MS)));
+        connector.set_keepalive_interval(Some(Duration::from_millis(FORWARD_KEEPALIVE_MS)));
+        connector.set_keepalive_retries(Some(FORWARD_KEEPALIVE_RETRIES));
         let id = Uuid::new_v4();
         let proof = proof(&secret, id, &url, &config_digest);
         Self {
