@@ -937,6 +937,29 @@ async fn check_journal(
     }
 }
 
+/// A member's forwards so far (spec/performance.md, H-39): `[answered, unreachable]`, read from its
+/// `/metrics` with the operator key; zeros when it does not answer.
+async fn forwards(http: &reqwest::Client, base: &str, operator: &str) -> [u64; 2] {
+    let Ok(response) = http
+        .get(format!("{base}/metrics"))
+        .bearer_auth(operator)
+        .send()
+        .await
+    else {
+        return [0, 0];
+    };
+    let text = response.text().await.unwrap_or_default();
+    let count = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    [
+        count("tollgate_forwarded_calls_total{outcome=\"answered\"}"),
+        count("tollgate_forwarded_calls_total{outcome=\"unreachable\"}"),
+    ]
+}
+
 /// The operator API lists what the store holds (its first page, at most 100 rows).
 async fn check_operator_list(
     seed: u64,
@@ -1062,6 +1085,7 @@ async fn sc_13_sc_14_sc_41_sc_61_h_3_h_4_killed_servers_never_send_or_charge_twi
     let mut kills = [0u32; 2];
     let mut in_flight_at_kills = Vec::new();
     let mut last_kill = Instant::now();
+    let mut forwarded = [0u64; 2];
     for round in 1..=rounds {
         load.round.store(round, Ordering::SeqCst);
         let context = format!("seed {seed} round {round}");
@@ -1071,6 +1095,11 @@ async fn sc_13_sc_14_sc_41_sc_61_h_3_h_4_killed_servers_never_send_or_charge_twi
             server.assert_alive(&context);
         }
         in_flight_at_kills.push(in_flight(&stores, &scope).await);
+        // The victim's forwards, before they go with it.
+        let victim_base = servers[victim].base.read().unwrap().clone();
+        let before = forwards(&http, &victim_base, &operator).await;
+        forwarded[0] += before[0];
+        forwarded[1] += before[1];
         servers[victim].kill();
         last_kill = Instant::now();
         kills[victim] += 1;
@@ -1086,6 +1115,10 @@ async fn sc_13_sc_14_sc_41_sc_61_h_3_h_4_killed_servers_never_send_or_charge_twi
     let load_time = load_started.elapsed();
     for server in &mut servers {
         server.assert_alive(&format!("seed {seed} after the load"));
+        let base = server.base.read().unwrap().clone();
+        let [answered, unreachable] = forwards(&http, &base, &operator).await;
+        forwarded[0] += answered;
+        forwarded[1] += unreachable;
     }
 
     // 6. The schedulers finish every orphaned execution; then the checks.
@@ -1145,6 +1178,12 @@ async fn sc_13_sc_14_sc_41_sc_61_h_3_h_4_killed_servers_never_send_or_charge_twi
             recovered_after.as_secs_f64()
         ));
     }
+    // The servers were members of one cluster: each sent the other's consumer's calls to it.
+    if forwarded[0] == 0 {
+        findings.failures.push(format!(
+            "seed {seed}: no call was forwarded between the members ({forwarded:?})"
+        ));
+    }
     // The kills landed on work: calls were in flight when most of them struck.
     let kills_on_work = in_flight_at_kills.iter().filter(|n| **n > 0).count();
     if kills_on_work * 2 < in_flight_at_kills.len() {
@@ -1165,7 +1204,8 @@ async fn sc_13_sc_14_sc_41_sc_61_h_3_h_4_killed_servers_never_send_or_charge_twi
          ({} transport errors), {} replays and {} conflicts answered; {} provider requests; \
          executions {:?}; settlements by source {:?}; awaiting an operator: {:?}; \
          {} audit rows; calls in flight at the kills {:?}; the last kill's calls recovered \
-         {:.1}s after it (bound {} ms)",
+         {:.1}s after it (bound {} ms); forwards between the members: {} answered, {} with no \
+         answer (served where they arrived)",
         kills[0],
         kills[1],
         database_time.as_secs_f64(),
@@ -1188,6 +1228,8 @@ async fn sc_13_sc_14_sc_41_sc_61_h_3_h_4_killed_servers_never_send_or_charge_twi
         in_flight_at_kills,
         recovered_after.as_secs_f64(),
         RECOVERED_WITHIN_MS,
+        forwarded[0],
+        forwarded[1],
     );
     eprintln!("{summary}");
     mock.shutdown().await;
