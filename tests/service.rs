@@ -1058,7 +1058,7 @@ async fn h_39_two_members_serve_each_consumer_s_calls_on_its_group_s_owner() {
 
     // Each consumer's calls sent to both members, by the native route and the OpenAI door (a
     // stream among them): one member serves its own, the other forwards them.
-    const EACH: usize = 4;
+    const EACH: usize = 6;
     let mut keys = Vec::new();
     for (profile, consumer) in [("summarize", "a"), ("summarize-b", "b")] {
         for (m, base) in bases.iter().enumerate() {
@@ -1075,26 +1075,44 @@ async fn h_39_two_members_serve_each_consumer_s_calls_on_its_group_s_owner() {
                     assert_eq!(r.status(), StatusCode::OK, "{key}");
                     r.json().await.unwrap()
                 } else {
-                    let stream = i == 3;
+                    // The OpenAI door (i 2, 3) and the Anthropic door (i 4, 5), a stream each.
+                    let stream = i % 2 == 1;
+                    let anthropic = i >= 4;
+                    let (path, body) = if anthropic {
+                        let body = json!({"model": profile, "max_tokens": 64, "stream": stream,
+                            "messages": [{"role": "user", "content": key}]});
+                        ("/v1/messages", body)
+                    } else {
+                        let body = json!({"model": profile, "stream": stream,
+                            "messages": [{"role": "user", "content": key}]});
+                        ("/v1/chat/completions", body)
+                    };
                     let r = http
-                        .post(format!("{base}/v1/chat/completions"))
+                        .post(format!("{base}{path}"))
                         .bearer_auth(&caller)
+                        .header("anthropic-version", "2023-06-01")
                         .header("Idempotency-Key", &key)
-                        .json(&json!({"model": profile, "stream": stream,
-                            "messages": [{"role": "user", "content": key}]}))
+                        .json(&body)
                         .send()
                         .await
                         .unwrap();
                     assert_eq!(r.status(), StatusCode::OK, "{key}");
                     let body = r.text().await.unwrap();
-                    if stream {
-                        assert!(body.contains("data: [DONE]"), "{key}: {body}");
-                        json!({"state": "completed"})
-                    } else {
-                        let completion: Value = serde_json::from_str(&body).unwrap();
-                        assert!(completion["choices"][0]["message"]["content"].is_string());
-                        json!({"state": "completed"})
+                    match (anthropic, stream) {
+                        (false, true) => assert!(body.contains("data: [DONE]"), "{key}: {body}"),
+                        (true, true) => {
+                            assert!(body.contains("event: message_stop"), "{key}: {body}");
+                        }
+                        (false, false) => {
+                            let completion: Value = serde_json::from_str(&body).unwrap();
+                            assert!(completion["choices"][0]["message"]["content"].is_string());
+                        }
+                        (true, false) => {
+                            let message: Value = serde_json::from_str(&body).unwrap();
+                            assert_eq!(message["type"], "message", "{key}: {body}");
+                        }
                     }
+                    json!({"state": "completed"})
                 };
                 assert_eq!(answer["state"], "completed", "{key}: {answer}");
                 keys.push(key);
