@@ -424,6 +424,8 @@ fn config_text(database_url: &str, mock_url: &str, caller_sha: &str, lease_ms: u
         r#"
 [server]
 listen = "127.0.0.1:0"
+# The members' counters of forwarded calls are read from `/metrics` (H-39).
+metrics_public = true
 
 [database]
 url = "{database_url}"
@@ -497,6 +499,24 @@ fn tollgate() -> Command {
         }
     }
     command
+}
+
+/// A member's forwards so far (spec/performance.md, H-39): `[answered, unanswered]`, from its
+/// keyless `/metrics`; zeros when it does not answer.
+async fn forwards(http: &reqwest::Client, base: &str) -> [u64; 2] {
+    let Ok(response) = http.get(format!("{base}/metrics")).send().await else {
+        return [0, 0];
+    };
+    let text = response.text().await.unwrap_or_default();
+    let count = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    [
+        count("tollgate_forwarded_calls_total{outcome=\"answered\"}"),
+        count("tollgate_forwarded_calls_total{outcome=\"unreachable\"}"),
+    ]
 }
 
 /// Lines of a server's stderr kept for failure reports (all of it is in its log file).
@@ -1082,6 +1102,9 @@ struct Figures {
     timed_out: usize,
     longest: Duration,
     unsent_awaiting_operator: usize,
+    /// Calls the members forwarded to each other (H-39): answered, and with no answer (served
+    /// where they arrived).
+    forwarded: [u64; 2],
     /// What the figures count, key by key, where it is not the rule (printed, not failed).
     notes: Vec<String>,
 }
@@ -1224,8 +1247,12 @@ async fn run_case(case: &str, topology: Topology, mut plan: Vec<Fault>) {
         client.await.unwrap();
     }
     let load_time = load.started.elapsed();
+    let mut forwarded = [0u64; 2];
     for server in &mut servers {
         server.assert_alive(&format!("{context}: after the load"));
+        let [answered, unanswered] = forwards(&load.http, &server.base).await;
+        forwarded[0] += answered;
+        forwarded[1] += unanswered;
     }
 
     // 6. The schedulers finish what is left in flight; every acknowledged call is sent again
@@ -1234,11 +1261,18 @@ async fn run_case(case: &str, topology: Topology, mut plan: Vec<Fault>) {
     load.replay_acknowledged().await;
     let requests = lock(&load.requests).clone();
     let mut figures = Figures {
+        forwarded,
         requests: requests.len(),
         probes: requests.iter().filter(|r| r.kind == Kind::Probe).count(),
         replays: requests.iter().filter(|r| r.kind == Kind::Replay).count(),
         ..Figures::default()
     };
+    // The servers were members of one cluster: each sent the other's consumer's calls to it.
+    if forwarded[0] == 0 {
+        figures.failures.push(format!(
+            "{context}: no call was forwarded between the members ({forwarded:?})"
+        ));
+    }
     if let Some(pooler) = &database.pooler {
         // Every connection of the servers went through pgbouncer: it logged their logins.
         let logins = pooler.log_text().matches("login attempt").count();
@@ -1631,7 +1665,7 @@ fn figures_table(
             slowest.as_millis()
         ));
     }
-    let rows: [(&str, String); 15] = [
+    let rows: [(&str, String); 16] = [
         ("calls (keys, probes included)", f.keys.to_string()),
         (
             "HTTP requests (probes; replays)",
@@ -1666,6 +1700,10 @@ fn figures_table(
         (
             "awaiting an operator, never sent",
             f.unsent_awaiting_operator.to_string(),
+        ),
+        (
+            "forwarded between the members (answered; no answer)",
+            format!("{}; {}", f.forwarded[0], f.forwarded[1]),
         ),
         ("failures", f.failures.len().to_string()),
     ];
