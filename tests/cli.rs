@@ -520,17 +520,6 @@ async fn sc_115_migrate_as_the_owner_then_work_as_the_application_role() {
     );
 }
 
-/// The value of the unlabelled metric `name` in Prometheus text.
-fn metric(text: &str, name: &str) -> Option<u64> {
-    text.lines().find_map(|line| {
-        line.strip_prefix(name)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
-}
-
 /// The server's metrics, read with the operator key `operator`, once `done` holds on them
 /// (polled for at most 20 s).
 async fn metrics_when(
@@ -541,15 +530,9 @@ async fn metrics_when(
 ) -> String {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
-        let text = http
-            .get(format!("{base}/metrics"))
-            .bearer_auth(operator)
-            .send()
+        let text = support::metrics_text(http, base, Some(operator))
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+            .expect("the server answers its metrics");
         if done(&text) {
             return text;
         }
@@ -615,8 +598,8 @@ async fn sc_117_serve_runs_the_scheduler_without_an_operator() {
     assert!(answer.status().is_success(), "{:?}", answer.status());
     let view: serde_json::Value = answer.json().await.unwrap();
     assert_eq!(view["state"], "completed", "{view}");
-    let passes = |text: &str| metric(text, "tollgate_scheduler_passes_total").unwrap_or(0);
-    let acknowledged = |text: &str| metric(text, "tollgate_evidence_acknowledged_total");
+    let passes = |text: &str| support::metric(text, "tollgate_scheduler_passes_total").unwrap_or(0);
+    let acknowledged = |text: &str| support::metric(text, "tollgate_evidence_acknowledged_total");
     let after_call = passes(&metrics_when(&http, &base, &operator, |_| true).await);
     // Two whole passes after the call: its own evidence was acknowledged by its settlement.
     let text = metrics_when(&http, &base, &operator, |text| {

@@ -501,24 +501,6 @@ fn tollgate() -> Command {
     command
 }
 
-/// A member's forwards so far (spec/performance.md, H-39): `[answered, unanswered]`, from its
-/// keyless `/metrics`; zeros when it does not answer.
-async fn forwards(http: &reqwest::Client, base: &str) -> [u64; 2] {
-    let Ok(response) = http.get(format!("{base}/metrics")).send().await else {
-        return [0, 0];
-    };
-    let text = response.text().await.unwrap_or_default();
-    let count = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    [
-        count("tollgate_forwarded_calls_total{outcome=\"answered\"}"),
-        count("tollgate_forwarded_calls_total{outcome=\"unreachable\"}"),
-    ]
-}
-
 /// Lines of a server's stderr kept for failure reports (all of it is in its log file).
 const LOG_LINES: usize = 60;
 
@@ -1250,7 +1232,7 @@ async fn run_case(case: &str, topology: Topology, mut plan: Vec<Fault>) {
     let mut forwarded = [0u64; 2];
     for server in &mut servers {
         server.assert_alive(&format!("{context}: after the load"));
-        let [answered, unanswered] = forwards(&load.http, &server.base).await;
+        let [answered, unanswered] = support::forwards(&load.http, &server.base, None).await;
         forwarded[0] += answered;
         forwarded[1] += unanswered;
     }

@@ -937,29 +937,6 @@ async fn check_journal(
     }
 }
 
-/// A member's forwards so far (spec/performance.md, H-39): `[answered, unreachable]`, read from its
-/// `/metrics` with the operator key; zeros when it does not answer.
-async fn forwards(http: &reqwest::Client, base: &str, operator: &str) -> [u64; 2] {
-    let Ok(response) = http
-        .get(format!("{base}/metrics"))
-        .bearer_auth(operator)
-        .send()
-        .await
-    else {
-        return [0, 0];
-    };
-    let text = response.text().await.unwrap_or_default();
-    let count = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    [
-        count("tollgate_forwarded_calls_total{outcome=\"answered\"}"),
-        count("tollgate_forwarded_calls_total{outcome=\"unreachable\"}"),
-    ]
-}
-
 /// The operator API lists what the store holds (its first page, at most 100 rows).
 async fn check_operator_list(
     seed: u64,
@@ -1097,7 +1074,7 @@ async fn sc_13_sc_14_sc_41_sc_61_h_3_h_4_killed_servers_never_send_or_charge_twi
         in_flight_at_kills.push(in_flight(&stores, &scope).await);
         // The victim's forwards, before they go with it.
         let victim_base = servers[victim].base.read().unwrap().clone();
-        let before = forwards(&http, &victim_base, &operator).await;
+        let before = support::forwards(&http, &victim_base, Some(&operator)).await;
         forwarded[0] += before[0];
         forwarded[1] += before[1];
         servers[victim].kill();
@@ -1116,7 +1093,7 @@ async fn sc_13_sc_14_sc_41_sc_61_h_3_h_4_killed_servers_never_send_or_charge_twi
     for server in &mut servers {
         server.assert_alive(&format!("seed {seed} after the load"));
         let base = server.base.read().unwrap().clone();
-        let [answered, unreachable] = forwards(&http, &base, &operator).await;
+        let [answered, unreachable] = support::forwards(&http, &base, Some(&operator)).await;
         forwarded[0] += answered;
         forwarded[1] += unreachable;
     }

@@ -468,25 +468,12 @@ async fn sc_224_every_door_answers_a_limit_with_429_and_the_provider_s_headers()
     // Prometheus counts the refusals by subject and limit.
     let mut refusals_seen = 0;
     for base in &c.bases {
-        let metrics = c
-            .http
-            .get(format!("{base}/metrics"))
-            .bearer_auth(&c.operator)
-            .send()
+        let metrics = support::metrics_text(&c.http, base, Some(&c.operator))
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let line = metrics
-            .lines()
-            .find(|l| {
-                l.starts_with(
-                    "tollgate_rate_limited_total{subject=\"consumer\",limit=\"requests\"}",
-                )
-            })
+            .expect("the server answers its metrics");
+        let name = "tollgate_rate_limited_total{subject=\"consumer\",limit=\"requests\"}";
+        refusals_seen += support::metric(&metrics, name)
             .unwrap_or_else(|| panic!("no refusal counter: {metrics}"));
-        refusals_seen += line.rsplit(' ').next().unwrap().parse::<u64>().unwrap();
     }
     assert_eq!(refusals_seen, 2);
     Arc::into_inner(c).unwrap().stop().await;

@@ -968,43 +968,19 @@ async fn sc_139_the_concurrency_limit_and_the_request_timeout_on_postgres() {
         .await;
 }
 
-/// `name`'s value in a Prometheus text (a sample without labels, or with the labels written
-/// into `name`).
-fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|line| {
-            line.strip_prefix(name)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no {name} in the metrics"))
-}
-
-/// One member's counters of H-39: answered forwards, unreachable owners, requests received.
+/// One member's counters of H-39: members counted, answered forwards, unreachable owners,
+/// requests received.
 async fn cluster_counters(http: &reqwest::Client, base: &str, operator: &str) -> [u64; 4] {
-    let text = http
-        .get(format!("{base}/metrics"))
-        .bearer_auth(operator)
-        .send()
+    let text = support::metrics_text(http, base, Some(operator))
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+        .unwrap_or_else(|| panic!("{base} answers no metrics"));
     [
-        metric(&text, "tollgate_cluster_members"),
-        metric(
-            &text,
-            "tollgate_forwarded_calls_total{outcome=\"answered\"}",
-        ),
-        metric(
-            &text,
-            "tollgate_forwarded_calls_total{outcome=\"unreachable\"}",
-        ),
-        metric(&text, "tollgate_forwarded_calls_received_total"),
+        "tollgate_cluster_members",
+        "tollgate_forwarded_calls_total{outcome=\"answered\"}",
+        "tollgate_forwarded_calls_total{outcome=\"unreachable\"}",
+        "tollgate_forwarded_calls_received_total",
     ]
+    .map(|name| support::metric(&text, name).unwrap_or_else(|| panic!("no {name} in the metrics")))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1033,6 +1009,12 @@ async fn h_39_two_members_serve_each_consumer_s_calls_on_its_group_s_owner() {
     let forger = "a secret that is not the members' secret at all";
     let (_forger, forger_base) = support::serve_member(&config.0, db.url(), forger).await;
     let http = reqwest::Client::new();
+    // A call of `profile` by the native route to `base`, its prompt its key.
+    let native = |base: &str, profile: &str, key: &str| {
+        http.post(format!("{base}/v1/calls"))
+            .bearer_auth(&caller)
+            .json(&call(profile, key, key))
+    };
     let bases = [a_base.clone(), b_base.clone()];
     let deadline = Instant::now() + Duration::from_secs(20);
     for base in &bases {
@@ -1056,8 +1038,8 @@ async fn h_39_two_members_serve_each_consumer_s_calls_on_its_group_s_owner() {
         assert_eq!(counted, members, "{base}");
     }
 
-    // Each consumer's calls sent to both members, by the native route and the OpenAI door (a
-    // stream among them): one member serves its own, the other forwards them.
+    // Each consumer's calls sent to both members, by the native route and the two doors (a
+    // stream of each door): one member serves its own, the other forwards them.
     const EACH: usize = 6;
     let mut keys = Vec::new();
     for (profile, consumer) in [("summarize", "a"), ("summarize-b", "b")] {
@@ -1065,13 +1047,7 @@ async fn h_39_two_members_serve_each_consumer_s_calls_on_its_group_s_owner() {
             for i in 0..EACH {
                 let key = format!("h39-{consumer}-{m}-{i}");
                 let answer: Value = if i < 2 {
-                    let r = http
-                        .post(format!("{base}/v1/calls"))
-                        .bearer_auth(&caller)
-                        .json(&call(profile, &key, &key))
-                        .send()
-                        .await
-                        .unwrap();
+                    let r = native(base, profile, &key).send().await.unwrap();
                     assert_eq!(r.status(), StatusCode::OK, "{key}");
                     r.json().await.unwrap()
                 } else {
@@ -1130,10 +1106,7 @@ async fn h_39_two_members_serve_each_consumer_s_calls_on_its_group_s_owner() {
     }
     // A replay on either member answers the stored call without a send.
     for base in &bases {
-        let r = http
-            .post(format!("{base}/v1/calls"))
-            .bearer_auth(&caller)
-            .json(&call("summarize-b", "h39-b-0-0", "h39-b-0-0"))
+        let r = native(base, "summarize-b", "h39-b-0-0")
             .send()
             .await
             .unwrap();
@@ -1144,10 +1117,7 @@ async fn h_39_two_members_serve_each_consumer_s_calls_on_its_group_s_owner() {
 
     // Which consumer member a forwards.
     let sent_before = cluster_counters(&http, &a_base, &operator).await[1];
-    let r = http
-        .post(format!("{a_base}/v1/calls"))
-        .bearer_auth(&caller)
-        .json(&call("summarize", "h39-probe", "h39-probe"))
+    let r = native(&a_base, "summarize", "h39-probe")
         .send()
         .await
         .unwrap();
@@ -1161,11 +1131,8 @@ async fn h_39_two_members_serve_each_consumer_s_calls_on_its_group_s_owner() {
     let [_, sent_now, _, received_now] = cluster_counters(&http, &a_base, &operator).await;
 
     // A request that arrives forwarded is served where it arrives, never sent on again.
-    let r = http
-        .post(format!("{a_base}/v1/calls"))
-        .bearer_auth(&caller)
+    let r = native(&a_base, foreign, "h39-marked")
         .header("tollgate-forwarded", "a-test")
-        .json(&call(foreign, "h39-marked", "h39-marked"))
         .send()
         .await
         .unwrap();
@@ -1182,13 +1149,7 @@ async fn h_39_two_members_serve_each_consumer_s_calls_on_its_group_s_owner() {
     drop(b);
     for i in 0..3 {
         let key = format!("h39-after-kill-{i}");
-        let r = http
-            .post(format!("{a_base}/v1/calls"))
-            .bearer_auth(&caller)
-            .json(&call(foreign, &key, &key))
-            .send()
-            .await
-            .unwrap();
+        let r = native(&a_base, foreign, &key).send().await.unwrap();
         assert_eq!(r.status(), StatusCode::OK, "{key}");
         let view: Value = r.json().await.unwrap();
         assert_eq!(view["state"], "completed", "{view}");

@@ -236,3 +236,43 @@ pub fn env_u64(name: &str) -> Option<u64> {
             .unwrap_or_else(|_| panic!("{name}={value:?} is not a number")),
     )
 }
+
+/// The value of the sample `name` in a Prometheus text: an unlabelled metric's name, or a name
+/// with its labels written in (`tollgate_forwarded_calls_total{outcome="answered"}`).
+pub fn metric(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        line.strip_prefix(name)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// A server's `GET /metrics` text, with `key` when the route asks for one; `None` when the
+/// server does not answer.
+pub async fn metrics_text(http: &reqwest::Client, base: &str, key: Option<&str>) -> Option<String> {
+    let mut request = http.get(format!("{base}/metrics"));
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    request.send().await.ok()?.text().await.ok()
+}
+
+/// A member's forwards so far (spec/performance.md, H-39): `[answered, unreachable]`; zeros
+/// when it does not answer or counts none.
+pub async fn forwards(http: &reqwest::Client, base: &str, key: Option<&str>) -> [u64; 2] {
+    let text = metrics_text(http, base, key).await.unwrap_or_default();
+    [
+        metric(
+            &text,
+            "tollgate_forwarded_calls_total{outcome=\"answered\"}",
+        )
+        .unwrap_or(0),
+        metric(
+            &text,
+            "tollgate_forwarded_calls_total{outcome=\"unreachable\"}",
+        )
+        .unwrap_or(0),
+    ]
+}
