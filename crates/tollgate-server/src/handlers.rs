@@ -102,13 +102,16 @@ pub async fn create_call(
         Ok(body) => body,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let profile = || calls::profile_of(&body);
-    if let Some(answer) =
-        crate::service::owner::call_elsewhere(&app, &who, profile, &uri, &headers, &body).await
-    {
-        return answer;
+    let call: Result<CallBody, ApiError> = crate::service::parse(&body);
+    if let Ok(call) = &call {
+        let profile = Some(call.profile.as_str());
+        if let Some(answer) =
+            crate::service::owner::call_elsewhere(&app, &who, profile, &uri, &headers, &body).await
+        {
+            return answer;
+        }
     }
-    calls::create(&app, &who, &body)
+    calls::create(&app, &who, call)
         .await
         .map(Json)
         .into_response()
@@ -682,17 +685,19 @@ pub async fn chat_completions(
         (Err(e), _) => Err(e),
         (Ok(_), Err(e)) => Err(ApiError::from(e)),
         (Ok(who), Ok(body)) => {
-            let model = || crate::service::door::model_of(&body);
+            let peek = crate::service::door::peek(&body);
+            let model = peek.model.as_deref();
             if let Some(answer) =
                 crate::service::owner::call_elsewhere(&app, &who, model, &uri, &headers, &body)
                     .await
             {
                 return answer;
             }
-            match crate::service::door::wants_stream(&body) {
-                Some(model) => return openai::live_response(app, who, headers, body, model).await,
-                None => openai::complete(&app, &who, &headers, &body).await,
+            if peek.stream {
+                let model = peek.model.unwrap_or_default();
+                return openai::live_response(app, who, headers, body, model).await;
             }
+            openai::complete(&app, &who, &headers, &body).await
         }
     };
     // A stream went to `live_response` above.

@@ -1234,24 +1234,25 @@ pub async fn messages_route(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    if let (Ok(who), Ok(body)) = (&who, &body) {
-        let model = || door::model_of(body);
-        if let Some(answer) =
-            crate::service::owner::call_elsewhere(&app, who, model, &uri, &headers, body).await
-        {
-            return answer;
-        }
-    }
     let result = match (who, body) {
         (Err(e), _) => Err(e),
         (Ok(_), Err(e)) => Err(ApiError::from(e)),
-        (Ok(who), Ok(body)) => match door::wants_stream(&body) {
-            Some(model) => {
+        (Ok(who), Ok(body)) => {
+            let peek = door::peek(&body);
+            let model = peek.model.as_deref();
+            if let Some(answer) =
+                crate::service::owner::call_elsewhere(&app, &who, model, &uri, &headers, &body)
+                    .await
+            {
+                return answer;
+            }
+            if peek.stream {
+                let model = peek.model.unwrap_or_default();
                 let response = live_response(app, who, headers.clone(), body, model).await;
                 return with_request_id(response, &headers);
             }
-            None => create(&app, &who, &headers, &body).await,
-        },
+            create(&app, &who, &headers, &body).await
+        }
     };
     // A stream went to `live_response` above.
     let response = match result {

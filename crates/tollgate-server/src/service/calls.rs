@@ -1,7 +1,7 @@
 //! Calls on text, json and structured profiles, and the profile list (spec/service.md — Routes,
 //! Profiles).
 
-use super::{caller_id, checked_input, detached, id, parse, store_failure, InputBody};
+use super::{caller_id, checked_input, detached, id, store_failure, InputBody};
 use crate::app::{App, ProfileRunner};
 use crate::auth::Principal;
 use crate::error::{ApiError, UNKNOWN_PROFILE};
@@ -48,26 +48,20 @@ pub fn profiles(app: &App, _who: &Principal) -> Result<ProfileList, ApiError> {
     })
 }
 
-/// The `profile` a call body names, read without the rest of it; `None` when the body does not
-/// parse or names none.
-pub(crate) fn profile_of(body: &[u8]) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Peek {
-        profile: String,
-    }
-    serde_json::from_slice::<Peek>(body).ok().map(|p| p.profile)
-}
-
-/// Runs a call: validates the body, the profile and the messages first (a bad request writes
-/// nothing), then runs it on the profile's runner with the key's scope. A replay of a call still
+/// Runs a call, its body as parsed: validates the body, the profile and the messages first (a
+/// bad request writes nothing), then runs it on the profile's runner with the key's scope. A replay of a call still
 /// being processed is answered 409 `in_progress` (SC-209).
 ///
 /// # Errors
 /// `invalid_request`, `conflict`, `in_progress`, `cap_blocked`, `unavailable`, `interrupted`,
 /// `forbidden`.
-pub async fn create(app: &App, who: &Principal, body: &[u8]) -> Result<View, ApiError> {
+pub(crate) async fn create(
+    app: &App,
+    who: &Principal,
+    body: Result<CallBody, ApiError>,
+) -> Result<View, ApiError> {
     who.require(&[KeyRole::Caller])?;
-    let result = match parse(body) {
+    let result = match body {
         Ok(body) => create_checked(app, who, body).await,
         Err(e) => Err(e),
     };

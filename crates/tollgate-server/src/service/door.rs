@@ -93,31 +93,32 @@ pub(crate) async fn run(
     calls::completed_answer(result?)
 }
 
-/// The `stream` and `model` of a door's request, read without the rest of it: `Some(model)` when
-/// it asks for a stream. A body that does not parse is left to the door, which names what is
-/// wrong.
-pub(crate) fn wants_stream(body: &[u8]) -> Option<String> {
+/// The `model` (the profile) and `stream` of a door's request, read without the rest of it. A
+/// body that does not parse reads as naming no model and no stream, and is left to the door,
+/// which names what is wrong.
+#[derive(Debug, Default)]
+pub(crate) struct Peek {
+    /// The profile the request names.
+    pub model: Option<String>,
+    /// Whether it asks for a stream.
+    pub stream: bool,
+}
+
+/// Reads a door request's [`Peek`].
+pub(crate) fn peek(body: &[u8]) -> Peek {
     #[derive(serde::Deserialize)]
-    struct Peek {
+    struct Fields {
         #[serde(default)]
         stream: Option<bool>,
         #[serde(default)]
         model: Option<String>,
     }
-    let peek: Peek = serde_json::from_slice(body).ok()?;
-    peek.stream
-        .unwrap_or(false)
-        .then(|| peek.model.unwrap_or_default())
-}
-
-/// The `model` (the profile) a door's request names, read without the rest of it; `None` when
-/// the body does not parse or names none.
-pub(crate) fn model_of(body: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Peek {
-        model: String,
-    }
-    serde_json::from_slice::<Peek>(body).ok().map(|p| p.model)
+    serde_json::from_slice::<Fields>(body)
+        .map(|f| Peek {
+            model: f.model,
+            stream: f.stream.unwrap_or(false),
+        })
+        .unwrap_or_default()
 }
 
 /// The header that says how a stream was answered: `live` (its text as the provider sent it,

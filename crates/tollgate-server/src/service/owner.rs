@@ -6,17 +6,18 @@ use crate::auth::Principal;
 use crate::cluster;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Method, Response, Uri};
+use tollgate_store::KeyRole;
 
-/// The answer of the member that owns the group of the consumer of the profile `profile()`
+/// The answer of the member that owns the group of the consumer of the profile `profile`
 /// names, for a call request (`POST`, `uri`, `headers`, `body`) this instance would otherwise
 /// serve; `None` when it is served here: no cluster or a cluster of one, a request that arrived
-/// forwarded, a profile that is unknown (the local answer names the error) or a step profile
-/// (steps under a root are never batched), a group this instance owns, or an owner that gave no
-/// answer. `profile` is read only when another member may own the call.
+/// forwarded, a key that may not make calls, a body that names no profile, a profile that is
+/// unknown or a step profile (the local answer names the error; steps under a root are never
+/// batched), a group this instance owns, or an owner that gave no answer.
 pub(crate) async fn call_elsewhere(
     app: &App,
     who: &Principal,
-    profile: impl FnOnce() -> Option<String>,
+    profile: Option<&str>,
     uri: &Uri,
     headers: &HeaderMap,
     body: &Bytes,
@@ -26,10 +27,10 @@ pub(crate) async fn call_elsewhere(
         cluster.received();
         return None;
     }
-    if cluster.members().len() < 2 {
+    if cluster.members().len() < 2 || who.require(&[KeyRole::Caller]).is_err() {
         return None;
     }
-    let loaded = app.profiles.get(&profile()?)?;
+    let loaded = app.profiles.get(profile?)?;
     if matches!(loaded.runner, ProfileRunner::Step(_)) {
         return None;
     }
