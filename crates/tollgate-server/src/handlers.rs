@@ -685,12 +685,9 @@ pub async fn chat_completions(
         (Err(e), _) => Err(e),
         (Ok(_), Err(e)) => Err(ApiError::from(e)),
         (Ok(who), Ok(body)) => {
-            let peek = crate::service::door::peek(&body);
-            let model = peek.model.as_deref();
-            if let Some(answer) =
-                crate::service::owner::call_elsewhere(&app, &who, model, &uri, &headers, &body)
-                    .await
-            {
+            let (peek, elsewhere) =
+                crate::service::owner::door_elsewhere(&app, &who, &uri, &headers, &body).await;
+            if let Some(answer) = elsewhere {
                 return answer;
             }
             if peek.stream {

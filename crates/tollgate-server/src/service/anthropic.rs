@@ -1238,12 +1238,9 @@ pub async fn messages_route(
         (Err(e), _) => Err(e),
         (Ok(_), Err(e)) => Err(ApiError::from(e)),
         (Ok(who), Ok(body)) => {
-            let peek = door::peek(&body);
-            let model = peek.model.as_deref();
-            if let Some(answer) =
-                crate::service::owner::call_elsewhere(&app, &who, model, &uri, &headers, &body)
-                    .await
-            {
+            let (peek, elsewhere) =
+                crate::service::owner::door_elsewhere(&app, &who, &uri, &headers, &body).await;
+            if let Some(answer) = elsewhere {
                 return answer;
             }
             if peek.stream {

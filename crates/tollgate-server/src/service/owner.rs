@@ -4,6 +4,7 @@
 use crate::app::{App, ProfileRunner};
 use crate::auth::Principal;
 use crate::cluster;
+use crate::service::door;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Method, Response, Uri};
 use tollgate_store::KeyRole;
@@ -38,4 +39,18 @@ pub(crate) async fn call_elsewhere(
     cluster
         .forward(&owner, Method::POST, uri, headers, body.clone())
         .await
+}
+
+/// A door's request ([`door::peek`] of its body) and, when another member serves it, that
+/// member's answer ([`call_elsewhere`] for the profile its `model` names).
+pub(crate) async fn door_elsewhere(
+    app: &App,
+    who: &Principal,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> (door::Peek, Option<Response<Body>>) {
+    let peek = door::peek(body);
+    let answer = call_elsewhere(app, who, peek.model.as_deref(), uri, headers, body).await;
+    (peek, answer)
 }
