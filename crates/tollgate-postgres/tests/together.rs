@@ -116,6 +116,8 @@ struct Run {
     single: i64,
     /// Rows the run read from the tables a batch probes (sequential and index fetches).
     rows_read: i64,
+    /// Of those, the rows of `audit_heads`.
+    heads_read: i64,
 }
 
 async fn run(url: &str, batch: &str, calls: &str, call_by_call: bool) -> Run {
@@ -150,6 +152,13 @@ async fn run(url: &str, batch: &str, calls: &str, call_by_call: bool) -> Run {
     .fetch_one(&mut conn)
     .await
     .unwrap();
+    let heads_read: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0) \
+         FROM pg_stat_xact_user_tables WHERE relname = 'audit_heads'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
     let tables: String = sqlx::query_scalar(TABLES)
         .fetch_one(&mut conn)
         .await
@@ -175,18 +184,24 @@ async fn run(url: &str, batch: &str, calls: &str, call_by_call: bool) -> Run {
         together,
         single,
         rows_read,
+        heads_read,
     }
 }
 
 /// Runs `batch` over `calls` both ways and checks they agree; answers whether the set-based
 /// function decided the batch. Decided together, it reads at most `ROWS_READ_MAX` rows of the
-/// tables it probes, however many rows they hold (`fill`).
+/// tables it probes, however many rows they hold (`fill`), and at most `HEADS_READ_MAX` heads.
 async fn both_ways(database: &TestDatabase, batch: &str, calls: &str) -> bool {
     let as_it_runs = run(database.url(), batch, calls, false).await;
     assert!(
         as_it_runs.together == 0 || as_it_runs.rows_read <= ROWS_READ_MAX,
         "{batch} read {} rows",
         as_it_runs.rows_read
+    );
+    assert!(
+        as_it_runs.together == 0 || as_it_runs.heads_read <= HEADS_READ_MAX,
+        "{batch} read {} audit heads",
+        as_it_runs.heads_read
     );
     let by_call = run(database.url(), batch, calls, true).await;
     assert!(by_call.single > 0, "the batch went call by call");
@@ -209,6 +224,12 @@ async fn commit(database: &TestDatabase, batch: &str, calls: &str) {
 /// The most rows of the probed tables a batch of the cases decided together reads: its own rows,
 /// heads, spend rows and windows, each a few times, and none of `fill`'s.
 const ROWS_READ_MAX: i64 = 200;
+
+/// The most audit heads a batch of the cases decided together reads: each head it appends to
+/// twice (its lock and its move), and the cases' calls append to at most three chains (`g % 3`)
+/// of their scope; none of the scope's other 61 heads, which a read by the scope alone would
+/// return.
+const HEADS_READ_MAX: i64 = 6;
 
 /// Rows beside the cases' in every table a batch probes, more than `ROWS_READ_MAX` of each and on
 /// the cases' own leading key columns: executions of another scope, sessions and days of the

@@ -143,6 +143,7 @@ DECLARE
     head_hashes text[];
     scopes text[];
     chains smallint[];
+    pairs text[];
     keys text[];
     h integer;
     seq bigint;
@@ -184,14 +185,14 @@ BEGIN
         RETURN;
     END IF;
 
-    -- The heads of the claimed calls' chains, locked in ascending order.
+    -- The heads of the claimed calls' chains, locked in ascending order: one index probe per
+    -- distinct (scope, chain) of the batch.
     FOREACH h IN ARRAY places LOOP
         c := p_calls[h];
         keys := keys || (c.chain || ':' || c.scope);
-        IF NOT (c.scope = ANY (COALESCE(scopes, '{}'))) THEN
+        IF NOT (keys[cardinality(keys)] = ANY (COALESCE(pairs, '{}'))) THEN
+            pairs := pairs || keys[cardinality(keys)];
             scopes := scopes || c.scope;
-        END IF;
-        IF NOT (c.chain = ANY (COALESCE(chains, '{}'))) THEN
             chains := chains || c.chain;
         END IF;
     END LOOP;
@@ -199,11 +200,11 @@ BEGIN
         array_agg(t.last_seq), array_agg(t.last_hash)
     INTO head_scopes, head_chains, head_keys, head_seqs, head_hashes
     FROM (
-        SELECT hd.scope, hd.chain, hd.last_seq, hd.last_hash FROM audit_heads hd
-        WHERE hd.scope = ANY (scopes) AND hd.chain = ANY (chains)
-            AND (hd.chain || ':' || hd.scope) = ANY (keys)
+        SELECT hd.scope, hd.chain, hd.last_seq, hd.last_hash
+        FROM unnest(scopes, chains) AS k(scope, chain)
+        JOIN audit_heads hd ON hd.scope = k.scope AND hd.chain = k.chain
         ORDER BY hd.scope, hd.chain
-        FOR UPDATE
+        FOR UPDATE OF hd
     ) t;
 
     -- Each claimed call's audit rows, hashed from its head in the calls' order.
@@ -388,6 +389,7 @@ DECLARE
     head_hashes text[];
     scopes text[];
     chains smallint[];
+    pairs text[];
     keys text[] := '{}';
     h integer;
     a_seq bigint[] := '{}';
@@ -416,14 +418,14 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
     END IF;
 
-    -- The heads of their chains, locked in ascending order.
+    -- The heads of their chains, locked in ascending order: one index probe per distinct
+    -- (scope, chain) of the batch.
     FOR i IN 1 .. n LOOP
         c := p_calls[i];
         keys[i] := c.chain || ':' || locked[i].scope;
-        IF NOT (locked[i].scope = ANY (COALESCE(scopes, '{}'))) THEN
+        IF NOT (keys[i] = ANY (COALESCE(pairs, '{}'))) THEN
+            pairs := pairs || keys[i];
             scopes := scopes || locked[i].scope;
-        END IF;
-        IF NOT (c.chain = ANY (COALESCE(chains, '{}'))) THEN
             chains := chains || c.chain;
         END IF;
     END LOOP;
@@ -431,11 +433,11 @@ BEGIN
         array_agg(t.last_seq), array_agg(t.last_hash)
     INTO head_scopes, head_chains, head_keys, head_seqs, head_hashes
     FROM (
-        SELECT hd.scope, hd.chain, hd.last_seq, hd.last_hash FROM audit_heads hd
-        WHERE hd.scope = ANY (scopes) AND hd.chain = ANY (chains)
-            AND (hd.chain || ':' || hd.scope) = ANY (keys)
+        SELECT hd.scope, hd.chain, hd.last_seq, hd.last_hash
+        FROM unnest(scopes, chains) AS k(scope, chain)
+        JOIN audit_heads hd ON hd.scope = k.scope AND hd.chain = k.chain
         ORDER BY hd.scope, hd.chain
-        FOR UPDATE
+        FOR UPDATE OF hd
     ) t;
 
     -- Each call's `settled` row, hashed from its head in the calls' order.
