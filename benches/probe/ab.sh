@@ -58,7 +58,6 @@ ulimit -n 20000
 # ratio being the case's rate over the same run's TPC-B c8.
 run() {
   local side=$1
-  pkill -f mock-provider 2>/dev/null || true
   (cd "$work/src-$side/crates/tollgate" &&
     TOLLGATE_HARNESS_SECTIONS=load TOLLGATE_HARNESS_CASES="$cases" TOLLGATE_HARNESS_ROUNDS=1 \
       TOLLGATE_HARNESS_MANY_IN_FLIGHT=0 \
@@ -85,7 +84,7 @@ echo
 echo "medians over $pairs runs each (a = $rev_a, b = $rev_b):"
 echo "| case | a ok/s | b ok/s | b / a | a / TPC-B c8 | b / TPC-B c8 | a CPU ms a call | b CPU ms a call |"
 echo "|---|---|---|---|---|---|---|---|"
-tail -n +2 "$work/runs" | sort -k2,2 -k1,1 -k3,3n | awk '
+tail -n +2 "$work/runs" | awk '
   # mawk has no asort: an insertion sort of the few values.
   function median(list,   a, n, i, j, v) {
     n = split(list, a, " ")
