@@ -141,10 +141,7 @@ DECLARE
     head_keys text[];
     head_seqs bigint[];
     head_hashes text[];
-    scopes text[];
-    chains smallint[];
-    pairs text[];
-    keys text[];
+    limited boolean;
     h integer;
     seq bigint;
     prev text;
@@ -159,7 +156,10 @@ DECLARE
     refused boolean;
 BEGIN
     -- The rows, in the calls' order; each lease runs from its "now", at which a limited call is
-    -- also admitted (`limit_admitted_at`).
+    -- also admitted (`limit_admitted_at`). Then, in the same statement, the heads of the claimed
+    -- calls' chains, locked in ascending order (one index probe per distinct (scope, chain)):
+    -- the heads' probes read the distinct pairs of every claimed row, so the insert has run to
+    -- its end before the first head is locked.
     WITH x AS MATERIALIZED (
         SELECT x.*, COALESCE(x.lease_now, clock_timestamp()) AS v_now
         FROM unnest(p_calls) WITH ORDINALITY AS x
@@ -176,41 +176,31 @@ BEGIN
         FROM x ORDER BY x.ordinality
         ON CONFLICT (scope, operation_key) DO NOTHING
         RETURNING *
+    ), p AS MATERIALIZED (
+        SELECT x.ordinality::integer AS place, x.chain, ins::executions AS row
+        FROM ins JOIN x ON x.id = ins.id
+    ), hd AS MATERIALIZED (
+        SELECT hd.scope, hd.chain, hd.last_seq, hd.last_hash
+        FROM (SELECT DISTINCT (p.row).scope, p.chain FROM p) AS k
+        JOIN audit_heads hd ON hd.scope = k.scope AND hd.chain = k.chain
+        ORDER BY hd.scope, hd.chain
+        FOR UPDATE OF hd
     )
-    SELECT COALESCE(array_agg(x.ordinality::integer ORDER BY x.ordinality), '{}'),
-        COALESCE(array_agg(ins::executions ORDER BY x.ordinality), '{}')
-    INTO places, claimed
-    FROM ins JOIN x ON x.id = ins.id;
+    SELECT COALESCE((SELECT array_agg(p.place ORDER BY p.place) FROM p), '{}'),
+        COALESCE((SELECT array_agg(p.row ORDER BY p.place) FROM p), '{}'),
+        (SELECT bool_or((p.row).limit_subjects IS NOT NULL) FROM p),
+        array_agg(hd.scope), array_agg(hd.chain), array_agg(hd.chain || ':' || hd.scope),
+        array_agg(hd.last_seq), array_agg(hd.last_hash)
+    INTO places, claimed, limited, head_scopes, head_chains, head_keys, head_seqs, head_hashes
+    FROM hd;
     IF cardinality(places) = 0 THEN
         RETURN;
     END IF;
 
-    -- The heads of the claimed calls' chains, locked in ascending order: one index probe per
-    -- distinct (scope, chain) of the batch.
-    FOREACH h IN ARRAY places LOOP
-        c := p_calls[h];
-        keys := keys || (c.chain || ':' || c.scope);
-        IF NOT (keys[cardinality(keys)] = ANY (COALESCE(pairs, '{}'))) THEN
-            pairs := pairs || keys[cardinality(keys)];
-            scopes := scopes || c.scope;
-            chains := chains || c.chain;
-        END IF;
-    END LOOP;
-    SELECT array_agg(t.scope), array_agg(t.chain), array_agg(t.chain || ':' || t.scope),
-        array_agg(t.last_seq), array_agg(t.last_hash)
-    INTO head_scopes, head_chains, head_keys, head_seqs, head_hashes
-    FROM (
-        SELECT hd.scope, hd.chain, hd.last_seq, hd.last_hash
-        FROM unnest(scopes, chains) AS k(scope, chain)
-        JOIN audit_heads hd ON hd.scope = k.scope AND hd.chain = k.chain
-        ORDER BY hd.scope, hd.chain
-        FOR UPDATE OF hd
-    ) t;
-
     -- Each claimed call's audit rows, hashed from its head in the calls' order.
     FOR j IN 1 .. cardinality(places) LOOP
         c := p_calls[places[j]];
-        h := array_position(head_keys, keys[j]);
+        h := array_position(head_keys, c.chain || ':' || c.scope);
         IF h IS NULL THEN
             -- The scope's first append: the single function makes its heads.
             RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
@@ -244,62 +234,50 @@ BEGIN
     JOIN unnest(p_calls) WITH ORDINALITY AS x ON x.ordinality = a.place
     ORDER BY a.n;
 
-    -- The holds: each session row, then each day row, with the sum of its calls' holds.
-    WITH x AS (
+    -- The holds: each session row, then each day row, with the sum of its calls' holds (the day
+    -- rows' upsert waits for the count of every session row's, so it locks none before them);
+    -- then each call's block caps on the totals after its own hold, from the rows as the upserts
+    -- left them.
+    WITH x AS MATERIALIZED (
         SELECT x.* FROM unnest(p_calls) WITH ORDINALITY AS x WHERE x.ordinality = ANY (places)
+    ), ss AS (
+        INSERT INTO spend_sessions AS s (scope, consumer, session_id, currency, held)
+        SELECT x.scope, x.consumer, x.session_id, x.currency, sum(x.hold) FROM x
+        GROUP BY x.scope, x.consumer, x.session_id, x.currency
+        ORDER BY x.scope, x.consumer, x.session_id, x.currency
+        ON CONFLICT (scope, consumer, session_id, currency)
+        DO UPDATE SET held = s.held + EXCLUDED.held
+        RETURNING s.scope, s.consumer, s.session_id, s.currency, s.settled + s.held AS total
+    ), sd AS (
+        INSERT INTO spend_days AS d (scope, consumer, day, currency, held)
+        SELECT x.scope, x.consumer, x.accounting_day, x.currency, sum(x.hold) FROM x
+        WHERE (SELECT count(*) FROM ss) > 0
+        GROUP BY x.scope, x.consumer, x.accounting_day, x.currency
+        ORDER BY x.scope, x.consumer, x.accounting_day, x.currency
+        ON CONFLICT (scope, consumer, day, currency)
+        DO UPDATE SET held = d.held + EXCLUDED.held
+        RETURNING d.scope, d.consumer, d.day, d.currency, d.settled + d.held AS total
     )
-    INSERT INTO spend_sessions AS s (scope, consumer, session_id, currency, held)
-    SELECT x.scope, x.consumer, x.session_id, x.currency, sum(x.hold) FROM x
-    GROUP BY x.scope, x.consumer, x.session_id, x.currency
-    ORDER BY x.scope, x.consumer, x.session_id, x.currency
-    ON CONFLICT (scope, consumer, session_id, currency)
-    DO UPDATE SET held = s.held + EXCLUDED.held;
-    WITH x AS (
-        SELECT x.* FROM unnest(p_calls) WITH ORDINALITY AS x WHERE x.ordinality = ANY (places)
-    )
-    INSERT INTO spend_days AS d (scope, consumer, day, currency, held)
-    SELECT x.scope, x.consumer, x.accounting_day, x.currency, sum(x.hold) FROM x
-    GROUP BY x.scope, x.consumer, x.accounting_day, x.currency
-    ORDER BY x.scope, x.consumer, x.accounting_day, x.currency
-    ON CONFLICT (scope, consumer, day, currency)
-    DO UPDATE SET held = d.held + EXCLUDED.held;
-
-    -- Each call's block caps on the totals after its own hold.
-    IF EXISTS (
-        SELECT 1 FROM unnest(p_calls) WITH ORDINALITY AS x
-        WHERE x.ordinality = ANY (places)
-            AND (x.session_block IS NOT NULL OR x.daily_block IS NOT NULL)
-    ) AND EXISTS (
-        SELECT 1 FROM (
-            SELECT x.session_block, x.daily_block,
-                s.settled + s.held - COALESCE(sum(x.hold) OVER (
-                    PARTITION BY x.scope, x.consumer, x.session_id, x.currency
-                    ORDER BY x.ordinality ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING), 0)
-                    AS session_total,
-                d.settled + d.held - COALESCE(sum(x.hold) OVER (
-                    PARTITION BY x.scope, x.consumer, x.accounting_day, x.currency
-                    ORDER BY x.ordinality ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING), 0)
-                    AS day_total
-            FROM unnest(p_calls) WITH ORDINALITY AS x
-            -- Each spend row by its whole key, one probe per call (the `LIMIT` keeps the subquery a
-        -- probe of its own rather than a join the planner may turn around).
-            CROSS JOIN LATERAL (
-                SELECT s.settled, s.held FROM spend_sessions s
-                WHERE s.scope = x.scope AND s.consumer = x.consumer
-                    AND s.session_id = x.session_id AND s.currency = x.currency
-                LIMIT 1
-            ) s
-            CROSS JOIN LATERAL (
-                SELECT d.settled, d.held FROM spend_days d
-                WHERE d.scope = x.scope AND d.consumer = x.consumer AND d.day = x.accounting_day
-                    AND d.currency = x.currency
-                LIMIT 1
-            ) d
-            WHERE x.ordinality = ANY (places)
-        ) t
-        WHERE tollgate_cap_crossed('block', t.session_total, t.session_block)
-            OR tollgate_cap_crossed('block', t.day_total, t.daily_block)
-    ) THEN
+    SELECT COALESCE(bool_or(tollgate_cap_crossed('block', t.session_total, t.session_block)
+            OR tollgate_cap_crossed('block', t.day_total, t.daily_block)), true)
+    INTO refused
+    FROM (
+        SELECT x.session_block, x.daily_block,
+            ss.total - COALESCE(sum(x.hold) OVER (
+                PARTITION BY x.scope, x.consumer, x.session_id, x.currency
+                ORDER BY x.ordinality ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING), 0)
+                AS session_total,
+            sd.total - COALESCE(sum(x.hold) OVER (
+                PARTITION BY x.scope, x.consumer, x.accounting_day, x.currency
+                ORDER BY x.ordinality ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING), 0)
+                AS day_total
+        FROM x
+        JOIN ss ON ss.scope = x.scope AND ss.consumer = x.consumer
+            AND ss.session_id = x.session_id AND ss.currency = x.currency
+        JOIN sd ON sd.scope = x.scope AND sd.consumer = x.consumer
+            AND sd.day = x.accounting_day AND sd.currency = x.currency
+    ) t;
+    IF refused THEN
         RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
     END IF;
 
@@ -309,7 +287,7 @@ BEGIN
     -- on the counts after its own admission (the counts after the batch's, less what the calls
     -- after it counted), kinds as `tollgate_limits_admit` judges them; a refusal, or a count at
     -- bigint's top, raises.
-    IF EXISTS (SELECT 1 FROM unnest(claimed) AS e WHERE e.limit_subjects IS NOT NULL) THEN
+    IF limited THEN
         WITH u AS MATERIALIZED (
             SELECT j.j AS n, (claimed[j.j]).scope, t.subject,
                 (claimed[j.j]).limit_admitted_at AS at,
@@ -379,18 +357,13 @@ SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     n integer := cardinality(p_calls);
     c tollgate_settle_call;
-    ids uuid[];
     locked executions[];
-    done executions[];
     head_scopes text[];
     head_chains smallint[];
     head_keys text[];
     head_seqs bigint[];
     head_hashes text[];
-    scopes text[];
-    chains smallint[];
-    pairs text[];
-    keys text[] := '{}';
+    limited boolean;
     h integer;
     a_seq bigint[] := '{}';
     a_prev text[] := '{}';
@@ -400,50 +373,42 @@ DECLARE
     crossed boolean;
     answers tollgate_settled[];
 BEGIN
-    SELECT array_agg(x.id), count(DISTINCT x.id) INTO ids, rows_expected
-    FROM unnest(p_calls) AS x;
-    IF rows_expected <> n THEN
-        RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
-    END IF;
-
-    -- The rows, locked in id order, in the calls' order; each must be the row its caller read.
+    -- The rows, locked in id order, in the calls' order, each of which must be the row its
+    -- caller read; then, in the same statement, the heads of their chains, locked in ascending
+    -- order (one index probe per distinct (scope, chain)): the heads' probes read the distinct
+    -- pairs of every row, so every row is locked before the first head.
     WITH e AS MATERIALIZED (
-        SELECT e.* FROM executions e WHERE e.id = ANY (ids) ORDER BY e.id FOR UPDATE
-    )
-    SELECT array_agg(e::executions ORDER BY x.ordinality) INTO locked
-    FROM unnest(p_calls) WITH ORDINALITY AS x JOIN e ON e.id = x.id
-    WHERE e.root_key IS NULL AND e.fence = x.fence AND e.state = ANY (x.states)
-        AND e.binding_digest = x.binding_digest AND e.hold = x.hold;
-    IF cardinality(locked) IS DISTINCT FROM n THEN
-        RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
-    END IF;
-
-    -- The heads of their chains, locked in ascending order: one index probe per distinct
-    -- (scope, chain) of the batch.
-    FOR i IN 1 .. n LOOP
-        c := p_calls[i];
-        keys[i] := c.chain || ':' || locked[i].scope;
-        IF NOT (keys[i] = ANY (COALESCE(pairs, '{}'))) THEN
-            pairs := pairs || keys[i];
-            scopes := scopes || locked[i].scope;
-            chains := chains || c.chain;
-        END IF;
-    END LOOP;
-    SELECT array_agg(t.scope), array_agg(t.chain), array_agg(t.chain || ':' || t.scope),
-        array_agg(t.last_seq), array_agg(t.last_hash)
-    INTO head_scopes, head_chains, head_keys, head_seqs, head_hashes
-    FROM (
+        SELECT e.* FROM executions e
+        WHERE e.id = ANY (ARRAY(SELECT x.id FROM unnest(p_calls) AS x))
+        ORDER BY e.id FOR UPDATE
+    ), r AS MATERIALIZED (
+        SELECT x.ordinality AS n, x.chain, e::executions AS row
+        FROM unnest(p_calls) WITH ORDINALITY AS x JOIN e ON e.id = x.id
+        WHERE e.root_key IS NULL AND e.fence = x.fence AND e.state = ANY (x.states)
+            AND e.binding_digest = x.binding_digest AND e.hold = x.hold
+    ), hd AS MATERIALIZED (
         SELECT hd.scope, hd.chain, hd.last_seq, hd.last_hash
-        FROM unnest(scopes, chains) AS k(scope, chain)
+        FROM (SELECT DISTINCT (r.row).scope, r.chain FROM r) AS k
         JOIN audit_heads hd ON hd.scope = k.scope AND hd.chain = k.chain
         ORDER BY hd.scope, hd.chain
         FOR UPDATE OF hd
-    ) t;
+    )
+    SELECT (SELECT count(DISTINCT x.id) FROM unnest(p_calls) AS x),
+        (SELECT array_agg(r.row ORDER BY r.n) FROM r),
+        (SELECT bool_or((r.row).limit_subjects IS NOT NULL) FROM r),
+        array_agg(hd.scope), array_agg(hd.chain), array_agg(hd.chain || ':' || hd.scope),
+        array_agg(hd.last_seq), array_agg(hd.last_hash)
+    INTO rows_expected, locked, limited, head_scopes, head_chains, head_keys, head_seqs,
+        head_hashes
+    FROM hd;
+    IF rows_expected <> n OR cardinality(locked) IS DISTINCT FROM n THEN
+        RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
+    END IF;
 
     -- Each call's `settled` row, hashed from its head in the calls' order.
     FOR i IN 1 .. n LOOP
         c := p_calls[i];
-        h := array_position(head_keys, keys[i]);
+        h := array_position(head_keys, c.chain || ':' || locked[i].scope);
         IF h IS NULL THEN
             RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
         END IF;
@@ -455,14 +420,19 @@ BEGIN
         head_hashes[h] := a_hash[i];
     END LOOP;
 
-    -- The evidence, the charges, the results, the audit rows, the heads and the completions.
+    -- The evidence, the charges, the results, the audit rows, the heads and the completions;
+    -- the charges of each session row, then of each day row, by the sums of its calls (the day
+    -- rows' sums wait for the count of every session row's update, so none is locked before
+    -- them); and each call's totals after its own charge, with its post-call caps on them, from
+    -- the rows as the updates left them.
     WITH x AS MATERIALIZED (
         SELECT x.ordinality AS n, x.id, x.provider_ref, x.now, x.evidence_id,
             x.evidence_provider_ref, x.evidence_tokens, x.evidence_exact, x.evidence_source,
             x.evidence_at, x.evidence_acknowledged_at, x.settlement_id, x.consumer, x.session_id,
             x.provider, x.model, x.price_version, x.policy_version, x.currency, x.tokens, x.amount,
             x.source, x.outcome, x.stop, x.output, x.step, x.retention_expires_at, x.chain, x.at,
-            x.detail, r.scope, r.operation_key, r.kind, r.accounting_day, a.seq, a.prev, a.hash
+            x.detail, x.hold, x.session_warn, x.session_block, x.daily_warn, x.daily_block,
+            r.scope, r.operation_key, r.kind, r.accounting_day, a.seq, a.prev, a.hash
         FROM unnest(p_calls) WITH ORDINALITY AS x
         JOIN unnest(locked) WITH ORDINALITY AS r ON r.ordinality = x.ordinality
         JOIN unnest(a_seq, a_prev, a_hash) WITH ORDINALITY AS a(seq, prev, hash, n)
@@ -505,92 +475,60 @@ BEGIN
         UPDATE executions e SET state = 'completed', outcome = x.outcome, hold = 0,
             provider_ref = COALESCE(x.provider_ref, e.provider_ref), updated_at = x.now
         FROM x WHERE e.id = x.id
-        RETURNING e AS row, x.n
-    )
-    SELECT array_agg(up.row ORDER BY up.n) INTO done FROM up;
-
-    -- The charges: each session row, then each day row, by the sums of its calls.
-    WITH k AS (
-        SELECT r.scope, x.consumer, x.session_id, x.currency, sum(x.amount) AS amount,
+        RETURNING e.*, x.n
+    ), ks AS MATERIALIZED (
+        SELECT x.scope, x.consumer, x.session_id, x.currency, sum(x.amount) AS amount,
             sum(x.hold) AS hold
-        FROM unnest(p_calls) WITH ORDINALITY AS x
-        JOIN unnest(locked) WITH ORDINALITY AS r ON r.ordinality = x.ordinality
-        GROUP BY r.scope, x.consumer, x.session_id, x.currency
-    ), u AS (
-        UPDATE spend_sessions s SET settled = s.settled + k.amount, held = s.held - k.hold
-        FROM k
-        WHERE s.scope = k.scope AND s.consumer = k.consumer AND s.session_id = k.session_id
-            AND s.currency = k.currency AND s.held >= k.hold
-        RETURNING 1
-    )
-    SELECT (SELECT count(*) FROM k), (SELECT count(*) FROM u) INTO rows_expected, rows_charged;
-    IF rows_charged <> rows_expected THEN
-        RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
-    END IF;
-    WITH k AS (
-        SELECT r.scope, x.consumer, r.accounting_day, x.currency, sum(x.amount) AS amount,
+        FROM x GROUP BY x.scope, x.consumer, x.session_id, x.currency
+    ), ss AS (
+        UPDATE spend_sessions s SET settled = s.settled + ks.amount, held = s.held - ks.hold
+        FROM ks
+        WHERE s.scope = ks.scope AND s.consumer = ks.consumer AND s.session_id = ks.session_id
+            AND s.currency = ks.currency AND s.held >= ks.hold
+        RETURNING s.scope, s.consumer, s.session_id, s.currency, s.settled, s.held
+    ), kd AS MATERIALIZED (
+        SELECT x.scope, x.consumer, x.accounting_day, x.currency, sum(x.amount) AS amount,
             sum(x.hold) AS hold
-        FROM unnest(p_calls) WITH ORDINALITY AS x
-        JOIN unnest(locked) WITH ORDINALITY AS r ON r.ordinality = x.ordinality
-        GROUP BY r.scope, x.consumer, r.accounting_day, x.currency
-    ), u AS (
-        UPDATE spend_days d SET settled = d.settled + k.amount, held = d.held - k.hold
-        FROM k
-        WHERE d.scope = k.scope AND d.consumer = k.consumer AND d.day = k.accounting_day
-            AND d.currency = k.currency AND d.held >= k.hold
-        RETURNING 1
+        FROM x WHERE (SELECT count(*) FROM ss) > 0
+        GROUP BY x.scope, x.consumer, x.accounting_day, x.currency
+    ), sd AS (
+        UPDATE spend_days d SET settled = d.settled + kd.amount, held = d.held - kd.hold
+        FROM kd
+        WHERE d.scope = kd.scope AND d.consumer = kd.consumer AND d.day = kd.accounting_day
+            AND d.currency = kd.currency AND d.held >= kd.hold
+        RETURNING d.scope, d.consumer, d.day, d.currency, d.settled, d.held
     )
-    SELECT (SELECT count(*) FROM k), (SELECT count(*) FROM u) INTO rows_expected, rows_charged;
-    IF rows_charged <> rows_expected THEN
-        RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
-    END IF;
-
-    -- Each call's totals after its own charge, and its post-call caps on them.
-    SELECT array_agg(ROW(e.id, e.scope, e.operation_key, e.kind, e.root_key, e.binding,
-            e.binding_digest, e.accounting_day, e.state, e.not_dispatched_cause, e.outcome,
-            e.fence, e.lease_expires_at, e.hold::numeric, e.provider_ref, e.created_at,
-            e.updated_at, e.reconciliation_reason, t.session_settled, t.session_held,
+    SELECT (SELECT count(*) FROM ks) + (SELECT count(*) FROM kd),
+        (SELECT count(*) FROM ss) + (SELECT count(*) FROM sd),
+        array_agg(ROW(up.id, up.scope, up.operation_key, up.kind, up.root_key, up.binding,
+            up.binding_digest, up.accounting_day, up.state, up.not_dispatched_cause, up.outcome,
+            up.fence, up.lease_expires_at, up.hold::numeric, up.provider_ref, up.created_at,
+            up.updated_at, up.reconciliation_reason, t.session_settled, t.session_held,
             t.day_settled, t.day_held)::tollgate_settled ORDER BY t.n),
         bool_or(tollgate_cap_crossed('warn', t.session_settled, t.session_warn)
             OR tollgate_cap_crossed('block', t.session_settled, t.session_block)
             OR tollgate_cap_crossed('warn', t.day_settled, t.daily_warn)
             OR tollgate_cap_crossed('block', t.day_settled, t.daily_block))
-    INTO answers, crossed
+    INTO rows_expected, rows_charged, answers, crossed
     FROM (
         SELECT x.n, x.session_warn, x.session_block, x.daily_warn, x.daily_block,
-            s.settled - COALESCE(sum(x.amount) OVER later_in_session, 0) AS session_settled,
-            s.held + COALESCE(sum(x.hold) OVER later_in_session, 0) AS session_held,
-            d.settled - COALESCE(sum(x.amount) OVER later_in_day, 0) AS day_settled,
-            d.held + COALESCE(sum(x.hold) OVER later_in_day, 0) AS day_held
-        FROM (
-            SELECT x.ordinality AS n, r.scope, x.consumer, x.session_id, r.accounting_day,
-                x.currency, x.amount, x.hold, x.session_warn, x.session_block, x.daily_warn,
-                x.daily_block
-            FROM unnest(p_calls) WITH ORDINALITY AS x
-            JOIN unnest(locked) WITH ORDINALITY AS r ON r.ordinality = x.ordinality
-            OFFSET 0
-        ) x
-        -- Each spend row by its whole key, one probe per call (the `LIMIT` keeps the subquery a
-        -- probe of its own rather than a join the planner may turn around).
-        CROSS JOIN LATERAL (
-            SELECT s.settled, s.held FROM spend_sessions s
-            WHERE s.scope = x.scope AND s.consumer = x.consumer AND s.session_id = x.session_id
-                AND s.currency = x.currency
-            LIMIT 1
-        ) s
-        CROSS JOIN LATERAL (
-            SELECT d.settled, d.held FROM spend_days d
-            WHERE d.scope = x.scope AND d.consumer = x.consumer AND d.day = x.accounting_day
-                AND d.currency = x.currency
-            LIMIT 1
-        ) d
+            ss.settled - COALESCE(sum(x.amount) OVER later_in_session, 0) AS session_settled,
+            ss.held + COALESCE(sum(x.hold) OVER later_in_session, 0) AS session_held,
+            sd.settled - COALESCE(sum(x.amount) OVER later_in_day, 0) AS day_settled,
+            sd.held + COALESCE(sum(x.hold) OVER later_in_day, 0) AS day_held
+        FROM x
+        JOIN ss ON ss.scope = x.scope AND ss.consumer = x.consumer
+            AND ss.session_id = x.session_id AND ss.currency = x.currency
+        JOIN sd ON sd.scope = x.scope AND sd.consumer = x.consumer
+            AND sd.day = x.accounting_day AND sd.currency = x.currency
         WINDOW later_in_session AS (PARTITION BY x.scope, x.consumer, x.session_id, x.currency
                 ORDER BY x.n ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING),
             later_in_day AS (PARTITION BY x.scope, x.consumer, x.accounting_day, x.currency
                 ORDER BY x.n ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING)
     ) t
-    JOIN unnest(done) WITH ORDINALITY AS e ON e.ordinality = t.n;
-    IF crossed OR cardinality(answers) IS DISTINCT FROM n THEN
+    JOIN up ON up.n = t.n;
+    IF rows_charged IS DISTINCT FROM rows_expected OR crossed
+        OR cardinality(answers) IS DISTINCT FROM n THEN
         RAISE EXCEPTION USING ERRCODE = 'TG004', MESSAGE = 'decide the batch call by call';
     END IF;
 
@@ -600,7 +538,7 @@ BEGIN
     -- (the one open at its admission time) is corrected from the tokens it counted to its
     -- settled usage. When a count could stop at zero or at bigint's top on the way, or a subject
     -- has no row, the whole raises.
-    IF EXISTS (SELECT 1 FROM unnest(locked) AS e WHERE e.limit_subjects IS NOT NULL) THEN
+    IF limited THEN
         WITH u AS MATERIALIZED (
             SELECT e.scope, t.subject, e.limit_admitted_at AS at,
                 e.limit_input_tokens::bigint AS held_input,
@@ -666,14 +604,12 @@ LANGUAGE plpgsql AS $$
 DECLARE
     c tollgate_claim_call;
     answer executions;
-    g integer;
     places integer[];
     claimed executions[];
 BEGIN
     -- The calls' chain groups, locked in ascending order before any row (H-35).
-    FOR g IN SELECT DISTINCT (x.chain >> 3)::integer FROM unnest(p_calls) AS x ORDER BY 1 LOOP
-        PERFORM pg_advisory_xact_lock(1953459308, g);
-    END LOOP;
+    PERFORM pg_advisory_xact_lock(1953459308, k.g)
+    FROM (SELECT DISTINCT (x.chain >> 3)::integer AS g FROM unnest(p_calls) AS x ORDER BY 1) AS k;
     -- The batch as a whole (H-38), waiting for any lock at most the batch's lock timeout; when
     -- it raises, it is rolled back whole (the lock timeout with it) and the calls go one by one.
     BEGIN
@@ -722,13 +658,11 @@ LANGUAGE plpgsql AS $$
 DECLARE
     c tollgate_settle_call;
     answer tollgate_settled;
-    g integer;
     answers tollgate_settled[];
 BEGIN
     -- The calls' chain groups, locked in ascending order before any row (H-35).
-    FOR g IN SELECT DISTINCT (x.chain >> 3)::integer FROM unnest(p_calls) AS x ORDER BY 1 LOOP
-        PERFORM pg_advisory_xact_lock(1953459308, g);
-    END LOOP;
+    PERFORM pg_advisory_xact_lock(1953459308, k.g)
+    FROM (SELECT DISTINCT (x.chain >> 3)::integer AS g FROM unnest(p_calls) AS x ORDER BY 1) AS k;
     -- The batch as a whole (H-38), as the claims' batch tries it.
     BEGIN
         PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
