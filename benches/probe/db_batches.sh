@@ -12,8 +12,9 @@
 # usage: benches/probe/db_batches.sh BIN_A [BIN_B] [SECONDS] [ROUNDS] [CLIENTS] [CALLS]
 # BIN_A, BIN_B: `tollgate` binaries (`migrate` applies each one's functions); defaults 8 s,
 # 3 rounds, 2 clients, 16 calls a batch. Needs pgbench, psql and python3. Postgres at
-# $PROBE_ADMIN_URL (default postgres://postgres@127.0.0.1:5432/postgres, TLS off); uses the
-# databases `tollgate_batches_a` and `tollgate_batches_b` (dropped and created again).
+# $PROBE_ADMIN_URL (default postgres://postgres@127.0.0.1:5432/postgres; TLS off unless
+# PGSSLMODE says otherwise); uses the databases `tollgate_batches_a` and `tollgate_batches_b`
+# (dropped and created again).
 set -euo pipefail
 bin_a=${1:?usage: $0 BIN_A [BIN_B] [SECONDS] [ROUNDS] [CLIENTS] [CALLS]}
 bin_b=${2:-}
@@ -22,13 +23,12 @@ rounds=${4:-3}
 clients=${5:-2}
 calls=${6:-16}
 here=$(cd "$(dirname "$0")" && pwd)
-admin=${PROBE_ADMIN_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
+admin=${PROBE_ADMIN_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 base=${admin%/*}
-query=${admin#"$base"/}
-query=${query#*\?}
-[ "$query" = "${admin#"$base"/}" ] && query=""
-url() { echo "$base/$1${query:+?$query}"; }
+url() { echo "$base/$1"; }
 export PGOPTIONS="-c client_min_messages=warning"
+# pgbench and psql without TLS unless asked (the server's connections have none).
+export PGSSLMODE=${PGSSLMODE:-disable}
 for tool in pgbench psql python3; do
   command -v "$tool" >/dev/null || { echo "db_batches: $tool is missing" >&2; exit 2; }
 done
