@@ -14,7 +14,8 @@
 # 3 rounds, 2 clients, 16 calls a batch. Needs pgbench, psql and python3. Postgres at
 # $PROBE_ADMIN_URL (default postgres://postgres@127.0.0.1:5432/postgres; TLS off unless
 # PGSSLMODE says otherwise); uses the databases `tollgate_batches_a` and `tollgate_batches_b`
-# (dropped and created again).
+# (dropped and created again). DB_BATCHES_SQL_B=file applies that SQL to side b after its
+# migration.
 set -euo pipefail
 bin_a=${1:?usage: $0 BIN_A [BIN_B] [SECONDS] [ROUNDS] [CLIENTS] [CALLS]}
 bin_b=${2:-}
@@ -79,6 +80,12 @@ for side in $sides; do
   psql "$admin" -qc "DROP DATABASE IF EXISTS tollgate_batches_$side" \
     -c "CREATE DATABASE tollgate_batches_$side"
   DATABASE_URL=$(url "tollgate_batches_$side") "$bin" migrate >/dev/null
+  psql "$(url "tollgate_batches_$side")" -qv ON_ERROR_STOP=1 -f "$here/db_config.sql" >/dev/null
+  # DB_BATCHES_SQL_B: a file of SQL applied to side b after its migration (a schema variant
+  # tried at the database alone before it becomes a migration).
+  if [ "$side" = b ] && [ -n "${DB_BATCHES_SQL_B:-}" ]; then
+    psql "$(url "tollgate_batches_$side")" -qv ON_ERROR_STOP=1 -f "$DB_BATCHES_SQL_B" >/dev/null
+  fi
   psql "$(url "tollgate_batches_$side")" -qc "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" \
     2>/dev/null || true
   # The scope's audit heads exist before the runs: a scope's first append goes call by call.

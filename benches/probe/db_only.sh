@@ -36,6 +36,7 @@ cargo build --release -q -p tollgate --manifest-path "$ROOT/Cargo.toml"
 psql "$ADMIN" -qc "DROP DATABASE IF EXISTS tollgate_db_only" -c "CREATE DATABASE tollgate_db_only" \
   -c "DROP DATABASE IF EXISTS tollgate_db_only_tpcb" -c "CREATE DATABASE tollgate_db_only_tpcb"
 DATABASE_URL=$BASE/tollgate_db_only "$ROOT/target/release/tollgate" migrate >/dev/null
+psql "$BASE/tollgate_db_only" -qv ON_ERROR_STOP=1 -f "$HERE/db_config.sql" >/dev/null
 pgbench -q -i -s 8 "$BASE/tollgate_db_only_tpcb" >/dev/null 2>&1
 
 rate() { awk '/^tps/{print int($3)}'; }

@@ -195,6 +195,8 @@ def main():
             subprocess.run([str(ROOT / "target/release/tollgate"), "migrate"], check=True,
                            capture_output=True, env=dict(os.environ,
                                                          DATABASE_URL=f"{BASE}/{database}"))
+            # The probes' binding config, stored once as the server stores it (H-40).
+            psql(database, file=str(HERE / "db_config.sql"))
         with tempfile.TemporaryDirectory() as work:
             helpers = pathlib.Path(work) / "helpers.sql"
             helpers.write_text(helper_functions(claim, settle))

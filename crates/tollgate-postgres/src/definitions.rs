@@ -448,6 +448,7 @@ mod tests {
                 (Kind::Function, "audit_log_append_only"),
                 (Kind::Function, "tollgate_limits_admit"),
                 (Kind::Function, "tollgate_limits_end"),
+                (Kind::Function, "tollgate_config_missing"),
                 (Kind::Function, "tollgate_claim"),
                 (Kind::Type, "tollgate_settled"),
                 (Kind::Function, "tollgate_charge_spend"),

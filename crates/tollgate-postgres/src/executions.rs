@@ -62,7 +62,9 @@ macro_rules! view_columns {
             "e.id, e.scope, e.operation_key, e.kind, e.root_key, \
              CASE WHEN e.binding_digest = ",
             $digest,
-            " THEN NULL ELSE e.binding END AS binding, \
+            " THEN NULL ELSE ",
+            crate::rows::stored_binding!("e"),
+            " END AS binding, \
      e.binding_digest, e.accounting_day, e.state, e.not_dispatched_cause, e.outcome, e.fence, \
      e.lease_expires_at, e.hold, e.provider_ref, e.created_at, e.updated_at, \
      e.reconciliation_reason, \

@@ -40,15 +40,16 @@ const DAYS: &str = "SELECT consumer, day, currency, settled, held FROM spend_day
 const ROOTS: &str = "SELECT id, root_key, charged, held FROM roots WHERE scope = $1";
 
 /// One row per execution of the scope (settlements and root receipts are unique per
-/// execution), with the price snapshot taken out of the binding. `$2` is every journal state, so
+/// execution), with the price snapshot taken out of the binding's config (stored apart for a row
+/// that names it by digest, H-40). `$2` is every journal state, so
 /// the scope's rows are reached through `executions_state_scope_created_idx` (no index of
 /// `executions` is led by the scope; H-12).
 const EXECUTIONS: &str = "SELECT e.id, e.operation_key, e.state, e.hold, e.accounting_day, \
      e.root_key, e.binding->>'session_id' AS session_id, \
-     e.binding->'config'->>'consumer' AS consumer, \
-     e.binding->'config'->>'currency' AS currency, \
-     e.binding->'config'->>'price_version' AS price_version, \
-     e.binding->'config'->'prices' AS prices, o.id AS root_id, \
+     COALESCE(bc.config::jsonb, e.binding->'config')->>'consumer' AS consumer, \
+     COALESCE(bc.config::jsonb, e.binding->'config')->>'currency' AS currency, \
+     COALESCE(bc.config::jsonb, e.binding->'config')->>'price_version' AS price_version, \
+     COALESCE(bc.config::jsonb, e.binding->'config')->'prices' AS prices, o.id AS root_id, \
      s.settlement_id, s.scope AS s_scope, s.operation_key AS s_operation_key, \
      s.consumer AS s_consumer, s.session_id AS s_session_id, s.accounting_day AS s_day, \
      s.price_version AS s_price_version, s.currency AS s_currency, \
@@ -57,6 +58,7 @@ const EXECUTIONS: &str = "SELECT e.id, e.operation_key, e.state, e.hold, e.accou
      s.reasoning_tokens AS s_reasoning, s.amount AS s_amount, \
      r.root_id AS r_root_id, r.amount AS r_amount, r.currency AS r_currency \
      FROM executions e \
+     LEFT JOIN binding_configs bc ON bc.digest = e.config_digest \
      LEFT JOIN roots o ON o.scope = e.scope AND o.root_key = e.root_key \
      LEFT JOIN cost_settlements s ON s.execution_id = e.id \
      LEFT JOIN root_receipts r ON r.execution_id = e.id \

@@ -40,7 +40,8 @@
 //! answer (`function.rs`), and the function's source (`claim.sql`, `settle.sql`) side by side.
 //! `batch/` sends the calls of either as batches; `journal.rs` holds the fenced transitions
 //! between claim and settlement; `seen_keys.rs` the keys seen with a row, which decide the
-//! claim's first statement; `hosts.rs` the hosts of the database URL, the one that accepts
+//! claim's first statement; `configs.rs` the binding configs stored once, which the claim's row
+//! names by digest (H-40); `hosts.rs` the hosts of the database URL, the one that accepts
 //! writes (followed through a failover) and the settings every connection gets once it opens.
 //!
 //! # SQL functions and migrations
@@ -63,6 +64,7 @@ mod audit;
 mod batch;
 pub mod check;
 mod claim;
+mod configs;
 mod definitions;
 mod error;
 mod executions;
@@ -248,6 +250,8 @@ pub struct PgStores {
     seen_keys: Arc<seen_keys::SeenKeys>,
     /// How many claims read their key before claiming it, for tests and the harness.
     reads_first: Arc<AtomicU64>,
+    /// The binding configs these stores have stored (H-40).
+    stored_configs: Arc<configs::StoredConfigs>,
     /// Whether leases follow the caller's `now` (tests only) instead of the database's clock.
     caller_lease_clock: bool,
     /// The client-side deadline of one batch statement ([`SessionTimeouts::statement_deadline`]).
@@ -426,6 +430,7 @@ impl PgStores {
                 seen_keys::SEEN_KEYS_PER_GENERATION,
             )),
             reads_first: Arc::new(AtomicU64::new(0)),
+            stored_configs: Arc::new(configs::StoredConfigs::default()),
             caller_lease_clock: false,
             statement_deadline: SessionTimeouts::default().statement_deadline(),
             #[cfg(feature = "test-support")]

@@ -17,12 +17,47 @@ use tollgate_store::rows::*;
 use tollgate_store::StoreResult;
 use uuid::Uuid;
 
-/// Columns of `executions`, in [`ExecutionRow`] order.
-macro_rules! execution_columns {
+/// Columns of `executions` as written, in [`ExecutionRow`] order.
+macro_rules! execution_insert_columns {
     () => {
         "id, scope, operation_key, kind, root_key, binding, binding_digest, accounting_day, \
          state, not_dispatched_cause, outcome, fence, lease_expires_at, hold, provider_ref, \
          created_at, updated_at, reconciliation_reason"
+    };
+}
+pub(crate) use execution_insert_columns;
+
+/// An execution's `binding` as read, the columns qualified by `$t` (the table's name or alias):
+/// whole, its config joined back from `binding_configs` for a row that names it by digest (H-40).
+macro_rules! stored_binding {
+    ($t:literal) => {
+        concat!(
+            "CASE WHEN ",
+            $t,
+            ".config_digest IS NULL THEN ",
+            $t,
+            ".binding ELSE ",
+            $t,
+            ".binding || jsonb_build_object('config', (SELECT bc.config FROM binding_configs bc \
+             WHERE bc.digest = ",
+            $t,
+            ".config_digest)) END"
+        )
+    };
+}
+pub(crate) use stored_binding;
+
+/// Columns of `executions` as read from the table unaliased (a `SELECT`, or the `RETURNING` of
+/// an `INSERT` or `UPDATE`), in [`ExecutionRow`] order, the binding whole.
+macro_rules! execution_columns {
+    () => {
+        concat!(
+            "id, scope, operation_key, kind, root_key, ",
+            crate::rows::stored_binding!("executions"),
+            " AS binding, binding_digest, accounting_day, \
+             state, not_dispatched_cause, outcome, fence, lease_expires_at, hold, provider_ref, \
+             created_at, updated_at, reconciliation_reason"
+        )
     };
 }
 pub(crate) use execution_columns;

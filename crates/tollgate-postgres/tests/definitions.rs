@@ -122,6 +122,7 @@ async fn the_migrated_functions_and_types_are_their_sources() {
             "function tollgate_claim",
             "function tollgate_claim_batch",
             "function tollgate_claim_together",
+            "function tollgate_config_missing",
             "function tollgate_crossed",
             "function tollgate_limits_admit",
             "function tollgate_limits_end",

@@ -2030,6 +2030,9 @@ async fn sc_223_the_ends_of_limited_calls_leave_the_windows_the_in_memory_store_
 async fn h_7_the_harness_probes_call_the_functions_as_they_are() {
     let (database, _s) = fresh().await;
     let mut conn = PgConnection::connect(database.url()).await.unwrap();
+    let probes = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/probe");
+    let config = std::fs::read_to_string(probes.join("db_config.sql")).unwrap();
+    sqlx::raw_sql(&config).execute(&mut conn).await.unwrap();
     for probe in ["db_only.sql", "db_limited.sql"] {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../benches/probe")
@@ -2069,4 +2072,92 @@ async fn h_7_the_harness_probes_call_the_functions_as_they_are() {
         .await
         .unwrap();
     assert_eq!(windows, 0, "the limited probe's call left flight");
+}
+
+/// H-40: the claim function writes a binding without its config and names the config by the
+/// SHA-256 of its text, stored once for every call of the profile; every read gives the whole
+/// binding back; a config is content-addressed and immutable for the application; and a config
+/// the database lost (a restore, a failover) while the stores remembered it stored is stored
+/// again by the next claim that names it, which then claims.
+#[tokio::test]
+async fn h_40_a_binding_config_is_stored_once_and_read_back_whole() {
+    use tollgate_testkit::conformance::key;
+    let (database, s) = fresh().await;
+    let first = claimed(&s, "k1", "0.1").await;
+    let second = claimed(&s, "k2", "0.1").await;
+    let counts = || async {
+        sqlx::query_as::<_, (i64, i64, i64, i32)>(
+            "SELECT (SELECT count(*) FROM binding_configs), \
+             (SELECT count(*) FROM executions e JOIN binding_configs c \
+                ON c.digest = e.config_digest), \
+             (SELECT count(*) FROM executions WHERE binding ? 'config'), \
+             (SELECT max(pg_column_size(binding)) FROM executions)",
+        )
+        .fetch_one(s.pool())
+        .await
+        .unwrap()
+    };
+    let (configs, named, whole, largest) = counts().await;
+    assert_eq!((configs, named, whole), (1, 2, 0));
+    assert!(
+        largest < 200,
+        "a binding without its config: {largest} bytes"
+    );
+
+    let read = |k: &'static str| {
+        let s = s.clone();
+        async move {
+            s.execution(&scope("a"), &key(k))
+                .await
+                .unwrap()
+                .unwrap()
+                .binding
+        }
+    };
+    assert_eq!(read("k1").await, first.binding);
+    assert_eq!(first.binding.digest(), first.binding_digest);
+    let done = s.settle(settle_req(&second, "0.05", "x")).await.unwrap();
+    assert_eq!(done.record.binding, second.binding);
+    assert_eq!(read("k2").await, second.binding);
+    let view = s
+        .execution_view(&scope("a"), &key("k2"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(view.execution.binding, second.binding);
+
+    // Content-addressed: a digest that is not the config's is refused.
+    let refused =
+        sqlx::query("INSERT INTO binding_configs (digest, config) VALUES (repeat('0', 64), '{}')")
+            .execute(s.pool())
+            .await
+            .unwrap_err();
+    assert_check_violation(&refused, "a config under another digest");
+
+    // Immutable for the application role.
+    let app = database.app_role_url().await.unwrap();
+    let mut conn = PgConnection::connect(&app).await.unwrap();
+    for tamper in [
+        "DELETE FROM binding_configs",
+        "UPDATE binding_configs SET config = '{}'",
+    ] {
+        let e = sqlx::query(tamper).execute(&mut conn).await.unwrap_err();
+        assert_eq!(
+            e.as_database_error().and_then(|d| d.code()).as_deref(),
+            Some("42501"),
+            "{tamper}"
+        );
+    }
+
+    // Lost behind the stores' back (the owner can delete; a restore can lose it): the next claim
+    // is told, stores it again and claims; the rows that named it read whole again.
+    sqlx::query("DELETE FROM binding_configs")
+        .execute(s.pool())
+        .await
+        .unwrap();
+    let third = claimed(&s, "k3", "0.1").await;
+    assert_eq!(read("k3").await, third.binding);
+    assert_eq!(read("k1").await, first.binding);
+    let (configs, named, whole, _) = counts().await;
+    assert_eq!((configs, named, whole), (1, 3, 0));
 }

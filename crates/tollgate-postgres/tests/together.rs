@@ -38,7 +38,8 @@ const TABLES: &str = "SELECT jsonb_build_object(\
 /// The claim calls `from ..= to` of the cases: scope `a`, keys `k<g>` (or `key` for every one
 /// when given), two consumers, chains shared by some calls, dispatched (two audit rows) but for
 /// every fourth, a daily block cap of `daily_block`, and every third under limits: its
-/// consumer's and the key `x`'s, which all of them share (at most 5 in flight).
+/// consumer's and the key `x`'s, which all of them share (at most 5 in flight); the even ones name
+/// their binding's config by digest (H-40).
 fn claim_calls(from: i32, to: i32, key: Option<&str>, daily_block: &str) -> String {
     let key = key.map_or("'k' || g".to_owned(), |k| format!("'{k}'"));
     format!(
@@ -58,7 +59,8 @@ fn claim_calls(from: i32, to: i32, key: Option<&str>, daily_block: &str) -> Stri
             CASE WHEN g % 3 = 0 THEN ARRAY[CASE WHEN g % 2 = 0 THEN 'consumer:team-a' \
                 ELSE 'consumer:team-b' END, 'key:x'] END, \
             CASE WHEN g % 3 = 0 THEN ARRAY[10, 100, 100000, NULL, 5, NULL, NULL, NULL]::bigint[] END, \
-            CASE WHEN g % 3 = 0 THEN ARRAY[40 + g, 20]::bigint[] END\
+            CASE WHEN g % 3 = 0 THEN ARRAY[40 + g, 20]::bigint[] END, \
+            CASE WHEN g % 2 = 0 THEN encode(sha256(convert_to({CONFIG}, 'UTF8')), 'hex') END\
          )::tollgate_claim_call ORDER BY g) FROM generate_series({from}, {to}) AS g"
     )
 }
@@ -231,13 +233,22 @@ const ROWS_READ_MAX: i64 = 200;
 /// return.
 const HEADS_READ_MAX: i64 = 6;
 
+/// The binding config that the even claims of [`claim_calls`] name by digest (H-40), stored by
+/// [`fill`].
+const CONFIG: &str = "'{\"model\": \"m\"}'";
+
 /// Rows beside the cases' in every table a batch probes, more than `ROWS_READ_MAX` of each and on
 /// the cases' own leading key columns: executions of another scope, sessions and days of the
 /// cases' consumers, chains' heads of other scopes and windows of other subjects. A plan that
 /// reads a table, or an index by less than its whole key, reads them.
 async fn fill(database: &TestDatabase) {
     let mut conn = PgConnection::connect(database.url()).await.unwrap();
+    let config = format!(
+        "INSERT INTO binding_configs (digest, config) \
+         SELECT encode(sha256(convert_to({CONFIG}, 'UTF8')), 'hex'), {CONFIG}::json"
+    );
     for statement in [
+        config.as_str(),
         "INSERT INTO executions (id, scope, operation_key, kind, binding, binding_digest, \
             accounting_day, state, outcome, fence, lease_expires_at, hold, created_at, updated_at) \
          SELECT gen_random_uuid(), 'filler', 'f' || g, 'text', '{}', 'd', DATE '2026-12-06', \

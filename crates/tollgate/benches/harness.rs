@@ -1112,6 +1112,13 @@ async fn load_section(knobs: &Knobs, admin: &str) {
     // The design's ceiling: the two function calls of a first call, driven by pgbench alone.
     let ceiling_db = TestDatabase::create(admin).await.unwrap();
     ceiling_db.stores(1).await.unwrap().migrate().await.unwrap();
+    // The probes' binding config, stored once as the server stores it (H-40).
+    let config_script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/probe/db_config.sql");
+    pgbench(
+        ceiling_db.url(),
+        &["-n", "-t", "1", "-f", config_script.to_str().unwrap()],
+    );
     let ceiling_script =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/probe/db_only.sql");
     let ceiling_script = ceiling_script.to_str().unwrap().to_string();

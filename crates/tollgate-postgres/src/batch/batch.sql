@@ -51,7 +51,8 @@ CREATE TYPE tollgate_claim_call AS (
     daily_block numeric,
     limit_subjects text[],
     limit_values bigint[],
-    limit_tokens bigint[]
+    limit_tokens bigint[],
+    config_digest text
 );
 
 CREATE TYPE tollgate_settle_call AS (
@@ -161,18 +162,22 @@ BEGIN
     -- the heads' probes read the distinct pairs of every claimed row, so the insert has run to
     -- its end before the first head is locked.
     WITH x AS MATERIALIZED (
-        SELECT x.*, COALESCE(x.lease_now, clock_timestamp()) AS v_now
+        SELECT x.*, COALESCE(x.lease_now, clock_timestamp()) AS v_now,
+            -- A config named by digest must be stored (H-40), as for the single function.
+            CASE WHEN x.config_digest IS NOT NULL AND NOT EXISTS
+                (SELECT FROM binding_configs b WHERE b.digest = x.config_digest)
+                THEN tollgate_config_missing() END AS config_missing
         FROM unnest(p_calls) WITH ORDINALITY AS x
     ), ins AS (
         INSERT INTO executions (id, scope, operation_key, kind, root_key, binding, binding_digest,
             accounting_day, state, not_dispatched_cause, outcome, fence, lease_expires_at, hold,
             provider_ref, created_at, updated_at, reconciliation_reason, limit_subjects,
-            limit_input_tokens, limit_output_tokens, limit_admitted_at)
+            limit_input_tokens, limit_output_tokens, limit_admitted_at, config_digest)
         SELECT x.id, x.scope, x.operation_key, x.kind, NULL, x.binding, x.binding_digest,
             x.accounting_day, x.state, NULL, NULL, x.fence,
             x.v_now + x.lease_ms * interval '1 millisecond', x.hold, NULL, x.created_at,
             x.updated_at, NULL, x.limit_subjects, x.limit_tokens[1], x.limit_tokens[2],
-            CASE WHEN x.limit_subjects IS NOT NULL THEN x.v_now END
+            CASE WHEN x.limit_subjects IS NOT NULL THEN x.v_now END, x.config_digest
         FROM x ORDER BY x.ordinality
         ON CONFLICT (scope, operation_key) DO NOTHING
         RETURNING *
@@ -634,7 +639,7 @@ BEGIN
         END IF;
         call_index := i;
         BEGIN
-            SELECT * INTO answer FROM tollgate_claim(c.id, c.scope, c.operation_key, c.kind, c.binding, c.binding_digest, c.accounting_day, c.state, c.fence, c.lease_now, c.lease_ms, c.hold, c.created_at, c.updated_at, c.chain, c.chains, c.hash_prefix, c.hash_mid, c.kinds, c.details, c.ats, c.tails, c.consumer, c.session_id, c.currency, c.session_block, c.daily_block, c.limit_subjects, c.limit_values, c.limit_tokens);
+            SELECT * INTO answer FROM tollgate_claim(c.id, c.scope, c.operation_key, c.kind, c.binding, c.binding_digest, c.accounting_day, c.state, c.fence, c.lease_now, c.lease_ms, c.hold, c.created_at, c.updated_at, c.chain, c.chains, c.hash_prefix, c.hash_mid, c.kinds, c.details, c.ats, c.tails, c.consumer, c.session_id, c.currency, c.session_block, c.daily_block, c.limit_subjects, c.limit_values, c.limit_tokens, c.config_digest);
             IF FOUND THEN
                 call_state := 'row';
                 call_row := answer;

@@ -26,6 +26,19 @@
 --   call at that time (`tollgate_limits_admit`, limits.sql), writing the window rows only. A
 --   refusal raises SQLSTATE `TG003`, and again nothing is written. A replay never gets here: the
 --   insert found the key new.
+-- - `p_binding` is the binding without its config when `p_config_digest` names the config, which
+--   the server stores in `binding_configs` by its own statement first (H-40). A digest that names
+--   no stored config raises SQLSTATE `TG005` before anything is locked or written; the caller
+--   stores the config and claims again.
+-- Raises SQLSTATE `TG005`: a claim names a config by digest (H-40) that `binding_configs` does
+-- not hold. A function, so that a batch's statement can raise it for any of its calls.
+CREATE OR REPLACE FUNCTION tollgate_config_missing() RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'TG005', MESSAGE = 'binding config not stored';
+END
+$$;
+
 CREATE OR REPLACE FUNCTION tollgate_claim(
     p_id uuid,
     p_scope text,
@@ -56,7 +69,8 @@ CREATE OR REPLACE FUNCTION tollgate_claim(
     p_daily_block numeric,
     p_limit_subjects text[],
     p_limit_values bigint[],
-    p_limit_tokens bigint[]
+    p_limit_tokens bigint[],
+    p_config_digest text
 ) RETURNS SETOF executions
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -73,6 +87,12 @@ DECLARE
     day_held numeric;
     v_now timestamptz;
 BEGIN
+    -- A binding whose config is stored apart names it by digest (H-40): the config must be
+    -- stored, or the row would name a config no reader finds. Nothing is locked yet.
+    IF p_config_digest IS NOT NULL
+        AND NOT EXISTS (SELECT FROM binding_configs b WHERE b.digest = p_config_digest) THEN
+        PERFORM tollgate_config_missing();
+    END IF;
     -- The chain group's lock across instances (H-35), before any row.
     PERFORM pg_advisory_xact_lock(1953459308, (p_chain >> 3)::integer);
     -- The lease's "now": the lease runs from it, and the limits admit the call at it.
@@ -80,13 +100,13 @@ BEGIN
     INSERT INTO executions (id, scope, operation_key, kind, root_key, binding, binding_digest,
         accounting_day, state, not_dispatched_cause, outcome, fence, lease_expires_at, hold,
         provider_ref, created_at, updated_at, reconciliation_reason, limit_subjects,
-        limit_input_tokens, limit_output_tokens, limit_admitted_at)
+        limit_input_tokens, limit_output_tokens, limit_admitted_at, config_digest)
     VALUES (p_id, p_scope, p_operation_key, p_kind, NULL, p_binding, p_binding_digest,
         p_accounting_day, p_state, NULL, NULL, p_fence,
         v_now + p_lease_ms * interval '1 millisecond',
         p_hold, NULL, p_created_at, p_updated_at, NULL,
         p_limit_subjects, p_limit_tokens[1], p_limit_tokens[2],
-        CASE WHEN p_limit_subjects IS NOT NULL THEN v_now END)
+        CASE WHEN p_limit_subjects IS NOT NULL THEN v_now END, p_config_digest)
     ON CONFLICT (scope, operation_key) DO NOTHING
     RETURNING * INTO claimed;
     IF NOT FOUND THEN

@@ -4,6 +4,7 @@
 //! audit chain, its two spend rows) are held for the function and the commit only (H-17).
 
 use crate::batch;
+use crate::configs;
 use crate::error::{db, sqlstate, DbResultExt};
 use crate::executions;
 use crate::limits;
@@ -28,7 +29,7 @@ pub(crate) const CLAIM: &str = concat!(
     "SELECT ",
     execution_columns_but_binding!(),
     " FROM tollgate_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-     $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30)"
+     $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31)"
 );
 
 /// SQLSTATE of the function's cap refusal; its detail is the totals before the hold.
@@ -95,7 +96,8 @@ pub(crate) struct ClaimCall {
     scope: String,
     operation_key: String,
     kind: &'static str,
-    binding: Json<tollgate_core::digest::Binding>,
+    /// The binding without its config, which `config_digest` names (H-40).
+    binding: Json<configs::BindingRest>,
     binding_digest: String,
     accounting_day: chrono::NaiveDate,
     state: &'static str,
@@ -115,10 +117,12 @@ pub(crate) struct ClaimCall {
     daily_block: Option<Decimal>,
     /// The limits the claim is admitted under (`None`: none).
     limits: Option<limits::ClaimLimitArgs>,
+    /// The SHA-256 of the binding's config as stored in `binding_configs` (H-40).
+    config_digest: String,
 }
 
 /// The types of the claim function's parameters, in order (`tollgate_claim_call`'s fields).
-const CLAIM_TYPES: [&str; 30] = [
+const CLAIM_TYPES: [&str; 31] = [
     "uuid",
     "text",
     "text",
@@ -149,6 +153,7 @@ const CLAIM_TYPES: [&str; 30] = [
     "text[]",
     "bigint[]",
     "bigint[]",
+    "text",
 ];
 
 /// The statements of batches of claims, one per batch size, built once so that a batch only binds
@@ -202,6 +207,7 @@ impl batch::Call for ClaimCall {
             .bind(subjects)
             .bind(values)
             .bind(tokens)
+            .bind(&self.config_digest)
     }
 }
 
@@ -218,12 +224,18 @@ impl PgStores {
         let keys = SpendKeys::of(record);
         let currency = rules::currency_of(record);
         let caps = &request.binding.config.caps;
+        let configs::SplitBinding {
+            rest,
+            config,
+            digest,
+        } = configs::split(&record.binding)?;
+        self.store_config(&digest, &config, false).await?;
         let call = ClaimCall {
             id: record.id.0,
             scope: record.scope.as_str().to_owned(),
             operation_key: record.operation_key.as_str().to_owned(),
             kind: record.kind.as_str(),
-            binding: Json(record.binding.clone()),
+            binding: Json(rest),
             binding_digest: record.binding_digest.to_hex(),
             accounting_day: record.accounting_day,
             state: record.state.as_str(),
@@ -242,6 +254,7 @@ impl PgStores {
             session_block: caps.session_block.map(|m| m.decimal()),
             daily_block: caps.daily_block.map(|m| m.decimal()),
             limits: limits::ClaimLimitArgs::of(&request.limits),
+            config_digest: digest,
         };
         let (answer, call) = match &self.batches {
             Some(batches) => {
@@ -274,13 +287,27 @@ impl PgStores {
                 .single()?
                 .ok_or_else(|| StoreError::Corrupt("a claim alone left out".into()))?,
         };
+        let row = match row {
+            // The config is not stored (a restore or a failover lost its commit, which these
+            // stores remembered): nothing was written; it is stored again and the claim sent
+            // again, alone.
+            Err(e) if sqlstate(&e).as_deref() == Some(configs::CONFIG_MISSING) => {
+                self.store_config(&call.config_digest, &config, true)
+                    .await?;
+                self.send_alone(CLAIM, &call)
+                    .await
+                    .single()?
+                    .ok_or_else(|| StoreError::Corrupt("a claim alone left out".into()))?
+            }
+            row => row,
+        };
         match row {
-            // The row as inserted, with the binding this claim sent: the function answers the row
-            // without it, which spares sending it back (H-19).
+            // The row as inserted, with the binding this claim holds: the function answers the
+            // row without it, which spares sending it back (H-19).
             Ok(Some(row)) => Ok(ClaimOutcome::Claimed(
                 ExecutionRow::from_row(&row)
                     .store_err()?
-                    .into_record_with(call.binding.0, Some(record.binding_digest))?,
+                    .into_record_with(record.binding.clone(), Some(record.binding_digest))?,
             )),
             Ok(None) => {
                 let held = (&record.binding, record.binding_digest);

@@ -8,7 +8,9 @@ use crate::executions;
 use crate::journal::lease_millis;
 use crate::limits;
 use crate::locks;
-use crate::rows::{execution_columns, limit_columns, ExecutionRow, SpendRow};
+use crate::rows::{
+    execution_columns, execution_insert_columns, limit_columns, ExecutionRow, SpendRow,
+};
 use crate::spend::{self, SpendKeys};
 use crate::PgStores;
 use chrono::{DateTime, Utc};
@@ -29,7 +31,7 @@ use tollgate_store::{StoreError, StoreResult};
 /// window rows.
 const INSERT: &str = concat!(
     "WITH e AS (INSERT INTO executions (",
-    execution_columns!(),
+    execution_insert_columns!(),
     ", ",
     limit_columns!(),
     ") SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
