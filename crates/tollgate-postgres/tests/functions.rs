@@ -2160,4 +2160,23 @@ async fn h_40_a_binding_config_is_stored_once_and_read_back_whole() {
     assert_eq!(read("k1").await, first.binding);
     let (configs, named, whole, _) = counts().await;
     assert_eq!((configs, named, whole), (1, 3, 0));
+
+    // Lost again, then claims arriving together: those a batch carries are refused there as a
+    // whole and one by one, go alone, store the config again and claim.
+    sqlx::query("DELETE FROM binding_configs")
+        .execute(s.pool())
+        .await
+        .unwrap();
+    let keys: Vec<String> = (4..20).map(|n| format!("k{n}")).collect();
+    let together = keys.iter().map(|k| claimed(&s, k, "0.01"));
+    let claims = futures::future::join_all(together).await;
+    for (k, claim) in keys.iter().zip(&claims) {
+        assert_eq!(claim.operation_key.as_str(), k);
+    }
+    let (configs, named, whole, _) = counts().await;
+    assert_eq!((configs, named, whole), (1, 19, 0));
+    assert!(
+        calls(&database, "tollgate_claim_batch", 1).await >= 1,
+        "the claims went in a batch"
+    );
 }
