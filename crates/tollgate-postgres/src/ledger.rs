@@ -46,10 +46,9 @@ const ROOTS: &str = "SELECT id, root_key, charged, held FROM roots WHERE scope =
 /// `executions` is led by the scope; H-12).
 const EXECUTIONS: &str = "SELECT e.id, e.operation_key, e.state, e.hold, e.accounting_day, \
      e.root_key, e.binding->>'session_id' AS session_id, \
-     COALESCE(bc.config::jsonb, e.binding->'config')->>'consumer' AS consumer, \
-     COALESCE(bc.config::jsonb, e.binding->'config')->>'currency' AS currency, \
-     COALESCE(bc.config::jsonb, e.binding->'config')->>'price_version' AS price_version, \
-     COALESCE(bc.config::jsonb, e.binding->'config')->'prices' AS prices, o.id AS root_id, \
+     c.config->>'consumer' AS consumer, c.config->>'currency' AS currency, \
+     c.config->>'price_version' AS price_version, c.config->'prices' AS prices, \
+     o.id AS root_id, \
      s.settlement_id, s.scope AS s_scope, s.operation_key AS s_operation_key, \
      s.consumer AS s_consumer, s.session_id AS s_session_id, s.accounting_day AS s_day, \
      s.price_version AS s_price_version, s.currency AS s_currency, \
@@ -59,6 +58,7 @@ const EXECUTIONS: &str = "SELECT e.id, e.operation_key, e.state, e.hold, e.accou
      r.root_id AS r_root_id, r.amount AS r_amount, r.currency AS r_currency \
      FROM executions e \
      LEFT JOIN binding_configs bc ON bc.digest = e.config_digest \
+     CROSS JOIN LATERAL (SELECT COALESCE(bc.config::jsonb, e.binding->'config') AS config) c \
      LEFT JOIN roots o ON o.scope = e.scope AND o.root_key = e.root_key \
      LEFT JOIN cost_settlements s ON s.execution_id = e.id \
      LEFT JOIN root_receipts r ON r.execution_id = e.id \
