@@ -79,28 +79,30 @@ pub fn domain_digest(domain: &str, parts: &[&[u8]]) -> Digest256 {
     Digest256(h.finalize().into())
 }
 
-/// Canonical JSON: keys sorted at every level, no insignificant whitespace.
+/// Canonical JSON: keys sorted at every level, no insignificant whitespace, strings escaped and
+/// numbers printed exactly as `serde_json` prints them. Written into one buffer, with no string
+/// made per key or per value: the audit trail's rows and the binding digests compute it for every
+/// call.
 pub fn canonical_json(value: &serde_json::Value) -> String {
-    let mut out = String::new();
+    let mut out = String::with_capacity(128);
     write_canonical(value, &mut out);
     out
 }
 
 fn write_canonical(value: &serde_json::Value, out: &mut String) {
+    use std::fmt::Write as _;
     match value {
         serde_json::Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
+            let mut entries: Vec<(&String, &serde_json::Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
             out.push('{');
-            for (i, key) in keys.iter().enumerate() {
+            for (i, (key, v)) in entries.into_iter().enumerate() {
                 if i > 0 {
                     out.push(',');
                 }
-                out.push_str(&serde_json::Value::String((*key).clone()).to_string());
+                push_json_string(out, key);
                 out.push(':');
-                if let Some(v) = map.get(*key) {
-                    write_canonical(v, out);
-                }
+                write_canonical(v, out);
             }
             out.push('}');
         }
@@ -114,8 +116,48 @@ fn write_canonical(value: &serde_json::Value, out: &mut String) {
             }
             out.push(']');
         }
-        other => out.push_str(&other.to_string()),
+        serde_json::Value::String(text) => push_json_string(out, text),
+        serde_json::Value::Null => out.push_str("null"),
+        serde_json::Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        // `Number`'s `Display` is its JSON text; writing into a `String` cannot fail.
+        serde_json::Value::Number(n) => {
+            let _ = write!(out, "{n}");
+        }
     }
+}
+
+/// `text` as a JSON string, escaped as `serde_json` escapes it: `"` and `\\`, the control
+/// characters with a short escape (`\b`, `\t`, `\n`, `\f`, `\r`) and the others as `\u00xx`
+/// (lower-case hex); every other character as it is.
+fn push_json_string(out: &mut String, text: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push('"');
+    let mut start = 0;
+    for (i, byte) in text.bytes().enumerate() {
+        let short = match byte {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            0x08 => "\\b",
+            b'\t' => "\\t",
+            b'\n' => "\\n",
+            0x0c => "\\f",
+            b'\r' => "\\r",
+            0x00..=0x1f => "",
+            _ => continue,
+        };
+        // Every byte escaped is ASCII, so `i` is a character boundary.
+        out.push_str(&text[start..i]);
+        if short.is_empty() {
+            out.push_str("\\u00");
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 0xf)]));
+        } else {
+            out.push_str(short);
+        }
+        start = i + 1;
+    }
+    out.push_str(&text[start..]);
+    out.push('"');
 }
 
 /// What an execution is bound to. Same key + same binding = replay; different = conflict.
@@ -210,6 +252,86 @@ mod tests {
             input_revision: InputRevision::parse("r-1").unwrap_or_else(|_| unreachable!()),
             config: text_config(),
         }
+    }
+
+    /// Canonical JSON as `serde_json` writes each part: every key and scalar made a string of
+    /// its own, keys sorted. `canonical_json` must write the same bytes without those strings.
+    fn canonical_by_parts(value: &serde_json::Value) -> String {
+        match value {
+            serde_json::Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                let parts: Vec<String> = keys
+                    .iter()
+                    .map(|k| {
+                        format!(
+                            "{}:{}",
+                            serde_json::Value::String((*k).clone()),
+                            canonical_by_parts(&map[k.as_str()])
+                        )
+                    })
+                    .collect();
+                format!("{{{}}}", parts.join(","))
+            }
+            serde_json::Value::Array(items) => {
+                let parts: Vec<String> = items.iter().map(canonical_by_parts).collect();
+                format!("[{}]", parts.join(","))
+            }
+            other => other.to_string(),
+        }
+    }
+
+    fn json_value() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::Bool),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<u64>().prop_map(serde_json::Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(serde_json::Value::from),
+            // Any characters, control characters, quotes and backslashes among them.
+            any::<String>().prop_map(serde_json::Value::String),
+            "[\\x00-\\x1f\"\\\\/a\\u{7f}\\u{e9}\\u{2028}\\u{1f600}]{0,12}"
+                .prop_map(serde_json::Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::Array),
+                proptest::collection::btree_map(
+                    "[\\x00-\\x1f\"\\\\a-zA-Z_\\u{e9}]{0,8}",
+                    inner,
+                    0..6
+                )
+                .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn sc_13_canonical_json_is_serde_json_part_by_part(value in json_value()) {
+            proptest::prop_assert_eq!(canonical_json(&value), canonical_by_parts(&value));
+            // It is JSON.
+            proptest::prop_assert!(
+                serde_json::from_str::<serde_json::Value>(&canonical_json(&value)).is_ok()
+            );
+        }
+    }
+
+    #[test]
+    fn sc_13_canonical_json_escapes_as_serde_json() {
+        let value = serde_json::json!({
+            "z": "a\"b\\c/d\u{0}\u{1f}\u{8}\t\n\u{c}\r\u{7f}é\u{2028}😀",
+            "a": [1, -2, 1.5, null, true, false, {"k": {}}],
+            "é": "",
+        });
+        assert_eq!(
+            canonical_json(&value),
+            "{\"a\":[1,-2,1.5,null,true,false,{\"k\":{}}],\"z\":\"a\\\"b\\\\c/d\\u0000\\u001f\\b\\t\\n\\f\\r\u{7f}é\u{2028}😀\",\"é\":\"\"}"
+        );
+        assert_eq!(canonical_json(&value), canonical_by_parts(&value));
     }
 
     #[test]

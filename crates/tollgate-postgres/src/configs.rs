@@ -14,8 +14,9 @@ use crate::error::DbResultExt;
 use crate::PgStores;
 use serde::Serialize;
 use sha2::{Digest as _, Sha256};
-use std::collections::HashSet;
-use std::sync::Mutex;
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use tollgate_core::config::CallConfig;
 use tollgate_core::digest::Binding;
 use tollgate_core::ids::{InputRevision, Intent, SessionId};
 use tollgate_store::{StoreError, StoreResult};
@@ -43,27 +44,69 @@ pub(crate) struct BindingRest {
 /// A binding split for the claim function: the rest, the config's JSON text and its digest.
 pub(crate) struct SplitBinding {
     pub(crate) rest: BindingRest,
-    pub(crate) config: String,
+    pub(crate) config: Arc<str>,
     pub(crate) digest: String,
 }
 
-/// `binding` split into its rest and its config, named by the SHA-256 (hex) of the config's text.
-///
-/// # Errors
-/// [`StoreError::Corrupt`] when the config cannot be written as JSON.
-pub(crate) fn split(binding: &Binding) -> StoreResult<SplitBinding> {
-    let config = serde_json::to_string(&binding.config)
-        .map_err(|_| StoreError::Corrupt("binding config as JSON".into()))?;
-    let digest = hex::encode(Sha256::digest(config.as_bytes()));
-    Ok(SplitBinding {
-        rest: BindingRest {
-            session_id: binding.session_id.clone(),
-            intent: binding.intent.clone(),
-            input_revision: binding.input_revision.clone(),
-        },
-        config,
-        digest,
-    })
+/// Configs whose JSON text and digest [`ConfigTexts`] keeps; past them the oldest is dropped
+/// (a config not kept is written and hashed again, the same text and digest).
+pub(crate) const CONFIG_TEXTS_MAX: usize = 64;
+
+/// The JSON text and digest of the configs split last. Every call of a profile carries the same
+/// config, so its text is written and hashed once instead of once per claim; a config is found
+/// by equality, and equal configs write the same text.
+#[derive(Debug, Default)]
+pub(crate) struct ConfigTexts {
+    recent: Mutex<VecDeque<Arc<ConfigText>>>,
+}
+
+#[derive(Debug)]
+struct ConfigText {
+    config: CallConfig,
+    text: Arc<str>,
+    digest: String,
+}
+
+impl ConfigTexts {
+    /// `binding` split into its rest and its config, named by the SHA-256 (hex) of the config's
+    /// text.
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] when the config cannot be written as JSON.
+    pub(crate) fn split(&self, binding: &Binding) -> StoreResult<SplitBinding> {
+        let kept = self.recent.lock().ok().and_then(|recent| {
+            recent
+                .iter()
+                .find(|kept| kept.config == binding.config)
+                .cloned()
+        });
+        let text = match kept {
+            Some(text) => text,
+            None => {
+                let written = serde_json::to_string(&binding.config)
+                    .map_err(|_| StoreError::Corrupt("binding config as JSON".into()))?;
+                let text = Arc::new(ConfigText {
+                    config: binding.config.clone(),
+                    digest: hex::encode(Sha256::digest(written.as_bytes())),
+                    text: Arc::from(written),
+                });
+                if let Ok(mut recent) = self.recent.lock() {
+                    recent.push_front(Arc::clone(&text));
+                    recent.truncate(CONFIG_TEXTS_MAX);
+                }
+                text
+            }
+        };
+        Ok(SplitBinding {
+            rest: BindingRest {
+                session_id: binding.session_id.clone(),
+                intent: binding.intent.clone(),
+                input_revision: binding.input_revision.clone(),
+            },
+            config: Arc::clone(&text.text),
+            digest: text.digest.clone(),
+        })
+    }
 }
 
 /// The digests of the configs these stores have stored.
@@ -126,16 +169,20 @@ impl PgStores {
 mod tests {
     use super::*;
 
-    #[test]
-    fn split_keeps_every_field() {
-        // H-40: the rest with the config joined back is the binding, field for field.
-        let binding = Binding {
+    fn binding() -> Binding {
+        Binding {
             session_id: SessionId::parse("s-1").expect("a session"),
             intent: Intent::parse("summarize").expect("an intent"),
             input_revision: InputRevision::parse("r1").expect("a revision"),
             config: tollgate_core::config::fixtures::text_config(),
-        };
-        let split = split(&binding).expect("split");
+        }
+    }
+
+    #[test]
+    fn split_keeps_every_field() {
+        // H-40: the rest with the config joined back is the binding, field for field.
+        let binding = binding();
+        let split = ConfigTexts::default().split(&binding).expect("split");
         let mut joined = serde_json::to_value(&split.rest).expect("rest");
         let config: serde_json::Value = serde_json::from_str(&split.config).expect("config");
         joined
@@ -147,5 +194,44 @@ mod tests {
             split.digest,
             hex::encode(Sha256::digest(split.config.as_bytes()))
         );
+    }
+
+    #[test]
+    fn a_kept_config_text_is_the_text_of_its_config() {
+        // H-40: the texts kept are found by the config alone; another config, however close,
+        // is written and hashed anew; past CONFIG_TEXTS_MAX configs the text is written again.
+        let texts = ConfigTexts::default();
+        let first = binding();
+        let mut other_session = binding();
+        other_session.session_id = SessionId::parse("s-2").expect("a session");
+        let mut other_config = binding();
+        other_config.config.policy_version =
+            tollgate_core::ids::VersionId::parse("policy-2").expect("a version");
+        let a = texts.split(&first).expect("split");
+        let b = texts.split(&other_session).expect("split");
+        let c = texts.split(&other_config).expect("split");
+        assert!(Arc::ptr_eq(&a.config, &b.config), "one config, one text");
+        assert_eq!(a.digest, b.digest);
+        assert_ne!(a.digest, c.digest);
+        for (split, binding) in [(&a, &first), (&c, &other_config)] {
+            let written = serde_json::to_string(&binding.config).expect("config");
+            assert_eq!(&*split.config, written.as_str());
+            assert_eq!(
+                split.digest,
+                hex::encode(Sha256::digest(written.as_bytes()))
+            );
+        }
+        for n in 0..CONFIG_TEXTS_MAX {
+            let mut filler = binding();
+            filler.config.price_version =
+                tollgate_core::ids::VersionId::parse(format!("price-{n}")).expect("a version");
+            texts.split(&filler).expect("split");
+        }
+        let again = texts.split(&first).expect("split");
+        assert!(
+            !Arc::ptr_eq(&a.config, &again.config),
+            "dropped past the bound"
+        );
+        assert_eq!(a.digest, again.digest);
     }
 }

@@ -252,6 +252,8 @@ pub struct PgStores {
     reads_first: Arc<AtomicU64>,
     /// The binding configs these stores have stored (H-40).
     stored_configs: Arc<configs::StoredConfigs>,
+    /// The JSON texts and digests of the configs claims named last (H-40).
+    config_texts: Arc<configs::ConfigTexts>,
     /// Whether leases follow the caller's `now` (tests only) instead of the database's clock.
     caller_lease_clock: bool,
     /// The client-side deadline of one batch statement ([`SessionTimeouts::statement_deadline`]).
@@ -431,6 +433,7 @@ impl PgStores {
             )),
             reads_first: Arc::new(AtomicU64::new(0)),
             stored_configs: Arc::new(configs::StoredConfigs::default()),
+            config_texts: Arc::new(configs::ConfigTexts::default()),
             caller_lease_clock: false,
             statement_deadline: SessionTimeouts::default().statement_deadline(),
             #[cfg(feature = "test-support")]

@@ -228,7 +228,7 @@ impl PgStores {
             rest,
             config,
             digest,
-        } = configs::split(&record.binding)?;
+        } = self.config_texts.split(&record.binding)?;
         self.store_config(&digest, &config, false).await?;
         let call = ClaimCall {
             id: record.id.0,
