@@ -311,7 +311,7 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn sc_13_canonical_json_is_serde_json_part_by_part(value in json_value()) {
+        fn h_41_canonical_json_is_serde_json_part_by_part(value in json_value()) {
             proptest::prop_assert_eq!(canonical_json(&value), canonical_by_parts(&value));
             // It is JSON.
             proptest::prop_assert!(
@@ -321,7 +321,7 @@ mod tests {
     }
 
     #[test]
-    fn sc_13_canonical_json_escapes_as_serde_json() {
+    fn h_41_canonical_json_escapes_as_serde_json() {
         let value = serde_json::json!({
             "z": "a\"b\\c/d\u{0}\u{1f}\u{8}\t\n\u{c}\r\u{7f}é\u{2028}😀",
             "a": [1, -2, 1.5, null, true, false, {"k": {}}],

@@ -197,7 +197,7 @@ mod tests {
     }
 
     #[test]
-    fn a_kept_config_text_is_the_text_of_its_config() {
+    fn h_40_a_kept_config_text_is_the_text_of_its_config() {
         // H-40: the texts kept are found by the config alone; another config, however close,
         // is written and hashed anew; past CONFIG_TEXTS_MAX configs the text is written again.
         let texts = ConfigTexts::default();
