@@ -578,32 +578,33 @@ impl ApiKeyRow {
     }
 }
 
-/// Reads the columns of a row of `T`'s table that a join aliased as `{prefix}{column}`; `None`
-/// when the `LEFT JOIN` found no row (the first column is `NULL`).
-fn joined<'r, T>(row: &'r sqlx::postgres::PgRow, prefix: &str, column: &str) -> sqlx::Result<T>
-where
-    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
-{
-    use sqlx::Row;
-    row.try_get(format!("{prefix}{column}").as_str())
+/// Reads the column of a row of another table that a join aliased as `{prefix}{column}` (a
+/// name made at compile time: a replay's view reads some forty of them); a `LEFT JOIN` that
+/// found no row reads its first column `NULL`.
+macro_rules! joined {
+    ($row:expr, $prefix:literal, $column:literal) => {
+        sqlx::Row::try_get($row, concat!($prefix, $column))
+    };
+    ($row:expr, $prefix:literal, $column:literal, $t:ty) => {
+        sqlx::Row::try_get::<$t, _>($row, concat!($prefix, $column))
+    };
 }
 
 impl ResultRow {
     /// The `r_`-aliased result columns of a joined row (see `executions::VIEW_BY_KEY`).
     pub(crate) fn joined(row: &sqlx::postgres::PgRow) -> sqlx::Result<Option<Self>> {
-        let p = "r_";
-        let Some(execution_id) = joined::<Option<Uuid>>(row, p, "execution_id")? else {
+        let Some(execution_id) = joined!(row, "r_", "execution_id", Option<Uuid>)? else {
             return Ok(None);
         };
         Ok(Some(Self {
             execution_id,
-            outcome: joined(row, p, "outcome")?,
-            stop: joined(row, p, "stop")?,
-            output: joined(row, p, "output")?,
-            step: joined(row, p, "step")?,
-            warnings: joined(row, p, "warnings")?,
-            retention_expires_at: joined(row, p, "retention_expires_at")?,
-            erased_at: joined(row, p, "erased_at")?,
+            outcome: joined!(row, "r_", "outcome")?,
+            stop: joined!(row, "r_", "stop")?,
+            output: joined!(row, "r_", "output")?,
+            step: joined!(row, "r_", "step")?,
+            warnings: joined!(row, "r_", "warnings")?,
+            retention_expires_at: joined!(row, "r_", "retention_expires_at")?,
+            erased_at: joined!(row, "r_", "erased_at")?,
         }))
     }
 }
@@ -611,32 +612,31 @@ impl ResultRow {
 impl SettlementRow {
     /// The `s_`-aliased settlement columns of a joined row (see `executions::VIEW_BY_KEY`).
     pub(crate) fn joined(row: &sqlx::postgres::PgRow) -> sqlx::Result<Option<Self>> {
-        let p = "s_";
-        let Some(settlement_id) = joined::<Option<Uuid>>(row, p, "settlement_id")? else {
+        let Some(settlement_id) = joined!(row, "s_", "settlement_id", Option<Uuid>)? else {
             return Ok(None);
         };
         Ok(Some(Self {
             settlement_id,
-            execution_id: joined(row, p, "execution_id")?,
-            scope: joined(row, p, "scope")?,
-            operation_key: joined(row, p, "operation_key")?,
-            kind: joined(row, p, "kind")?,
-            consumer: joined(row, p, "consumer")?,
-            session_id: joined(row, p, "session_id")?,
-            accounting_day: joined(row, p, "accounting_day")?,
-            provider: joined(row, p, "provider")?,
-            model: joined(row, p, "model")?,
-            price_version: joined(row, p, "price_version")?,
-            policy_version: joined(row, p, "policy_version")?,
-            currency: joined(row, p, "currency")?,
-            input_tokens: joined(row, p, "input_tokens")?,
-            output_tokens: joined(row, p, "output_tokens")?,
-            cache_read_tokens: joined(row, p, "cache_read_tokens")?,
-            cache_write_tokens: joined(row, p, "cache_write_tokens")?,
-            reasoning_tokens: joined(row, p, "reasoning_tokens")?,
-            amount: joined(row, p, "amount")?,
-            source: joined(row, p, "source")?,
-            settled_at: joined(row, p, "settled_at")?,
+            execution_id: joined!(row, "s_", "execution_id")?,
+            scope: joined!(row, "s_", "scope")?,
+            operation_key: joined!(row, "s_", "operation_key")?,
+            kind: joined!(row, "s_", "kind")?,
+            consumer: joined!(row, "s_", "consumer")?,
+            session_id: joined!(row, "s_", "session_id")?,
+            accounting_day: joined!(row, "s_", "accounting_day")?,
+            provider: joined!(row, "s_", "provider")?,
+            model: joined!(row, "s_", "model")?,
+            price_version: joined!(row, "s_", "price_version")?,
+            policy_version: joined!(row, "s_", "policy_version")?,
+            currency: joined!(row, "s_", "currency")?,
+            input_tokens: joined!(row, "s_", "input_tokens")?,
+            output_tokens: joined!(row, "s_", "output_tokens")?,
+            cache_read_tokens: joined!(row, "s_", "cache_read_tokens")?,
+            cache_write_tokens: joined!(row, "s_", "cache_write_tokens")?,
+            reasoning_tokens: joined!(row, "s_", "reasoning_tokens")?,
+            amount: joined!(row, "s_", "amount")?,
+            source: joined!(row, "s_", "source")?,
+            settled_at: joined!(row, "s_", "settled_at")?,
         }))
     }
 }
@@ -644,16 +644,15 @@ impl SettlementRow {
 impl ReceiptRow {
     /// The `rr_`-aliased root receipt columns of a joined row (see `executions::VIEW_BY_KEY`).
     pub(crate) fn joined(row: &sqlx::postgres::PgRow) -> sqlx::Result<Option<Self>> {
-        let p = "rr_";
-        let Some(root_id) = joined::<Option<Uuid>>(row, p, "root_id")? else {
+        let Some(root_id) = joined!(row, "rr_", "root_id", Option<Uuid>)? else {
             return Ok(None);
         };
         Ok(Some(Self {
             root_id,
-            execution_id: joined(row, p, "execution_id")?,
-            amount: joined(row, p, "amount")?,
-            currency: joined(row, p, "currency")?,
-            created_at: joined(row, p, "created_at")?,
+            execution_id: joined!(row, "rr_", "execution_id")?,
+            amount: joined!(row, "rr_", "amount")?,
+            currency: joined!(row, "rr_", "currency")?,
+            created_at: joined!(row, "rr_", "created_at")?,
         }))
     }
 }
