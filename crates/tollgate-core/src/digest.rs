@@ -79,85 +79,51 @@ pub fn domain_digest(domain: &str, parts: &[&[u8]]) -> Digest256 {
     Digest256(h.finalize().into())
 }
 
-/// Canonical JSON: keys sorted at every level, no insignificant whitespace, strings escaped and
-/// numbers printed exactly as `serde_json` prints them. Written into one buffer, with no string
-/// made per key or per value: the audit trail's rows and the binding digests compute it for every
-/// call.
+/// Canonical JSON: keys sorted at every level, no insignificant whitespace, strings and numbers
+/// as `serde_json` writes them. Written into one buffer, with no string made per key or per
+/// value: the audit trail's rows and the binding digests compute it for every call.
 pub fn canonical_json(value: &serde_json::Value) -> String {
-    let mut out = String::with_capacity(128);
+    let mut out = Vec::with_capacity(128);
     write_canonical(value, &mut out);
-    out
+    // Only `serde_json`'s output and ASCII punctuation were written: the bytes are UTF-8, and
+    // the text is taken as it is.
+    String::from_utf8_lossy(&out).into_owned()
 }
 
-fn write_canonical(value: &serde_json::Value, out: &mut String) {
-    use std::fmt::Write as _;
+fn write_canonical(value: &serde_json::Value, out: &mut Vec<u8>) {
     match value {
         serde_json::Value::Object(map) => {
             let mut entries: Vec<(&String, &serde_json::Value)> = map.iter().collect();
             entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            out.push('{');
+            out.push(b'{');
             for (i, (key, v)) in entries.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                push_json_string(out, key);
-                out.push(':');
+                write_scalar(key, out);
+                out.push(b':');
                 write_canonical(v, out);
             }
-            out.push('}');
+            out.push(b'}');
         }
         serde_json::Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_canonical(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
-        serde_json::Value::String(text) => push_json_string(out, text),
-        serde_json::Value::Null => out.push_str("null"),
-        serde_json::Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        // `Number`'s `Display` is its JSON text; writing into a `String` cannot fail.
-        serde_json::Value::Number(n) => {
-            let _ = write!(out, "{n}");
-        }
+        scalar => write_scalar(scalar, out),
     }
 }
 
-/// `text` as a JSON string, escaped as `serde_json` escapes it: `"` and `\\`, the control
-/// characters with a short escape (`\b`, `\t`, `\n`, `\f`, `\r`) and the others as `\u00xx`
-/// (lower-case hex); every other character as it is.
-fn push_json_string(out: &mut String, text: &str) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.push('"');
-    let mut start = 0;
-    for (i, byte) in text.bytes().enumerate() {
-        let short = match byte {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            0x08 => "\\b",
-            b'\t' => "\\t",
-            b'\n' => "\\n",
-            0x0c => "\\f",
-            b'\r' => "\\r",
-            0x00..=0x1f => "",
-            _ => continue,
-        };
-        // Every byte escaped is ASCII, so `i` is a character boundary.
-        out.push_str(&text[start..i]);
-        if short.is_empty() {
-            out.push_str("\\u00");
-            out.push(char::from(HEX[usize::from(byte >> 4)]));
-            out.push(char::from(HEX[usize::from(byte & 0xf)]));
-        } else {
-            out.push_str(short);
-        }
-        start = i + 1;
-    }
-    out.push_str(&text[start..]);
-    out.push('"');
+/// A string, number, boolean or null as `serde_json` writes it, appended to `out`. Writing a
+/// scalar into a `Vec` cannot fail.
+fn write_scalar<T: Serialize + ?Sized>(scalar: &T, out: &mut Vec<u8>) {
+    let _ = serde_json::to_writer(out, scalar);
 }
 
 /// What an execution is bound to. Same key + same binding = replay; different = conflict.
