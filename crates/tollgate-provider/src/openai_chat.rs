@@ -9,8 +9,14 @@ use crate::client::ProviderRequest;
 use crate::sse::decode::{at, guarded, index_u32, json_data, non_empty, provider_error, Lifecycle};
 use crate::sse::SseEvent;
 use crate::support::{is_openai_reasoning_model, temperature_json};
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use std::borrow::Cow;
 use std::collections::BTreeSet;
+use std::fmt;
+use std::marker::PhantomData;
 use tollgate_core::event::ProviderEvent;
 use tollgate_core::message::{Message, Part, Role, ToolChoice};
 use tollgate_core::Usage;
@@ -159,6 +165,71 @@ impl Decoder {
         if !ev.is_overflow() && ev.data.trim() == "[DONE]" {
             return vec![ProviderEvent::Done];
         }
+        if let Some(out) = self.decode_plain(ev) {
+            return out;
+        }
+        self.decode_value(ev)
+    }
+
+    /// A chunk of the usual shape, read without building a JSON tree: the fields this decoder
+    /// reads, typed, the rest skipped. `None` for any other chunk (an error, usage, tool calls,
+    /// a field of another type, a repeated key): [`Decoder::decode_value`] then reads it. Where
+    /// it answers, it answers as `decode_value` does (`h_42_a_plain_chunk_decodes_as_its_tree`).
+    fn decode_plain(&mut self, ev: &SseEvent) -> Option<Vec<ProviderEvent>> {
+        if ev.is_overflow() {
+            return None;
+        }
+        let MapOnly(chunk) = serde_json::from_str::<MapOnly<PlainChunk<'_>>>(&ev.data).ok()?;
+        if chunk.error.is_some() || chunk.usage.is_some() {
+            return None;
+        }
+        let choices = chunk.choices.unwrap_or_default();
+        if choices.iter().any(|MapOnly(c)| {
+            c.delta
+                .as_ref()
+                .is_some_and(|MapOnly(d)| d.tool_calls.is_some() && c.index() == 0)
+        }) {
+            return None;
+        }
+        let mut out = Vec::new();
+        if !self.ref_sent {
+            if let Some(id) = plain_text(chunk.id) {
+                self.ref_sent = true;
+                out.push(ProviderEvent::ProviderRef { id });
+            }
+        }
+        for MapOnly(choice) in choices {
+            if choice.index() != 0 {
+                continue;
+            }
+            if let Some(MapOnly(delta)) = choice.delta {
+                let reasoning =
+                    plain_text(delta.reasoning_content).or_else(|| plain_text(delta.reasoning));
+                if let Some(text) = reasoning {
+                    out.push(ProviderEvent::ReasoningDelta { text });
+                }
+                if let Some(text) = plain_text(delta.content) {
+                    out.push(ProviderEvent::TextDelta { text });
+                }
+                if let Some(text) = plain_text(delta.refusal) {
+                    out.push(ProviderEvent::RefusalDelta { text });
+                }
+            }
+            if let Some(reason) = plain_text(choice.finish_reason) {
+                out.extend(
+                    self.open
+                        .iter()
+                        .map(|&index| ProviderEvent::ToolCallEnd { index }),
+                );
+                self.open.clear();
+                out.push(ProviderEvent::Stop { reason });
+            }
+        }
+        Some(out)
+    }
+
+    /// Any chunk, read as a JSON tree.
+    fn decode_value(&mut self, ev: &SseEvent) -> Vec<ProviderEvent> {
         let chunk = match json_data(ev) {
             Ok(v) => v,
             Err(e) => return vec![e],
@@ -246,9 +317,296 @@ impl Decoder {
     }
 }
 
+/// A chunk's fields as [`Decoder::decode_plain`] reads them: strings borrowed from the event
+/// where they have no escapes; a field that is present and not null but not of its type fails the
+/// whole chunk (then read as a tree). Other fields are skipped.
+#[derive(Deserialize)]
+struct PlainChunk<'a> {
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    choices: Option<Vec<MapOnly<PlainChoice<'a>>>>,
+    #[serde(default)]
+    error: Option<IgnoredAny>,
+    #[serde(default)]
+    usage: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct PlainChoice<'a> {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(borrow, default)]
+    delta: Option<MapOnly<PlainDelta<'a>>>,
+    #[serde(borrow, default)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+impl PlainChoice<'_> {
+    /// The choice's index as the tree reading takes it: a number out of `u32`'s range, or none,
+    /// is 0.
+    fn index(&self) -> u32 {
+        self.index.and_then(|i| u32::try_from(i).ok()).unwrap_or(0)
+    }
+}
+
+#[derive(Deserialize)]
+struct PlainDelta<'a> {
+    #[serde(borrow, default)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    refusal: Option<Cow<'a, str>>,
+    #[serde(default)]
+    tool_calls: Option<IgnoredAny>,
+}
+
+/// A JSON object read as `T`, and nothing else: a derived struct would also take an array of
+/// its fields in order, where the tree reading finds no field in an array.
+struct MapOnly<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for MapOnly<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Object<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for Object<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(MapAccessDeserializer::new(map))
+            }
+        }
+        deserializer
+            .deserialize_map(Object(PhantomData))
+            .map(MapOnly)
+    }
+}
+
+/// A non-empty string, owned.
+fn plain_text(s: Option<Cow<'_, str>>) -> Option<String> {
+    s.filter(|s| !s.is_empty()).map(Cow::into_owned)
+}
+
 /// Chat usage in disjoint classes: cached prompt tokens and reasoning tokens are split out.
 /// `prompt_tokens` and `completion_tokens` are required; the details are optional and at most
 /// their totals. Returns the classes and whether they are exact (SC-95).
 fn usage(u: &Value) -> (Usage, bool) {
     crate::usage::openai(u, "prompt", "completion")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn event(data: &str) -> SseEvent {
+        SseEvent {
+            event: None,
+            data: data.to_string(),
+            id: None,
+        }
+    }
+
+    /// Two decoders in one state: no provider ref sent yet, or sent, and tool call 3 open.
+    fn pair(ref_sent: bool) -> (Decoder, Decoder) {
+        let make = || {
+            let mut d = Decoder::new();
+            d.ref_sent = ref_sent;
+            d.started.insert(3);
+            d.open.insert(3);
+            d
+        };
+        (make(), make())
+    }
+
+    /// Whether `data` read without a tree, where that answers, gives the events and the state
+    /// that the tree reading gives; and whether it answered.
+    fn same_as_tree(data: &str, ref_sent: bool) -> bool {
+        let (mut plain, mut tree) = pair(ref_sent);
+        let ev = event(data);
+        let Some(out) = plain.decode_plain(&ev) else {
+            return false;
+        };
+        assert_eq!(out, tree.decode_value(&ev), "{data}");
+        assert_eq!(plain.ref_sent, tree.ref_sent, "{data}");
+        assert_eq!(plain.open, tree.open, "{data}");
+        assert_eq!(plain.started, tree.started, "{data}");
+        true
+    }
+
+    #[test]
+    fn h_42_a_plain_chunk_is_read_without_a_tree() {
+        let text = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hel\"lo"},"logprobs":null,"finish_reason":null}]}"#;
+        assert!(same_as_tree(text, false));
+        assert!(same_as_tree(text, true));
+        let stop =
+            r#"{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":null}"#;
+        assert!(same_as_tree(stop, false));
+        let reasoning = r#"{"id":"c","choices":[{"index":0,"delta":{"reasoning_content":"think","content":""}}]}"#;
+        assert!(same_as_tree(reasoning, false));
+    }
+
+    #[test]
+    fn h_42_other_chunks_are_read_as_a_tree() {
+        for data in [
+            // usage, an error, tool calls: read as a tree.
+            r#"{"id":"c","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#,
+            r#"{"error":{"type":"overloaded","message":"busy"}}"#,
+            r#"{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"t","function":{"name":"f","arguments":"{}"}}]}}]}"#,
+            // A field of another type, an array for an object, a repeated key.
+            r#"{"id":7,"choices":[]}"#,
+            r#"{"id":"c","choices":[[0,{"content":"x"},"stop"]]}"#,
+            r#"["c",[]]"#,
+            r#"{"id":"a","id":"b","choices":[]}"#,
+            r#"{"id":"c","choices":[{"index":-1,"delta":{"content":"x"}}]}"#,
+        ] {
+            assert!(!same_as_tree(data, false), "{data} is read as a tree");
+            let mut d = Decoder::new();
+            let _ = d.decode(&event(data));
+        }
+        // What a tree reading gives for them is what the decoder gives.
+        let repeated = r#"{"id":"a","id":"b","choices":[]}"#;
+        let mut d = Decoder::new();
+        assert_eq!(
+            d.decode(&event(repeated)),
+            vec![ProviderEvent::ProviderRef { id: "b".into() }]
+        );
+    }
+
+    fn scalar() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            (-2i64..5).prop_map(Value::from),
+            Just(Value::from(u64::from(u32::MAX) + 1)),
+            Just(json!(0.5)),
+            prop_oneof![
+                Just(""),
+                Just("a"),
+                Just("stop"),
+                Just("é\"\\\n\u{1}"),
+                Just("chatcmpl-9")
+            ]
+            .prop_map(Value::from),
+        ]
+    }
+
+    /// `value` or one of the odd things a field might hold instead.
+    fn or_odd(value: impl Strategy<Value = Value>) -> impl Strategy<Value = Value> {
+        prop_oneof![
+            8 => value,
+            1 => scalar(),
+            1 => prop::collection::vec(scalar(), 0..3).prop_map(Value::Array),
+        ]
+    }
+
+    /// An object of some of `fields`, each present with its probability.
+    fn object(fields: Vec<(&'static str, f64, BoxedStrategy<Value>)>) -> BoxedStrategy<Value> {
+        let parts: Vec<_> = fields
+            .into_iter()
+            .map(|(name, p, value)| prop::option::weighted(p, value).prop_map(move |v| (name, v)))
+            .collect();
+        parts
+            .prop_map(|parts| {
+                Value::Object(
+                    parts
+                        .into_iter()
+                        .filter_map(|(name, v)| v.map(|v| (name.to_string(), v)))
+                        .collect(),
+                )
+            })
+            .boxed()
+    }
+
+    fn chunk() -> impl Strategy<Value = Value> {
+        let text = || or_odd(scalar()).boxed();
+        let delta = object(vec![
+            ("content", 0.6, text()),
+            ("reasoning", 0.3, text()),
+            ("reasoning_content", 0.3, text()),
+            ("refusal", 0.2, text()),
+            ("role", 0.3, text()),
+            (
+                "tool_calls",
+                0.1,
+                or_odd(Just(json!([{"index": 0, "id": "t"}]))).boxed(),
+            ),
+        ]);
+        let choice = object(vec![
+            ("index", 0.7, text()),
+            ("delta", 0.8, or_odd(delta).boxed()),
+            ("finish_reason", 0.5, text()),
+            ("logprobs", 0.2, text()),
+        ]);
+        object(vec![
+            ("id", 0.8, text()),
+            (
+                "choices",
+                0.9,
+                or_odd(prop::collection::vec(or_odd(choice), 0..3).prop_map(Value::Array)).boxed(),
+            ),
+            (
+                "usage",
+                0.1,
+                or_odd(Just(json!({"prompt_tokens": 1}))).boxed(),
+            ),
+            ("error", 0.1, or_odd(Just(json!({"message": "m"}))).boxed()),
+            ("model", 0.3, text()),
+        ])
+    }
+
+    /// A chunk of the usual shape: strings (or null) where strings go, objects where objects go,
+    /// no usage, error or tool calls.
+    fn plain_chunk() -> impl Strategy<Value = Value> {
+        let text = || {
+            prop_oneof![
+                Just(Value::Null),
+                prop_oneof![Just(""), Just("a"), Just("stop"), Just("é\"\\\n\u{1}")]
+                    .prop_map(Value::from)
+            ]
+            .boxed()
+        };
+        let index = prop_oneof![Just(Value::Null), (0u64..3).prop_map(Value::from)].boxed();
+        let delta = object(vec![
+            ("content", 0.6, text()),
+            ("reasoning", 0.3, text()),
+            ("reasoning_content", 0.3, text()),
+            ("refusal", 0.2, text()),
+            ("role", 0.3, text()),
+        ]);
+        let choice = object(vec![
+            ("index", 0.7, index),
+            ("delta", 0.8, delta),
+            ("finish_reason", 0.5, text()),
+        ]);
+        object(vec![
+            ("id", 0.8, text()),
+            (
+                "choices",
+                0.9,
+                prop::collection::vec(choice, 0..3)
+                    .prop_map(Value::Array)
+                    .boxed(),
+            ),
+            ("usage", 0.2, Just(Value::Null).boxed()),
+            ("object", 0.5, text()),
+        ])
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+        #[test]
+        fn h_42_every_plain_chunk_is_read_without_a_tree(chunk in plain_chunk(), ref_sent in any::<bool>()) {
+            prop_assert!(same_as_tree(&chunk.to_string(), ref_sent), "{chunk}");
+        }
+
+        #[test]
+        fn h_42_a_plain_chunk_decodes_as_its_tree(chunk in or_odd(chunk()), ref_sent in any::<bool>()) {
+            same_as_tree(&chunk.to_string(), ref_sent);
+        }
+    }
 }
