@@ -203,26 +203,15 @@ impl Decoder {
                 continue;
             }
             if let Some(MapOnly(delta)) = choice.delta {
-                let reasoning =
-                    plain_text(delta.reasoning_content).or_else(|| plain_text(delta.reasoning));
-                if let Some(text) = reasoning {
-                    out.push(ProviderEvent::ReasoningDelta { text });
-                }
-                if let Some(text) = plain_text(delta.content) {
-                    out.push(ProviderEvent::TextDelta { text });
-                }
-                if let Some(text) = plain_text(delta.refusal) {
-                    out.push(ProviderEvent::RefusalDelta { text });
-                }
+                push_texts(
+                    plain_text(delta.reasoning_content).or_else(|| plain_text(delta.reasoning)),
+                    plain_text(delta.content),
+                    plain_text(delta.refusal),
+                    &mut out,
+                );
             }
             if let Some(reason) = plain_text(choice.finish_reason) {
-                out.extend(
-                    self.open
-                        .iter()
-                        .map(|&index| ProviderEvent::ToolCallEnd { index }),
-                );
-                self.open.clear();
-                out.push(ProviderEvent::Stop { reason });
+                self.stop(reason, &mut out);
             }
         }
         Some(out)
@@ -254,13 +243,7 @@ impl Decoder {
                 self.delta(delta, &mut out);
             }
             if let Some(reason) = non_empty(choice, &["finish_reason"]) {
-                out.extend(
-                    self.open
-                        .iter()
-                        .map(|&index| ProviderEvent::ToolCallEnd { index }),
-                );
-                self.open.clear();
-                out.push(ProviderEvent::Stop { reason });
+                self.stop(reason, &mut out);
                 finished = true;
             }
         }
@@ -278,18 +261,24 @@ impl Decoder {
         out
     }
 
+    /// The end of choice 0: every open tool call ends, then the stop.
+    fn stop(&mut self, reason: String, out: &mut Vec<ProviderEvent>) {
+        out.extend(
+            self.open
+                .iter()
+                .map(|&index| ProviderEvent::ToolCallEnd { index }),
+        );
+        self.open.clear();
+        out.push(ProviderEvent::Stop { reason });
+    }
+
     fn delta(&mut self, delta: &Value, out: &mut Vec<ProviderEvent>) {
-        let reasoning =
-            non_empty(delta, &["reasoning_content"]).or_else(|| non_empty(delta, &["reasoning"]));
-        if let Some(text) = reasoning {
-            out.push(ProviderEvent::ReasoningDelta { text });
-        }
-        if let Some(text) = non_empty(delta, &["content"]) {
-            out.push(ProviderEvent::TextDelta { text });
-        }
-        if let Some(text) = non_empty(delta, &["refusal"]) {
-            out.push(ProviderEvent::RefusalDelta { text });
-        }
+        push_texts(
+            non_empty(delta, &["reasoning_content"]).or_else(|| non_empty(delta, &["reasoning"])),
+            non_empty(delta, &["content"]),
+            non_empty(delta, &["refusal"]),
+            out,
+        );
         let calls = delta.get("tool_calls").and_then(Value::as_array);
         for (pos, call) in calls.into_iter().flatten().enumerate() {
             let index = index_u32(call, "index").unwrap_or(u32::try_from(pos).unwrap_or(u32::MAX));
@@ -383,6 +372,24 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for MapOnly<T> {
         deserializer
             .deserialize_map(Object(PhantomData))
             .map(MapOnly)
+    }
+}
+
+/// A delta's texts as events, in this order: reasoning, text, refusal.
+fn push_texts(
+    reasoning: Option<String>,
+    text: Option<String>,
+    refusal: Option<String>,
+    out: &mut Vec<ProviderEvent>,
+) {
+    if let Some(text) = reasoning {
+        out.push(ProviderEvent::ReasoningDelta { text });
+    }
+    if let Some(text) = text {
+        out.push(ProviderEvent::TextDelta { text });
+    }
+    if let Some(text) = refusal {
+        out.push(ProviderEvent::RefusalDelta { text });
     }
 }
 
@@ -522,20 +529,28 @@ mod tests {
             .boxed()
     }
 
-    fn chunk() -> impl Strategy<Value = Value> {
-        let text = || or_odd(scalar()).boxed();
-        let delta = object(vec![
+    /// A delta's text fields, each of `text`.
+    fn delta_texts(
+        text: impl Fn() -> BoxedStrategy<Value>,
+    ) -> Vec<(&'static str, f64, BoxedStrategy<Value>)> {
+        vec![
             ("content", 0.6, text()),
             ("reasoning", 0.3, text()),
             ("reasoning_content", 0.3, text()),
             ("refusal", 0.2, text()),
             ("role", 0.3, text()),
-            (
-                "tool_calls",
-                0.1,
-                or_odd(Just(json!([{"index": 0, "id": "t"}]))).boxed(),
-            ),
-        ]);
+        ]
+    }
+
+    fn chunk() -> impl Strategy<Value = Value> {
+        let text = || or_odd(scalar()).boxed();
+        let mut delta = delta_texts(text);
+        delta.push((
+            "tool_calls",
+            0.1,
+            or_odd(Just(json!([{"index": 0, "id": "t"}]))).boxed(),
+        ));
+        let delta = object(delta);
         let choice = object(vec![
             ("index", 0.7, text()),
             ("delta", 0.8, or_odd(delta).boxed()),
@@ -571,13 +586,7 @@ mod tests {
             .boxed()
         };
         let index = prop_oneof![Just(Value::Null), (0u64..3).prop_map(Value::from)].boxed();
-        let delta = object(vec![
-            ("content", 0.6, text()),
-            ("reasoning", 0.3, text()),
-            ("reasoning_content", 0.3, text()),
-            ("refusal", 0.2, text()),
-            ("role", 0.3, text()),
-        ]);
+        let delta = object(delta_texts(text));
         let choice = object(vec![
             ("index", 0.7, index),
             ("delta", 0.8, delta),
