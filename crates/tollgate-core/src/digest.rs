@@ -32,10 +32,16 @@ impl Digest256 {
     /// # Errors
     /// Not 64 hex digits.
     pub fn from_hex(text: &str) -> Result<Self, String> {
-        let bytes = hex::decode(text).map_err(|_| "digest is not hex".to_string())?;
-        let arr: [u8; 32] = bytes
-            .try_into()
-            .map_err(|_| "digest is not 32 bytes".to_string())?;
+        if text.len() != 64 {
+            // Odd lengths are not hex; even ones are hex of another size, or not hex.
+            return Err(if text.len() % 2 == 1 || hex::decode(text).is_err() {
+                "digest is not hex".to_string()
+            } else {
+                "digest is not 32 bytes".to_string()
+            });
+        }
+        let mut arr = [0u8; 32];
+        hex::decode_to_slice(text, &mut arr).map_err(|_| "digest is not hex".to_string())?;
         Ok(Self(arr))
     }
 }
@@ -86,8 +92,8 @@ pub fn canonical_json(value: &serde_json::Value) -> String {
     let mut out = Vec::with_capacity(128);
     write_canonical(value, &mut out);
     // Only `serde_json`'s output and ASCII punctuation were written: the bytes are UTF-8, and
-    // the text is taken as it is.
-    String::from_utf8_lossy(&out).into_owned()
+    // the buffer becomes the text without a copy (the lossy reading is never reached).
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 fn write_canonical(value: &serde_json::Value, out: &mut Vec<u8>) {
@@ -345,6 +351,23 @@ mod tests {
         assert_eq!(binding().digest(), binding().digest());
         let d = binding().digest();
         assert_eq!(Digest256::from_hex(&d.to_hex()), Ok(d));
+        assert_eq!(Digest256::from_hex(&d.to_hex().to_uppercase()), Ok(d));
+    }
+
+    #[test]
+    fn a_digest_reads_only_from_64_hex_digits() {
+        let not_hex = Err("digest is not hex".to_string());
+        let not_32 = Err("digest is not 32 bytes".to_string());
+        assert_eq!(Digest256::from_hex("abc"), not_hex);
+        assert_eq!(Digest256::from_hex(&"g".repeat(64)), not_hex);
+        assert_eq!(Digest256::from_hex(&"g".repeat(62)), not_hex);
+        assert_eq!(Digest256::from_hex(""), not_32);
+        assert_eq!(Digest256::from_hex(&"ab".repeat(31)), not_32);
+        assert_eq!(Digest256::from_hex(&"ab".repeat(33)), not_32);
+        assert_eq!(
+            Digest256::from_hex(&"ab".repeat(32)),
+            Ok(Digest256([0xab; 32]))
+        );
     }
 
     #[test]
