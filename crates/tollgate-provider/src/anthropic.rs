@@ -7,11 +7,13 @@
 
 use crate::client::ProviderRequest;
 use crate::sse::decode::{at, error, index_u32, non_empty, provider_error, str_at};
-use crate::sse::decode::{guarded, with_json, Lifecycle};
+use crate::sse::decode::{guarded, plain_text, with_json, Lifecycle, MapOnly};
 use crate::sse::SseEvent;
 use crate::support::temperature_json;
 use crate::usage::{split, Count};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use tollgate_core::event::ProviderEvent;
 use tollgate_core::message::{Message, Part, Role, ToolChoice};
@@ -192,6 +194,58 @@ impl RawUsage {
     }
 }
 
+/// A `content_block_delta` event with a text or thinking delta, read into typed fields whose
+/// strings borrow from the event, without a JSON tree: its event, if any. `None` for every other
+/// event, and for one whose fields are not of their types, an array where an object goes or a
+/// key twice among them: [`Decoder::decode`] then reads it as a tree. Where it answers, it answers
+/// as the tree reading does, and such an event changes no decoder state
+/// (`h_42_a_plain_delta_decodes_as_its_tree`).
+fn plain_delta(ev: &SseEvent) -> Option<Option<ProviderEvent>> {
+    if ev.is_overflow() {
+        return None;
+    }
+    let MapOnly(event) = serde_json::from_str::<MapOnly<PlainBlockDelta<'_>>>(&ev.data).ok()?;
+    let kind = event.kind.as_deref().or(ev.event.as_deref());
+    if kind != Some("content_block_delta") {
+        return None;
+    }
+    let (Some(index), Some(MapOnly(delta))) = (event.index, event.delta) else {
+        // The tree reading answers nothing for these, or reads a delta of another shape.
+        return None;
+    };
+    match delta.kind.as_deref() {
+        // An index out of `u32`'s range is no index: the tree reading answers nothing.
+        _ if u32::try_from(index).is_err() => Some(None),
+        Some("text_delta") => {
+            Some(plain_text(delta.text).map(|text| ProviderEvent::TextDelta { text }))
+        }
+        Some("thinking_delta") => {
+            Some(plain_text(delta.thinking).map(|text| ProviderEvent::ReasoningDelta { text }))
+        }
+        _ => None,
+    }
+}
+
+#[derive(Deserialize)]
+struct PlainBlockDelta<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(borrow, default)]
+    delta: Option<MapOnly<PlainDelta<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct PlainDelta<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    thinking: Option<Cow<'a, str>>,
+}
+
 /// Decodes a Messages stream into normalized events.
 #[derive(Debug, Default)]
 pub struct Decoder {
@@ -212,7 +266,12 @@ impl Decoder {
         guarded(
             self,
             |d| &mut d.life,
-            |d| with_json(ev, |data| d.decode(ev, data)),
+            |d| {
+                plain_delta(ev).map_or_else(
+                    || with_json(ev, |data| d.decode(ev, data)),
+                    |event| event.into_iter().collect(),
+                )
+            },
         )
     }
 
@@ -363,6 +422,147 @@ impl Decoder {
                 out.push(ProviderEvent::ProviderBlock { block });
             }
             Some(Block::Text | Block::Thinking | Block::RedactedThinking) | None => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sse::strategies::{object, or_odd, scalar};
+    use proptest::prelude::*;
+
+    fn event(name: Option<&str>, data: &str) -> SseEvent {
+        SseEvent {
+            event: name.map(str::to_string),
+            data: data.to_string(),
+            id: None,
+        }
+    }
+
+    /// Whether the typed reading of `ev` answers, and, where it does, whether it gives what the
+    /// tree reading gives (a decoder in the middle of a stream, a tool call's block open).
+    fn same_as_tree(ev: &SseEvent) -> bool {
+        let Some(plain) = plain_delta(ev) else {
+            return false;
+        };
+        let mut tree = Decoder::new();
+        tree.blocks.insert(1, Block::ToolUse);
+        let data: Value = serde_json::from_str(&ev.data).expect("a typed reading is of JSON");
+        let events = tree.decode(ev, &data);
+        assert_eq!(plain.into_iter().collect::<Vec<_>>(), events, "{}", ev.data);
+        assert!(!tree.ref_sent, "{}", ev.data);
+        assert_eq!(tree.blocks.len(), 1, "{}", ev.data);
+        true
+    }
+
+    #[test]
+    fn h_42_a_plain_delta_is_read_without_a_tree() {
+        let text = r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hel\"lo"}}"#;
+        assert!(same_as_tree(&event(Some("content_block_delta"), text)));
+        let thinking = r#"{"type":"content_block_delta","index":1,"delta":{"type":"thinking_delta","thinking":"hm"}}"#;
+        assert!(same_as_tree(&event(None, thinking)));
+        let named = r#"{"index":0,"delta":{"type":"text_delta","text":"x"}}"#;
+        assert!(same_as_tree(&event(Some("content_block_delta"), named)));
+    }
+
+    #[test]
+    fn h_42_other_events_are_read_as_a_tree() {
+        for (name, data) in [
+            (
+                None,
+                r#"{"type":"message_start","message":{"id":"m","usage":{"input_tokens":1}}}"#,
+            ),
+            (
+                None,
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{"}}"#,
+            ),
+            (
+                None,
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":7}}"#,
+            ),
+            (
+                None,
+                r#"{"type":"content_block_delta","index":-1,"delta":{"type":"text_delta","text":"x"}}"#,
+            ),
+            (
+                None,
+                r#"{"type":"content_block_delta","index":0,"delta":["text_delta","x"]}"#,
+            ),
+            (
+                None,
+                r#"{"type":"content_block_delta","index":0,"index":1,"delta":{"type":"text_delta","text":"x"}}"#,
+            ),
+            (Some("content_block_delta"), r#"["content_block_delta",0]"#),
+            (
+                None,
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"busy"}}"#,
+            ),
+        ] {
+            assert!(
+                !same_as_tree(&event(name, data)),
+                "{data} is read as a tree"
+            );
+        }
+    }
+
+    fn block_delta() -> impl Strategy<Value = Value> {
+        let text = || or_odd(scalar()).boxed();
+        let kind = || {
+            or_odd(
+                prop_oneof![
+                    Just("text_delta"),
+                    Just("thinking_delta"),
+                    Just("input_json_delta"),
+                    Just("content_block_delta"),
+                    Just("message_delta")
+                ]
+                .prop_map(Value::from),
+            )
+            .boxed()
+        };
+        let delta = object(vec![
+            ("type", 0.9, kind()),
+            ("text", 0.6, text()),
+            ("thinking", 0.4, text()),
+            ("partial_json", 0.2, text()),
+        ]);
+        object(vec![
+            ("type", 0.8, kind()),
+            ("index", 0.9, text()),
+            ("delta", 0.9, or_odd(delta).boxed()),
+            ("error", 0.1, or_odd(Just(json!({"message": "m"}))).boxed()),
+        ])
+    }
+
+    fn plain_block_delta() -> impl Strategy<Value = Value> {
+        (
+            prop_oneof![Just("text"), Just("thinking")],
+            0u64..4,
+            prop_oneof![Just(""), Just("a"), Just("é\"\\\n\u{1}")],
+        )
+            .prop_map(|(kind, index, text)| {
+                json!({
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": format!("{kind}_delta"), kind: text},
+                })
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+        #[test]
+        fn h_42_a_plain_delta_decodes_as_its_tree(
+            data in or_odd(block_delta()),
+            name in prop::option::of(prop_oneof![Just("content_block_delta"), Just("ping")]),
+        ) {
+            same_as_tree(&event(name, &data.to_string()));
+        }
+
+        #[test]
+        fn h_42_every_plain_delta_is_read_without_a_tree(data in plain_block_delta()) {
+            prop_assert!(same_as_tree(&event(None, &data.to_string())), "{data}");
         }
     }
 }

@@ -7,16 +7,14 @@
 
 use crate::client::ProviderRequest;
 use crate::sse::decode::{at, guarded, index_u32, json_data, non_empty, provider_error, Lifecycle};
+use crate::sse::decode::{plain_text, MapOnly};
 use crate::sse::SseEvent;
 use crate::support::{is_openai_reasoning_model, temperature_json};
-use serde::de::value::MapAccessDeserializer;
-use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::borrow::Cow;
 use std::collections::BTreeSet;
-use std::fmt;
-use std::marker::PhantomData;
 use tollgate_core::event::ProviderEvent;
 use tollgate_core::message::{Message, Part, Role, ToolChoice};
 use tollgate_core::Usage;
@@ -353,28 +351,6 @@ struct PlainDelta<'a> {
     tool_calls: Option<IgnoredAny>,
 }
 
-/// A JSON object read as `T`, and nothing else: a derived struct would also take an array of
-/// its fields in order, where the tree reading finds no field in an array.
-struct MapOnly<T>(T);
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for MapOnly<T> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Object<T>(PhantomData<T>);
-        impl<'de, T: Deserialize<'de>> Visitor<'de> for Object<T> {
-            type Value = T;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
-                T::deserialize(MapAccessDeserializer::new(map))
-            }
-        }
-        deserializer
-            .deserialize_map(Object(PhantomData))
-            .map(MapOnly)
-    }
-}
-
 /// A delta's texts as events, in this order: reasoning, text, refusal.
 fn push_texts(
     reasoning: Option<String>,
@@ -393,11 +369,6 @@ fn push_texts(
     }
 }
 
-/// A non-empty string, owned.
-fn plain_text(s: Option<Cow<'_, str>>) -> Option<String> {
-    s.filter(|s| !s.is_empty()).map(Cow::into_owned)
-}
-
 /// Chat usage in disjoint classes: cached prompt tokens and reasoning tokens are split out.
 /// `prompt_tokens` and `completion_tokens` are required; the details are optional and at most
 /// their totals. Returns the classes and whether they are exact (SC-95).
@@ -408,6 +379,7 @@ fn usage(u: &Value) -> (Usage, bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sse::strategies::{object, or_odd, scalar};
     use proptest::prelude::*;
 
     fn event(data: &str) -> SseEvent {
@@ -482,51 +454,6 @@ mod tests {
             d.decode(&event(repeated)),
             vec![ProviderEvent::ProviderRef { id: "b".into() }]
         );
-    }
-
-    fn scalar() -> impl Strategy<Value = Value> {
-        prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::Bool),
-            (-2i64..5).prop_map(Value::from),
-            Just(Value::from(u64::from(u32::MAX) + 1)),
-            Just(json!(0.5)),
-            prop_oneof![
-                Just(""),
-                Just("a"),
-                Just("stop"),
-                Just("é\"\\\n\u{1}"),
-                Just("chatcmpl-9")
-            ]
-            .prop_map(Value::from),
-        ]
-    }
-
-    /// `value` or one of the odd things a field might hold instead.
-    fn or_odd(value: impl Strategy<Value = Value>) -> impl Strategy<Value = Value> {
-        prop_oneof![
-            8 => value,
-            1 => scalar(),
-            1 => prop::collection::vec(scalar(), 0..3).prop_map(Value::Array),
-        ]
-    }
-
-    /// An object of some of `fields`, each present with its probability.
-    fn object(fields: Vec<(&'static str, f64, BoxedStrategy<Value>)>) -> BoxedStrategy<Value> {
-        let parts: Vec<_> = fields
-            .into_iter()
-            .map(|(name, p, value)| prop::option::weighted(p, value).prop_map(move |v| (name, v)))
-            .collect();
-        parts
-            .prop_map(|parts| {
-                Value::Object(
-                    parts
-                        .into_iter()
-                        .filter_map(|(name, v)| v.map(|v| (name.to_string(), v)))
-                        .collect(),
-                )
-            })
-            .boxed()
     }
 
     /// A delta's text fields, each of `text`.

@@ -2,7 +2,12 @@
 //! bookkeeping. Error messages produced here never contain stream content.
 
 use super::{SseEvent, SSE_EVENT_BYTES_MAX};
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
 use tollgate_core::event::{error_kind, ProviderEvent};
 
 /// An error event.
@@ -133,4 +138,31 @@ impl Lifecycle {
             "the stream ended before the protocol's end marker",
         )]
     }
+}
+
+/// A JSON object read as `T`, and nothing else: a derived struct would also take an array of
+/// its fields in order, where the tree reading finds no field in an array.
+pub(crate) struct MapOnly<T>(pub(crate) T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for MapOnly<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Object<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for Object<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(MapAccessDeserializer::new(map))
+            }
+        }
+        deserializer
+            .deserialize_map(Object(PhantomData))
+            .map(MapOnly)
+    }
+}
+
+/// A non-empty string, owned.
+pub(crate) fn plain_text(s: Option<Cow<'_, str>>) -> Option<String> {
+    s.filter(|s| !s.is_empty()).map(Cow::into_owned)
 }

@@ -12,6 +12,8 @@
 //! instead of growing the buffer.
 
 pub(crate) mod decode;
+#[cfg(test)]
+pub(crate) mod strategies;
 
 /// Largest event the parser buffers, in bytes (pending line plus accumulated data).
 pub const SSE_EVENT_BYTES_MAX: usize = 8 * 1024 * 1024;
