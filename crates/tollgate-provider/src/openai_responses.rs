@@ -9,10 +9,13 @@ use crate::client::ProviderRequest;
 use crate::sse::decode::{
     at, error, guarded, index_u32, non_empty, provider_error, str_at, with_json, Lifecycle,
 };
+use crate::sse::decode::{plain_text, MapOnly};
 use crate::sse::SseEvent;
 use crate::support::{matrix, temperature_json};
 use crate::Protocol;
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use tollgate_core::event::ProviderEvent;
 use tollgate_core::message::{Part, Role, ToolChoice};
@@ -96,6 +99,35 @@ fn input(req: &ProviderRequest) -> Vec<Value> {
     items
 }
 
+/// A text, refusal or reasoning delta event, read into typed fields whose strings borrow from
+/// the event, without a JSON tree: its event, if any. `None` for every other event, and for one
+/// whose fields are not of their types, that is not an object or that has a key twice:
+/// [`Decoder::decode`] then reads it as a tree. Where it answers, it answers as the tree reading
+/// does, and such an event changes no decoder state (`h_42_a_plain_delta_decodes_as_its_tree`).
+fn plain_delta(ev: &SseEvent) -> Option<Option<ProviderEvent>> {
+    if ev.is_overflow() {
+        return None;
+    }
+    let MapOnly(event) = serde_json::from_str::<MapOnly<PlainDelta<'_>>>(&ev.data).ok()?;
+    let text = plain_text(event.delta);
+    match event.kind.as_deref().or(ev.event.as_deref())? {
+        "response.output_text.delta" => Some(text.map(|text| ProviderEvent::TextDelta { text })),
+        "response.refusal.delta" => Some(text.map(|text| ProviderEvent::RefusalDelta { text })),
+        "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" => {
+            Some(text.map(|text| ProviderEvent::ReasoningDelta { text }))
+        }
+        _ => None,
+    }
+}
+
+#[derive(Deserialize)]
+struct PlainDelta<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    delta: Option<Cow<'a, str>>,
+}
+
 /// Decodes a Responses stream into normalized events.
 #[derive(Debug, Default)]
 pub struct Decoder {
@@ -116,7 +148,12 @@ impl Decoder {
         guarded(
             self,
             |d| &mut d.life,
-            |d| with_json(ev, |data| d.decode(ev, data)),
+            |d| {
+                plain_delta(ev).map_or_else(
+                    || with_json(ev, |data| d.decode(ev, data)),
+                    |event| event.into_iter().collect(),
+                )
+            },
         )
     }
 
@@ -273,5 +310,101 @@ fn usage_event(u: &Value) -> ProviderEvent {
     ProviderEvent::Usage {
         usage,
         terminal: exact,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sse::strategies::{object, or_odd, plain_as_tree, scalar, sse_event as event};
+    use proptest::prelude::*;
+
+    /// Whether the typed reading of `ev` answers, and, where it does, whether it gives what the
+    /// tree reading gives, leaving the decoder as it was.
+    fn same_as_tree(ev: &SseEvent) -> bool {
+        let mut tree = Decoder::new();
+        let before = format!("{tree:?}");
+        let answered = plain_as_tree(ev, plain_delta, |ev, data| tree.decode(ev, data));
+        assert_eq!(format!("{tree:?}"), before, "{}", ev.data);
+        answered
+    }
+
+    #[test]
+    fn h_42_a_plain_delta_is_read_without_a_tree() {
+        for data in [
+            r#"{"type":"response.output_text.delta","output_index":0,"delta":"Hel\"lo"}"#,
+            r#"{"type":"response.refusal.delta","delta":"no"}"#,
+            r#"{"type":"response.reasoning_summary_text.delta","delta":""}"#,
+        ] {
+            assert!(same_as_tree(&event(None, data)), "{data}");
+        }
+        assert!(same_as_tree(&event(
+            Some("response.output_text.delta"),
+            r#"{"delta":"x"}"#
+        )));
+    }
+
+    #[test]
+    fn h_42_other_events_are_read_as_a_tree() {
+        for data in [
+            r#"{"type":"response.created","response":{"id":"r"}}"#,
+            r#"{"type":"response.function_call_arguments.delta","output_index":0,"delta":"{"}"#,
+            r#"{"type":"response.output_text.delta","delta":7}"#,
+            r#"{"type":"response.output_text.delta","delta":"a","delta":"b"}"#,
+            r#"["response.output_text.delta","x"]"#,
+        ] {
+            assert!(
+                !same_as_tree(&event(None, data)),
+                "{data} is read as a tree"
+            );
+        }
+    }
+
+    fn delta_event() -> impl Strategy<Value = Value> {
+        let kind = || {
+            or_odd(
+                prop_oneof![
+                    Just("response.output_text.delta"),
+                    Just("response.refusal.delta"),
+                    Just("response.reasoning_text.delta"),
+                    Just("response.reasoning_summary_text.delta"),
+                    Just("response.function_call_arguments.delta"),
+                    Just("response.completed")
+                ]
+                .prop_map(Value::from),
+            )
+            .boxed()
+        };
+        object(vec![
+            ("type", 0.8, kind()),
+            ("delta", 0.8, or_odd(scalar()).boxed()),
+            ("output_index", 0.5, or_odd(scalar()).boxed()),
+            ("error", 0.1, or_odd(Just(json!({"message": "m"}))).boxed()),
+        ])
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+        #[test]
+        fn h_42_a_plain_delta_decodes_as_its_tree(
+            data in or_odd(delta_event()),
+            name in prop::option::of(prop_oneof![Just("response.output_text.delta"), Just("ping")]),
+        ) {
+            same_as_tree(&event(name, &data.to_string()));
+        }
+
+        #[test]
+        fn h_42_every_plain_delta_is_read_without_a_tree(
+            kind in prop_oneof![
+                Just("output_text"),
+                Just("refusal"),
+                Just("reasoning_text"),
+                Just("reasoning_summary_text")
+            ],
+            text in prop_oneof![Just(""), Just("a"), Just("é\"\\\n\u{1}")],
+        ) {
+            let data = json!({"type": format!("response.{kind}.delta"), "output_index": 0, "delta": text});
+            prop_assert!(same_as_tree(&event(None, &data.to_string())), "{data}");
+        }
     }
 }

@@ -1,8 +1,40 @@
-//! Strategies for the decoders' property tests: JSON values of the shapes a stream event's
-//! fields take, and the odd values a field might hold instead.
+//! For the decoders' property tests: JSON values of the shapes a stream event's fields take and
+//! the odd values a field might hold instead, and the comparison of a decoder's typed reading of
+//! an event with its tree reading (H-42).
 
+use super::SseEvent;
 use proptest::prelude::*;
 use serde_json::{json, Value};
+use tollgate_core::event::ProviderEvent;
+
+/// An event named `name` (its `event:` field) with `data`.
+pub(crate) fn sse_event(name: Option<&str>, data: &str) -> SseEvent {
+    SseEvent {
+        event: name.map(str::to_string),
+        data: data.to_string(),
+        id: None,
+    }
+}
+
+/// Whether the typed reading `plain` answers for `ev`; where it does, its event must be what the
+/// tree reading `tree` gives for the event's JSON.
+pub(crate) fn plain_as_tree(
+    ev: &SseEvent,
+    plain: fn(&SseEvent) -> Option<Option<ProviderEvent>>,
+    tree: impl FnOnce(&SseEvent, &Value) -> Vec<ProviderEvent>,
+) -> bool {
+    let Some(plain) = plain(ev) else {
+        return false;
+    };
+    let data: Value = serde_json::from_str(&ev.data).expect("a typed reading is of JSON");
+    assert_eq!(
+        plain.into_iter().collect::<Vec<_>>(),
+        tree(ev, &data),
+        "{}",
+        ev.data
+    );
+    true
+}
 
 /// A JSON scalar among those that tell the decoders' readings apart: null, booleans, small and
 /// negative integers, one above `u32`'s range, a fraction, and strings with escapes.
