@@ -205,31 +205,46 @@ fn plain_delta(ev: &SseEvent) -> Option<Option<ProviderEvent>> {
         return None;
     }
     let MapOnly(event) = serde_json::from_str::<MapOnly<PlainBlockDelta<'_>>>(&ev.data).ok()?;
-    let kind = event.kind.as_deref().or(ev.event.as_deref());
-    if kind != Some("content_block_delta") {
+    if event.kind.is_none() && ev.event.as_deref() != Some("content_block_delta") {
         return None;
     }
     let (Some(index), Some(MapOnly(delta))) = (event.index, event.delta) else {
         // The tree reading answers nothing for these, or reads a delta of another shape.
         return None;
     };
-    match delta.kind.as_deref() {
+    match delta.kind? {
         // An index out of `u32`'s range is no index: the tree reading answers nothing.
         _ if u32::try_from(index).is_err() => Some(None),
-        Some("text_delta") => {
+        TextDeltaKind::Text => {
             Some(plain_text(delta.text).map(|text| ProviderEvent::TextDelta { text }))
         }
-        Some("thinking_delta") => {
+        TextDeltaKind::Thinking => {
             Some(plain_text(delta.thinking).map(|text| ProviderEvent::ReasoningDelta { text }))
         }
-        _ => None,
     }
+}
+
+/// The event's `type` as the typed reading takes it: any other kind fails the reading where it
+/// is met (the event is then read as a tree), so an event of another kind costs little.
+#[derive(Deserialize)]
+enum BlockDeltaKind {
+    #[serde(rename = "content_block_delta")]
+    ContentBlockDelta,
+}
+
+/// A delta's `type` as the typed reading takes it; any other kind fails the reading.
+#[derive(Deserialize)]
+enum TextDeltaKind {
+    #[serde(rename = "text_delta")]
+    Text,
+    #[serde(rename = "thinking_delta")]
+    Thinking,
 }
 
 #[derive(Deserialize)]
 struct PlainBlockDelta<'a> {
-    #[serde(rename = "type", borrow, default)]
-    kind: Option<Cow<'a, str>>,
+    #[serde(rename = "type", default)]
+    kind: Option<BlockDeltaKind>,
     #[serde(default)]
     index: Option<u64>,
     #[serde(borrow, default)]
@@ -238,8 +253,8 @@ struct PlainBlockDelta<'a> {
 
 #[derive(Deserialize)]
 struct PlainDelta<'a> {
-    #[serde(rename = "type", borrow, default)]
-    kind: Option<Cow<'a, str>>,
+    #[serde(rename = "type", default)]
+    kind: Option<TextDeltaKind>,
     #[serde(borrow, default)]
     text: Option<Cow<'a, str>>,
     #[serde(borrow, default)]

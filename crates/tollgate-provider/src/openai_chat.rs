@@ -10,7 +10,6 @@ use crate::sse::decode::{at, guarded, index_u32, json_data, non_empty, provider_
 use crate::sse::decode::{plain_text, MapOnly};
 use crate::sse::SseEvent;
 use crate::support::{is_openai_reasoning_model, temperature_json};
-use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::borrow::Cow;
@@ -178,17 +177,7 @@ impl Decoder {
             return None;
         }
         let MapOnly(chunk) = serde_json::from_str::<MapOnly<PlainChunk<'_>>>(&ev.data).ok()?;
-        if chunk.error.is_some() || chunk.usage.is_some() {
-            return None;
-        }
         let choices = chunk.choices.unwrap_or_default();
-        if choices.iter().any(|MapOnly(c)| {
-            c.delta
-                .as_ref()
-                .is_some_and(|MapOnly(d)| d.tool_calls.is_some() && c.index() == 0)
-        }) {
-            return None;
-        }
         let mut out = Vec::new();
         if !self.ref_sent {
             if let Some(id) = plain_text(chunk.id) {
@@ -313,10 +302,20 @@ struct PlainChunk<'a> {
     id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     choices: Option<Vec<MapOnly<PlainChoice<'a>>>>,
-    #[serde(default)]
-    error: Option<IgnoredAny>,
-    #[serde(default)]
-    usage: Option<IgnoredAny>,
+    #[serde(default, rename = "error")]
+    _error: Option<TreeOnly>,
+    #[serde(default, rename = "usage")]
+    _usage: Option<TreeOnly>,
+}
+
+/// A field that is read as a tree whenever it is present and not null: its typed reading fails
+/// at once, so the chunk's typed reading stops where it meets it instead of reading the rest.
+struct TreeOnly;
+
+impl<'de> Deserialize<'de> for TreeOnly {
+    fn deserialize<D: serde::Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
+        Err(serde::de::Error::custom("read as a tree"))
+    }
 }
 
 #[derive(Deserialize)]
@@ -347,8 +346,8 @@ struct PlainDelta<'a> {
     content: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     refusal: Option<Cow<'a, str>>,
-    #[serde(default)]
-    tool_calls: Option<IgnoredAny>,
+    #[serde(default, rename = "tool_calls")]
+    _tool_calls: Option<TreeOnly>,
 }
 
 /// A delta's texts as events, in this order: reasoning, text, refusal.

@@ -109,21 +109,46 @@ fn plain_delta(ev: &SseEvent) -> Option<Option<ProviderEvent>> {
         return None;
     }
     let MapOnly(event) = serde_json::from_str::<MapOnly<PlainDelta<'_>>>(&ev.data).ok()?;
+    let kind = match (event.kind, ev.event.as_deref()) {
+        (Some(kind), _) => kind,
+        (None, Some(name)) => DeltaKind::named(name)?,
+        (None, None) => return None,
+    };
     let text = plain_text(event.delta);
-    match event.kind.as_deref().or(ev.event.as_deref())? {
-        "response.output_text.delta" => Some(text.map(|text| ProviderEvent::TextDelta { text })),
-        "response.refusal.delta" => Some(text.map(|text| ProviderEvent::RefusalDelta { text })),
-        "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" => {
-            Some(text.map(|text| ProviderEvent::ReasoningDelta { text }))
-        }
-        _ => None,
+    Some(text.map(|text| match kind {
+        DeltaKind::Text => ProviderEvent::TextDelta { text },
+        DeltaKind::Refusal => ProviderEvent::RefusalDelta { text },
+        DeltaKind::Reasoning => ProviderEvent::ReasoningDelta { text },
+    }))
+}
+
+/// The event's `type` as the typed reading takes it: any other kind fails the reading where it
+/// is met (the event is then read as a tree), so an event of another kind, a whole response
+/// among them, costs little.
+#[derive(Deserialize)]
+enum DeltaKind {
+    #[serde(rename = "response.output_text.delta")]
+    Text,
+    #[serde(rename = "response.refusal.delta")]
+    Refusal,
+    #[serde(
+        rename = "response.reasoning_summary_text.delta",
+        alias = "response.reasoning_text.delta"
+    )]
+    Reasoning,
+}
+
+impl DeltaKind {
+    /// The kind an event's name gives, when its data has no `type`.
+    fn named(name: &str) -> Option<Self> {
+        serde_json::from_value(Value::from(name)).ok()
     }
 }
 
 #[derive(Deserialize)]
 struct PlainDelta<'a> {
-    #[serde(rename = "type", borrow, default)]
-    kind: Option<Cow<'a, str>>,
+    #[serde(rename = "type", default)]
+    kind: Option<DeltaKind>,
     #[serde(borrow, default)]
     delta: Option<Cow<'a, str>>,
 }
