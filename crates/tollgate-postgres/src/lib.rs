@@ -586,20 +586,28 @@ impl PgStores {
     /// half-open route, a stopped server). It fails with `Unavailable`, whose commit is as
     /// unknown as any lost answer's (SC-206). The ledger audit is not bounded so: it reads a
     /// scope in many statements.
-    pub(crate) async fn bounded<T>(
+    ///
+    /// `work` is boxed here, once: the future this returns holds a pointer to it, so the store
+    /// method's own (boxed) future and the deadline's wrapper are a few words each instead of
+    /// copies of the whole operation's state.
+    pub(crate) fn bounded<'a, T: 'a>(
         &self,
-        work: impl std::future::Future<Output = StoreResult<T>>,
-    ) -> StoreResult<T> {
-        match tokio::time::timeout(self.statement_deadline, work).await {
-            Ok(answered) => answered,
-            Err(_) => {
-                tracing::warn!(
-                    deadline_ms = self.statement_deadline.as_millis(),
-                    "a store operation was given up at its deadline"
-                );
-                Err(StoreError::Unavailable(
-                    "the database did not answer in time".into(),
-                ))
+        work: impl std::future::Future<Output = StoreResult<T>> + Send + 'a,
+    ) -> impl std::future::Future<Output = StoreResult<T>> + Send + 'a {
+        let deadline = self.statement_deadline;
+        let work = Box::pin(work);
+        async move {
+            match tokio::time::timeout(deadline, work).await {
+                Ok(answered) => answered,
+                Err(_) => {
+                    tracing::warn!(
+                        deadline_ms = deadline.as_millis(),
+                        "a store operation was given up at its deadline"
+                    );
+                    Err(StoreError::Unavailable(
+                        "the database did not answer in time".into(),
+                    ))
+                }
             }
         }
     }

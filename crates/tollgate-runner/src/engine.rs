@@ -450,7 +450,9 @@ impl Engine {
         let policy = Arc::clone(&self.policy);
         let ctx = self.ctx.clone();
         // In the caller's span, so the drive's events carry the request's and the call's ids.
-        let mut task = self.drives.spawn(
+        // Boxed before it is spawned: the task then holds a pointer, and the drive's state is
+        // written once, into the box, instead of being moved through each layer of the spawn.
+        let mut task = self.drives.spawn(Box::pin(
             async move {
                 // Renewing until the drive's last write, even when the caller stops waiting.
                 let retry = Retry::new(ctx.settle_retry_ms, heartbeat.lost());
@@ -458,7 +460,7 @@ impl Engine {
                 drive(ctx, record, request, policy, read_ms, retry, live).await
             }
             .in_current_span(),
-        );
+        ));
         async move {
             let interrupted = |cause| RunError::Interrupted {
                 operation_key: key.clone(),

@@ -116,7 +116,9 @@ pub fn detached<T: Send + 'static>(
     cancel: CancellationToken,
 ) -> impl Future<Output = Result<T, ApiError>> + Send {
     let cancel_on_drop = cancel.drop_guard();
-    let task = tokio::spawn(work);
+    // Boxed before it is spawned, so the run's state is written once, into the box, and the
+    // spawn moves a pointer instead of the whole future through each of its layers.
+    let task = tokio::spawn(Box::pin(work));
     async move {
         let _cancel_on_drop = cancel_on_drop;
         task.await.map_err(|e| {
