@@ -481,10 +481,52 @@ async fn sc_224_every_door_answers_a_limit_with_429_and_the_provider_s_headers()
 
 /// The official OpenAI Python SDK meets a refusal by calls in flight and backs off by the
 /// answer's `retry-after-ms`, at its default retry settings: the call is admitted once the
-/// call in flight has ended, and is sent once.
+/// call in flight has ended, and is sent once. The SDK's process is started and its client made
+/// first, and the holder is sent only then, so the holder is in flight when the SDK's request
+/// arrives however long the interpreter takes to start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sc_224_the_openai_sdk_backs_off_by_the_limit_s_headers() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
     let c = Arc::new(Cluster::start().await);
+    let script = r#"
+import json, os, sys, time
+from openai import OpenAI
+client = OpenAI(base_url=os.environ["BASE"] + "/v1", api_key=os.environ["KEY"])
+print("ready", flush=True)
+sys.stdin.readline()
+started = time.monotonic()
+raw = client.chat.completions.with_raw_response.create(
+    model="flight1",
+    messages=[{"role": "user", "content": "limits-sdk"}],
+    extra_headers={"Idempotency-Key": "sdk-1"},
+)
+print(json.dumps({"retries": raw.retries_taken, "elapsed": time.monotonic() - started,
+                  "content": raw.parse().choices[0].message.content}))
+"#;
+    let mut sdk = tokio::process::Command::new(tollgate_testkit::sdk_tour::sdk_python())
+        .arg("-c")
+        .arg(script)
+        .env("BASE", &c.bases[1])
+        .env("KEY", &c.caller)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(sdk.stdout.take().unwrap());
+    let mut ready = String::new();
+    stdout.read_line(&mut ready).await.unwrap();
+    if ready.trim() != "ready" {
+        let mut stderr = String::new();
+        sdk.stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .await
+            .unwrap();
+        panic!("the SDK did not start: {stderr}");
+    }
     let holder = {
         let c = Arc::clone(&c);
         tokio::spawn(async move { c.call(0, &c.caller, "flight1", "holder").await })
@@ -497,33 +539,23 @@ async fn sc_224_the_openai_sdk_backs_off_by_the_limit_s_headers() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(c.mock.request_count(), 1, "the holder is in flight");
-    let script = r#"
-import json, os, time
-from openai import OpenAI
-client = OpenAI(base_url=os.environ["BASE"] + "/v1", api_key=os.environ["KEY"])
-started = time.monotonic()
-raw = client.chat.completions.with_raw_response.create(
-    model="flight1",
-    messages=[{"role": "user", "content": "limits-sdk"}],
-    extra_headers={"Idempotency-Key": "sdk-1"},
-)
-print(json.dumps({"retries": raw.retries_taken, "elapsed": time.monotonic() - started,
-                  "content": raw.parse().choices[0].message.content}))
-"#;
-    let output = tokio::process::Command::new(tollgate_testkit::sdk_tour::sdk_python())
-        .arg("-c")
-        .arg(script)
-        .env("BASE", &c.bases[1])
-        .env("KEY", &c.caller)
-        .output()
+    let mut stdin = sdk.stdin.take().unwrap();
+    stdin.write_all(b"go\n").await.unwrap();
+    stdin.flush().await.unwrap();
+    let mut answer = String::new();
+    stdout.read_line(&mut answer).await.unwrap();
+    let mut stderr = String::new();
+    sdk.stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
         .await
         .unwrap();
     assert!(
-        output.status.success(),
-        "the SDK failed: {}",
-        String::from_utf8_lossy(&output.stderr)
+        sdk.wait().await.unwrap().success(),
+        "the SDK failed: {stderr}"
     );
-    let answer: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let answer: Value = serde_json::from_str(&answer).unwrap();
     assert!(answer["retries"].as_u64().unwrap() >= 1, "{answer}");
     assert!(answer["elapsed"].as_f64().unwrap() >= 0.9, "{answer}");
     assert!(
