@@ -486,7 +486,7 @@ async fn sc_224_every_door_answers_a_limit_with_429_and_the_provider_s_headers()
 /// arrives however long the interpreter takes to start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sc_224_the_openai_sdk_backs_off_by_the_limit_s_headers() {
-    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     let c = Arc::new(Cluster::start().await);
     let script = r#"
 import json, os, sys, time
@@ -518,14 +518,7 @@ print(json.dumps({"retries": raw.retries_taken, "elapsed": time.monotonic() - st
     let mut ready = String::new();
     stdout.read_line(&mut ready).await.unwrap();
     if ready.trim() != "ready" {
-        let mut stderr = String::new();
-        sdk.stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut stderr)
-            .await
-            .unwrap();
-        panic!("the SDK did not start: {stderr}");
+        panic!("the SDK did not start: {}", stderr_of(&mut sdk).await);
     }
     let holder = {
         let c = Arc::clone(&c);
@@ -544,13 +537,7 @@ print(json.dumps({"retries": raw.retries_taken, "elapsed": time.monotonic() - st
     stdin.flush().await.unwrap();
     let mut answer = String::new();
     stdout.read_line(&mut answer).await.unwrap();
-    let mut stderr = String::new();
-    sdk.stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .await
-        .unwrap();
+    let stderr = stderr_of(&mut sdk).await;
     assert!(
         sdk.wait().await.unwrap().success(),
         "the SDK failed: {stderr}"
@@ -565,4 +552,14 @@ print(json.dumps({"retries": raw.retries_taken, "elapsed": time.monotonic() - st
     assert_eq!(holder.await.unwrap().status, StatusCode::OK);
     assert_eq!(c.mock.request_count_for("limits-sdk"), 1, "sent once");
     Arc::into_inner(c).unwrap().stop().await;
+}
+
+/// What a child process wrote to its piped stderr, to its end.
+async fn stderr_of(child: &mut tokio::process::Child) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        pipe.read_to_string(&mut stderr).await.unwrap();
+    }
+    stderr
 }
