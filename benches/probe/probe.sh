@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The probe: one `tollgate serve` (release build) on a fresh database, the mock provider as its
 # own process, `wrk` driving first calls for a few seconds; prints the rate and the CPU time per
-# call of the server, the mock and Postgres (all backends of the cluster), read from /proc.
+# call of the server, the mock and Postgres (all backends of the cluster), read from /proc, and
+# the WAL records, full-page images and bytes (pg_stat_wal) and the commits per call.
 # Quicker and noisier than the harness; its runs are logged in docs/performance-log.md.
 #
 # usage: benches/probe/probe.sh [CONNECTIONS] [SECONDS] [spread|hot|replay]
@@ -68,13 +69,18 @@ pg_cpu() {
     awk '{s += $1} END {print s}'
 }
 idle() { awk '/^cpu /{print $5}' /proc/stat; }
+# The cluster's WAL records, full-page images and bytes so far (pg_stat_wal, Postgres 14+).
+wal() { psql "$ADMIN" -Atc "SELECT wal_records, wal_fpi, wal_bytes, (SELECT xact_commit FROM pg_stat_database WHERE datname = 'tollgate_probe') FROM pg_stat_wal" | tr '|' ' '; }
+read -r w0 f0 b0 x0 <<<"$(wal)"
 i0=$(idle); s0=$(cpu $SERVER); m0=$(cpu $MOCK); p0=$(pg_cpu)
 wrk -t1 -c"$CONNECTIONS" -d"${SECONDS_}s" -s "$WORK/first.lua" http://127.0.0.1:8088 > "$WORK/wrk.out"
 i1=$(idle); s1=$(cpu $SERVER); m1=$(cpu $MOCK); p1=$(pg_cpu)
+read -r w1 f1 b1 x1 <<<"$(wal)"
 TICK=$(getconf CLK_TCK)
 N=$(awk '/requests in/{print $1}' "$WORK/wrk.out")
 per_call() { echo "scale=3; ($2 - $1) * 1000 / $TICK / $N" | bc; }
 grep -E "Requests/sec|Non-2xx" "$WORK/wrk.out"
 echo "shape $SHAPE, c$CONNECTIONS, ${SECONDS_} s, $N calls"
 echo "CPU ms per call: server $(per_call "$s0" "$s1"), mock $(per_call "$m0" "$m1"), postgres $(per_call "$p0" "$p1")"
+echo "WAL per call: $(echo "scale=1; ($w1 - $w0) / $N" | bc) records, $(echo "scale=2; ($f1 - $f0) / $N" | bc) full-page images, $(echo "($b1 - $b0) / $N" | bc) bytes (the whole cluster's); commits per call $(echo "scale=3; ($x1 - $x0) / $N" | bc) (the probe's database)"
 echo "idle: $(echo "scale=1; ($i1 - $i0) * 100 / ($(nproc) * $TICK * $SECONDS_)" | bc) %"

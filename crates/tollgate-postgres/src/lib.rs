@@ -283,7 +283,7 @@ pub(crate) async fn begin(
 /// The batch queues of a lane (H-32), claims and settlements apart, in [`BATCH_SHARDS`] shards
 /// of the consumers (H-34). A shard's two queues share one gate: one statement of the shard in
 /// flight, so its claim and settlement batches never hold locks the other waits for. A
-/// consumer's executions append to the audit chains of one group (H-33) and a group is in one
+/// consumer's executions append to one audit chain of one group (H-33) and a group is in one
 /// shard, so the statements of two shards never take one chain's head or one consumer's spend
 /// rows.
 #[derive(Debug)]

@@ -17,15 +17,16 @@ pub fn lease_end(now: DateTime<Utc>, lease_ms: u64) -> DateTime<Utc> {
         .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
-/// The `prepared` row a claim inserts. Its id puts its audit rows in the chain group of its
-/// consumer, so consumers in different groups never wait on one chain head (H-33).
+/// The `prepared` row a claim inserts. Its id puts its audit rows in its consumer's chain, in
+/// the consumer's chain group, so consumers in different groups never wait on one chain head
+/// and a batch of one consumer's calls moves one head (H-33).
 pub fn new_execution(request: &ClaimRequest) -> ExecutionRecord {
-    let group = AuditChain::group_of(
+    let chain = AuditChain::of_consumer(
         request.scope.as_str(),
         request.binding.config.consumer.as_str(),
     );
     ExecutionRecord {
-        id: AuditChain::new_execution_in_group(group),
+        id: AuditChain::new_execution_in_chain(chain),
         scope: request.scope.clone(),
         operation_key: request.operation_key.clone(),
         kind: request.binding.config.kind,

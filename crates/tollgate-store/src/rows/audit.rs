@@ -33,8 +33,9 @@ pub struct AuditChain(pub u16);
 pub const AUDIT_CHAINS: u16 = 64;
 
 /// The groups a scope's chains fall in: chain `c` is in group `c / (AUDIT_CHAINS / 8)`, so each
-/// group holds [`AUDIT_CHAINS`]` / 8` chains (8 of 64). The executions of one consumer take the chains of one group,
-/// so the appends of consumers in different groups never meet on a chain's head (H-33).
+/// group holds [`AUDIT_CHAINS`]` / 8` chains (8 of 64). The executions of one consumer append to
+/// one chain of one group, so the appends of consumers in different groups never meet on a
+/// chain's head, and a batch of one consumer's calls moves one head (H-33).
 pub const AUDIT_CHAIN_GROUPS: u16 = 8;
 
 /// A chain's bits below its group: `AUDIT_CHAINS / AUDIT_CHAIN_GROUPS` chains per group.
@@ -48,6 +49,17 @@ const _: () = assert!(
         && AUDIT_CHAIN_GROUPS <= AUDIT_CHAINS
 );
 
+/// A stable hash of `(scope, consumer)`: FNV-1a over the two names with a separator, its high
+/// bits folded in (FNV's low bits mix poorly). The same in every process and build.
+fn consumer_hash(scope: &str, consumer: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in scope.bytes().chain([0xff]).chain(consumer.bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash ^ (hash >> 32) ^ (hash >> 16)
+}
+
 impl AuditChain {
     /// The chain of every row of execution `id`.
     pub fn of_execution(id: ExecutionId) -> AuditChain {
@@ -57,18 +69,21 @@ impl AuditChain {
         AuditChain(low % AUDIT_CHAINS)
     }
 
-    /// The group of the chains of `consumer`'s executions in `scope`: a stable hash (FNV-1a
-    /// over the two names), the same in every process and build, so every server puts a
-    /// consumer's executions in the same group.
+    /// The group of the chains of `consumer`'s executions in `scope`: a stable hash of the two
+    /// names, so every server puts a consumer's executions in the same group.
     pub fn group_of(scope: &str, consumer: &str) -> u16 {
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for byte in scope.bytes().chain([0xff]).chain(consumer.bytes()) {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-        // Fold the high bits in: FNV's low bits mix poorly.
-        let folded = hash ^ (hash >> 32) ^ (hash >> 16);
-        u16::try_from(folded % u64::from(AUDIT_CHAIN_GROUPS)).unwrap_or(0)
+        u16::try_from(consumer_hash(scope, consumer) % u64::from(AUDIT_CHAIN_GROUPS)).unwrap_or(0)
+    }
+
+    /// The chain of `consumer`'s executions in `scope`: in its group ([`AuditChain::group_of`]),
+    /// and within the group the chain that more bits of the same hash name, so the consumers of
+    /// one group spread over its chains while each consumer's executions append to one.
+    pub fn of_consumer(scope: &str, consumer: &str) -> AuditChain {
+        let hash = consumer_hash(scope, consumer);
+        let per_group = u64::from(AUDIT_CHAINS / AUDIT_CHAIN_GROUPS);
+        let in_group = (hash / u64::from(AUDIT_CHAIN_GROUPS)) % per_group;
+        let group = u64::from(Self::group_of(scope, consumer));
+        AuditChain(u16::try_from((group << CHAIN_IN_GROUP_BITS) | in_group).unwrap_or(0))
     }
 
     /// The group this chain is in.
@@ -76,15 +91,13 @@ impl AuditChain {
         (self.0 >> CHAIN_IN_GROUP_BITS) % AUDIT_CHAIN_GROUPS
     }
 
-    /// A fresh random execution id whose chain ([`AuditChain::of_execution`]) is in `group`
-    /// (taken modulo [`AUDIT_CHAIN_GROUPS`]): a version 4 uuid with three of its random bits set
-    /// to the group.
-    pub fn new_execution_in_group(group: u16) -> ExecutionId {
+    /// A fresh random execution id whose chain ([`AuditChain::of_execution`]) is `chain` (taken
+    /// modulo [`AUDIT_CHAINS`]): a version 4 uuid with six of its random bits set to the chain.
+    pub fn new_execution_in_chain(chain: AuditChain) -> ExecutionId {
         let mut bytes = *uuid::Uuid::new_v4().as_bytes();
         let low = u16::from_be_bytes([bytes[14], bytes[15]]);
-        let group = group % AUDIT_CHAIN_GROUPS;
-        let group_bits = (AUDIT_CHAIN_GROUPS - 1) << CHAIN_IN_GROUP_BITS;
-        let low = (low & !group_bits) | (group << CHAIN_IN_GROUP_BITS);
+        let chain_bits = AUDIT_CHAINS - 1;
+        let low = (low & !chain_bits) | (chain.0 & chain_bits);
         [bytes[14], bytes[15]] = low.to_be_bytes();
         ExecutionId(uuid::Uuid::from_bytes(bytes))
     }
@@ -171,21 +184,35 @@ mod tests {
     use std::collections::BTreeSet;
 
     #[test]
-    fn h_33_an_execution_minted_in_a_group_has_its_chain_in_that_group() {
-        for group in 0..AUDIT_CHAIN_GROUPS * 2 {
-            let mut chains = BTreeSet::new();
-            for _ in 0..400 {
-                let id = AuditChain::new_execution_in_group(group);
-                let chain = AuditChain::of_execution(id);
-                assert_eq!(chain.group(), group % AUDIT_CHAIN_GROUPS, "{id:?}");
+    fn h_33_an_execution_minted_in_a_chain_has_that_chain() {
+        for n in 0..AUDIT_CHAINS * 2 {
+            let chain = AuditChain(n);
+            let mut ids = BTreeSet::new();
+            for _ in 0..200 {
+                let id = AuditChain::new_execution_in_chain(chain);
+                assert_eq!(AuditChain::of_execution(id), AuditChain(n % AUDIT_CHAINS));
                 // Still a random version 4 uuid of the RFC 4122 variant.
                 assert_eq!(id.0.get_version_num(), 4);
                 assert_eq!(id.0.get_variant(), uuid::Variant::RFC4122);
-                chains.insert(chain);
+                ids.insert(id.0);
             }
-            // The group's chains are all used, and only they.
-            assert_eq!(chains.len(), usize::from(AUDIT_CHAINS / AUDIT_CHAIN_GROUPS));
+            assert_eq!(ids.len(), 200, "ids stay random");
         }
+    }
+
+    #[test]
+    fn h_33_a_consumer_s_chain_is_in_its_group_and_consumers_use_every_chain() {
+        let mut chains = BTreeSet::new();
+        for i in 0..1024 {
+            let consumer = format!("team-{i}");
+            let chain = AuditChain::of_consumer("scope-a", &consumer);
+            assert!(chain.0 < AUDIT_CHAINS);
+            assert_eq!(chain.group(), AuditChain::group_of("scope-a", &consumer));
+            assert_eq!(chain, AuditChain::of_consumer("scope-a", &consumer));
+            chains.insert(chain);
+        }
+        // Every chain of every group serves some consumers.
+        assert_eq!(chains.len(), usize::from(AUDIT_CHAINS));
     }
 
     #[test]

@@ -984,7 +984,10 @@ pub async fn sc_98_audit_chains_page_and_end_at_their_heads<S: Stores>(s: Arc<S>
     assert!(s.audit_heads(&scope("a")).await.unwrap().is_empty());
     let mut ids = Vec::new();
     for n in 0..48 {
-        let r = dispatched(&*s, claim_req("a", &format!("k{n}"), text_config(), "0.01")).await;
+        // Eight consumers: each consumer's executions append to its own chain (H-33).
+        let mut config = text_config();
+        config.consumer = ConsumerId::parse(format!("team-{}", n % 8)).unwrap();
+        let r = dispatched(&*s, claim_req("a", &format!("k{n}"), config, "0.01")).await;
         ids.push(r.id);
     }
     let heads = s.audit_heads(&scope("a")).await.unwrap();
@@ -1026,9 +1029,11 @@ pub async fn sc_98_audit_chains_page_and_end_at_their_heads<S: Stores>(s: Arc<S>
 }
 
 pub async fn h_33_a_consumer_s_rows_append_to_its_group_s_chains<S: Stores>(s: Arc<S>) {
-    // Executions of one consumer take the chains of its group only (so that batches of
-    // consumers in other groups never meet on a head), and every chain still verifies.
+    // Executions of one consumer take one chain of its group (so that batches of consumers in
+    // other groups never meet on a head, and one consumer's calls move one head), and every
+    // chain still verifies.
     let mut groups = std::collections::BTreeMap::new();
+    let mut chains = std::collections::BTreeMap::new();
     for c in 0..6 {
         let consumer = format!("team-{c}");
         let mut config = text_config();
@@ -1037,6 +1042,7 @@ pub async fn h_33_a_consumer_s_rows_append_to_its_group_s_chains<S: Stores>(s: A
             let key = format!("{consumer}-{n}");
             let r = dispatched(&*s, claim_req("a", &key, config.clone(), "0.01")).await;
             groups.insert(r.id, AuditChain::group_of("a", &consumer));
+            chains.insert(r.id, AuditChain::of_consumer("a", &consumer));
         }
     }
     let rows = s
@@ -1047,6 +1053,7 @@ pub async fn h_33_a_consumer_s_rows_append_to_its_group_s_chains<S: Stores>(s: A
     for row in &rows {
         let id = row.event.execution_id.unwrap();
         assert_eq!(row.chain.group(), groups[&id], "{id:?}");
+        assert_eq!(row.chain, chains[&id], "{id:?}");
         assert_eq!(row.chain, AuditChain::of_execution(id));
     }
     let mut verifier = ChainVerifier::default();
