@@ -76,15 +76,15 @@ if [ -n "${PROBE_BARRIER:-}" ]; then
 fi
 
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-pg_cpu() {
-  for p in $(pgrep -u postgres postgres); do awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || true; done |
-    awk '{s += $1} END {print s}'
-}
-# The backends of the probe's own database (their command line names it).
-own_cpu() {
-  for p in $(pgrep -u postgres -f " $DB_NAME "); do awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || true; done |
+# The CPU ticks so far of the `postgres` user's processes that pgrep's arguments select.
+backends_cpu() {
+  for p in $(pgrep -u postgres "$@"); do awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || true; done |
     awk '{s += $1} END {print s + 0}'
 }
+# Every backend of the cluster; the backends of the probe's own database (their command line
+# names it).
+pg_cpu() { backends_cpu postgres; }
+own_cpu() { backends_cpu -f " $DB_NAME "; }
 idle() { awk '/^cpu /{print $5}' /proc/stat; }
 # The cluster's WAL records, full-page images and bytes so far (pg_stat_wal, Postgres 14+).
 wal() { psql "$ADMIN" -Atc "SELECT wal_records, wal_fpi, wal_bytes, (SELECT xact_commit FROM pg_stat_database WHERE datname = '$DB_NAME') FROM pg_stat_wal" | tr '|' ' '; }

@@ -80,9 +80,10 @@ impl AuditChain {
     /// one group spread over its chains while each consumer's executions append to one.
     pub fn of_consumer(scope: &str, consumer: &str) -> AuditChain {
         let hash = consumer_hash(scope, consumer);
-        let per_group = u64::from(AUDIT_CHAINS / AUDIT_CHAIN_GROUPS);
-        let in_group = (hash / u64::from(AUDIT_CHAIN_GROUPS)) % per_group;
-        let group = u64::from(Self::group_of(scope, consumer));
+        let groups = u64::from(AUDIT_CHAIN_GROUPS);
+        // The group as `group_of` takes it (the hash's low residue), the chain in it above.
+        let group = hash % groups;
+        let in_group = (hash / groups) % u64::from(AUDIT_CHAINS / AUDIT_CHAIN_GROUPS);
         AuditChain(u16::try_from((group << CHAIN_IN_GROUP_BITS) | in_group).unwrap_or(0))
     }
 
