@@ -457,8 +457,12 @@ mod tests {
                 (Kind::Type, "tollgate_settle_call"),
                 (Kind::Function, "tollgate_claim_together"),
                 (Kind::Function, "tollgate_settle_together"),
+                (Kind::Function, "tollgate_claim_calls"),
+                (Kind::Function, "tollgate_settle_calls"),
+                (Kind::Function, "tollgate_lock_groups"),
                 (Kind::Function, "tollgate_claim_batch"),
                 (Kind::Function, "tollgate_settle_batch"),
+                (Kind::Function, "tollgate_shard_batch"),
             ]
         );
         for s in &statements {

@@ -280,16 +280,15 @@ pub(crate) async fn begin(
         .store_err()
 }
 
-/// The batch queues of a lane (H-32), claims and settlements apart, in [`BATCH_SHARDS`] shards
-/// of the consumers (H-34). A shard's two queues share one gate: one statement of the shard in
-/// flight, so its claim and settlement batches never hold locks the other waits for. A
-/// consumer's executions append to one audit chain of one group (H-33) and a group is in one
-/// shard, so the statements of two shards never take one chain's head or one consumer's spend
-/// rows.
+/// The batch queues of a lane (H-32), in [`BATCH_SHARDS`] shards of the consumers (H-34): one
+/// queue a shard, of its claims and settlements together, whose runner sends what it holds as one
+/// statement (H-43), so one statement of the shard is in flight and its claims and settlements
+/// never hold locks the other waits for. A consumer's executions append to one audit chain of one
+/// group (H-33) and a group is in one shard, so the statements of two shards never take one
+/// chain's head or one consumer's spend rows.
 #[derive(Debug)]
 pub(crate) struct Batches {
-    claims: Vec<Arc<batch::Batcher<claim::ClaimCall>>>,
-    settles: Vec<Arc<batch::Batcher<settle::SettleCall>>>,
+    shards: Vec<Arc<batch::Batcher<batch::ShardCall>>>,
 }
 
 /// Connections a lane gives to the lease renewals alone (SC-205): one statement each, a few per
@@ -308,15 +307,15 @@ impl Batches {
         let shards = usize::try_from(connections)
             .unwrap_or(1)
             .clamp(1, BATCH_SHARDS);
-        let gates: Vec<Arc<Semaphore>> = (0..shards).map(|_| Arc::new(Semaphore::new(1))).collect();
         Self {
-            claims: gates
-                .iter()
-                .map(|gate| batch::Batcher::new(gate, deadline))
-                .collect(),
-            settles: gates
-                .iter()
-                .map(|gate| batch::Batcher::new(gate, deadline))
+            shards: (0..shards)
+                .map(|_| {
+                    batch::Batcher::of_kinds(
+                        &Arc::new(Semaphore::new(1)),
+                        deadline,
+                        batch::ShardCall::kind,
+                    )
+                })
                 .collect(),
         }
     }
@@ -329,44 +328,34 @@ impl Batches {
         deadline: std::time::Duration,
         hook: &Arc<batch::faults::BatchFaults>,
     ) -> Self {
-        use batch::faults::BatchPoint;
-        let gates: Vec<Arc<Semaphore>> = (0..self.claims.len())
-            .map(|_| Arc::new(Semaphore::new(1)))
-            .collect();
         Self {
-            claims: gates
-                .iter()
-                .map(|gate| batch::Batcher::hooked(gate, deadline, BatchPoint::Claim, hook))
-                .collect(),
-            settles: gates
-                .iter()
-                .map(|gate| batch::Batcher::hooked(gate, deadline, BatchPoint::Settle, hook))
+            shards: (0..self.shards.len())
+                .map(|_| {
+                    batch::Batcher::hooked(
+                        &Arc::new(Semaphore::new(1)),
+                        deadline,
+                        batch::ShardCall::kind,
+                        batch::ShardCall::point,
+                        hook,
+                    )
+                })
                 .collect(),
         }
     }
 
     /// The shard of `consumer` in `scope`: the one its audit chain group (H-33) is in, so that
     /// batches of different shards never append to one chain.
-    fn shard(&self, scope: &str, consumer: &str) -> usize {
-        usize::from(AuditChain::group_of(scope, consumer)) % self.claims.len().max(1)
+    fn shard_index(&self, scope: &str, consumer: &str) -> usize {
+        usize::from(AuditChain::group_of(scope, consumer)) % self.shards.len().max(1)
     }
 
-    /// The claim queue of `consumer`'s shard.
-    pub(crate) fn claims(
+    /// The queue of `consumer`'s shard.
+    pub(crate) fn shard(
         &self,
         scope: &str,
         consumer: &str,
-    ) -> &Arc<batch::Batcher<claim::ClaimCall>> {
-        &self.claims[self.shard(scope, consumer)]
-    }
-
-    /// The settlement queue of `consumer`'s shard.
-    pub(crate) fn settles(
-        &self,
-        scope: &str,
-        consumer: &str,
-    ) -> &Arc<batch::Batcher<settle::SettleCall>> {
-        &self.settles[self.shard(scope, consumer)]
+    ) -> &Arc<batch::Batcher<batch::ShardCall>> {
+        &self.shards[self.shard_index(scope, consumer)]
     }
 }
 
@@ -517,7 +506,9 @@ impl PgStores {
     /// queue.
     #[cfg(feature = "test-support")]
     pub fn batch_shard(&self, scope: &str, consumer: &str) -> Option<usize> {
-        self.batches.as_ref().map(|b| b.shard(scope, consumer))
+        self.batches
+            .as_ref()
+            .map(|b| b.shard_index(scope, consumer))
     }
 
     /// These stores with batch queues of their own whose statements go through `hook` (the

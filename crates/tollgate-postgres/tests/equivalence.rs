@@ -510,7 +510,7 @@ async fn sc_208_the_functions_one_call_a_statement_write_what_memory_writes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sc_208_the_batch_forms_write_what_memory_writes() {
+async fn sc_208_h_43_the_batch_forms_write_what_memory_writes() {
     let (_database, stores) = fresh(8).await;
     let hook = BatchFaults::new(GATHER);
     let stores = stores.with_batch_faults(&hook);
@@ -525,6 +525,13 @@ async fn sc_208_the_batch_forms_write_what_memory_writes() {
             hook.sizes()
         );
     }
+    // Step 4's claims and settlement reach one shard together: one statement carries both
+    // (H-43).
+    assert!(
+        hook.shared() >= 1,
+        "no statement carried claims and settlements together: {:?}",
+        hook.sizes()
+    );
     assert_same("batches", &lines);
 }
 

@@ -603,7 +603,15 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION tollgate_claim_batch(p_calls tollgate_claim_call[], p_lock_timeout_ms integer)
+-- The calls of one kind decided after the batch's advisory locks are taken (the batch functions
+-- below): as a whole first, then one by one. `p_holding`: the transaction already holds rows'
+-- locks (a shard batch's settlements, before its claims), so the lock timeout applies from the
+-- first call on rather than from the second.
+CREATE OR REPLACE FUNCTION tollgate_claim_calls(
+    p_calls tollgate_claim_call[],
+    p_lock_timeout_ms integer,
+    p_holding boolean
+)
 RETURNS TABLE (call_index integer, call_state text, call_row executions)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -612,9 +620,9 @@ DECLARE
     places integer[];
     claimed executions[];
 BEGIN
-    -- The calls' chain groups, locked in ascending order before any row (H-35).
-    PERFORM pg_advisory_xact_lock(1953459308, k.g)
-    FROM (SELECT DISTINCT (x.chain >> 3)::integer AS g FROM unnest(p_calls) AS x ORDER BY 1) AS k;
+    IF COALESCE(cardinality(p_calls), 0) = 0 THEN
+        RETURN;
+    END IF;
     -- The batch as a whole (H-38), waiting for any lock at most the batch's lock timeout; when
     -- it raises, it is rolled back whole (the lock timeout with it) and the calls go one by one.
     BEGIN
@@ -633,8 +641,8 @@ BEGIN
     END IF;
     FOR i IN 1 .. cardinality(p_calls) LOOP
         c := p_calls[i];
-        IF i = 2 THEN
-            -- From the second call on, a batch that holds locks never waits long for another.
+        IF i = 2 OR (i = 1 AND p_holding) THEN
+            -- Once the batch holds locks, it never waits long for another.
             PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
         END IF;
         call_index := i;
@@ -657,7 +665,11 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION tollgate_settle_batch(p_calls tollgate_settle_call[], p_lock_timeout_ms integer)
+CREATE OR REPLACE FUNCTION tollgate_settle_calls(
+    p_calls tollgate_settle_call[],
+    p_lock_timeout_ms integer,
+    p_holding boolean
+)
 RETURNS TABLE (call_index integer, call_state text, call_row tollgate_settled)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -665,9 +677,9 @@ DECLARE
     answer tollgate_settled;
     answers tollgate_settled[];
 BEGIN
-    -- The calls' chain groups, locked in ascending order before any row (H-35).
-    PERFORM pg_advisory_xact_lock(1953459308, k.g)
-    FROM (SELECT DISTINCT (x.chain >> 3)::integer AS g FROM unnest(p_calls) AS x ORDER BY 1) AS k;
+    IF COALESCE(cardinality(p_calls), 0) = 0 THEN
+        RETURN;
+    END IF;
     -- The batch as a whole (H-38), as the claims' batch tries it.
     BEGIN
         PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
@@ -682,8 +694,8 @@ BEGIN
     END IF;
     FOR i IN 1 .. cardinality(p_calls) LOOP
         c := p_calls[i];
-        IF i = 2 THEN
-            -- From the second call on, a batch that holds locks never waits long for another.
+        IF i = 2 OR (i = 1 AND p_holding) THEN
+            -- Once the batch holds locks, it never waits long for another.
             PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
         END IF;
         call_index := i;
@@ -703,5 +715,69 @@ BEGIN
         END;
         RETURN NEXT;
     END LOOP;
+END
+$$;
+
+-- The advisory locks of the chain groups (H-35) of `p_chains`, in ascending order.
+CREATE OR REPLACE FUNCTION tollgate_lock_groups(p_chains smallint[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(1953459308, k.g)
+    FROM (SELECT DISTINCT (c >> 3)::integer AS g FROM unnest(p_chains) AS c ORDER BY 1) AS k;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION tollgate_claim_batch(p_calls tollgate_claim_call[], p_lock_timeout_ms integer)
+RETURNS TABLE (call_index integer, call_state text, call_row executions)
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- The calls' chain groups, locked in ascending order before any row (H-35).
+    PERFORM tollgate_lock_groups(ARRAY(SELECT x.chain FROM unnest(p_calls) AS x));
+    RETURN QUERY SELECT * FROM tollgate_claim_calls(p_calls, p_lock_timeout_ms, false);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION tollgate_settle_batch(p_calls tollgate_settle_call[], p_lock_timeout_ms integer)
+RETURNS TABLE (call_index integer, call_state text, call_row tollgate_settled)
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- The calls' chain groups, locked in ascending order before any row (H-35).
+    PERFORM tollgate_lock_groups(ARRAY(SELECT x.chain FROM unnest(p_calls) AS x));
+    RETURN QUERY SELECT * FROM tollgate_settle_calls(p_calls, p_lock_timeout_ms, false);
+END
+$$;
+
+-- A shard's settlements and claims in one statement and one commit (H-43): the chain groups of
+-- all of them locked in ascending order (H-35), then the settlements decided as
+-- `tollgate_settle_batch` decides them, then the claims as `tollgate_claim_batch` does, their
+-- lock timeout from the first claim on when settlements came first (their locks are held).
+-- Answers the settlements' rows as `call_index` 1 .. settlements, then the claims' as
+-- settlements + 1 .., each claim's row in `tollgate_settled`'s shape (its execution columns;
+-- the totals NULL).
+CREATE OR REPLACE FUNCTION tollgate_shard_batch(
+    p_settles tollgate_settle_call[],
+    p_claims tollgate_claim_call[],
+    p_lock_timeout_ms integer
+)
+RETURNS TABLE (call_index integer, call_state text, call_row tollgate_settled)
+LANGUAGE plpgsql AS $$
+DECLARE
+    settles integer := COALESCE(cardinality(p_settles), 0);
+BEGIN
+    PERFORM tollgate_lock_groups(ARRAY(SELECT x.chain FROM unnest(p_settles) AS x
+        UNION ALL SELECT x.chain FROM unnest(p_claims) AS x));
+    RETURN QUERY SELECT * FROM tollgate_settle_calls(p_settles, p_lock_timeout_ms, false);
+    RETURN QUERY
+    SELECT c.call_index + settles, c.call_state,
+        CASE WHEN c.call_state = 'row' THEN ROW((c.call_row).id, (c.call_row).scope,
+            (c.call_row).operation_key, (c.call_row).kind, (c.call_row).root_key,
+            (c.call_row).binding, (c.call_row).binding_digest, (c.call_row).accounting_day,
+            (c.call_row).state, (c.call_row).not_dispatched_cause, (c.call_row).outcome,
+            (c.call_row).fence, (c.call_row).lease_expires_at, (c.call_row).hold,
+            (c.call_row).provider_ref, (c.call_row).created_at, (c.call_row).updated_at,
+            (c.call_row).reconciliation_reason, NULL, NULL, NULL, NULL)::tollgate_settled END
+    FROM tollgate_claim_calls(p_claims, p_lock_timeout_ms, settles > 0) AS c
+    ORDER BY c.call_index;
 END
 $$;

@@ -49,6 +49,9 @@ impl BatchPoint {
     }
 }
 
+/// The batch point a call's statements count at.
+pub(crate) type PointOf<C> = fn(&C) -> BatchPoint;
+
 /// How a struck batch statement ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum BatchFaultKind {
@@ -115,6 +118,8 @@ struct State {
     fired: Vec<BatchFault>,
     batches: BTreeMap<BatchPoint, u64>,
     sizes: Vec<(BatchPoint, usize)>,
+    /// Statements that carried calls of both points.
+    shared: u64,
 }
 
 /// The batch hook of one process's stores.
@@ -167,7 +172,12 @@ impl BatchFaults {
         self.lock().batches.clone()
     }
 
-    /// The sizes of those statements, in order.
+    /// Statements of two calls or more that carried claims and settlements together (H-43).
+    pub fn shared(&self) -> u64 {
+        self.lock().shared
+    }
+
+    /// The sizes of those statements, in order (one entry at each point a statement counts at).
     pub fn sizes(&self) -> Vec<(BatchPoint, usize)> {
         self.lock().sizes.clone()
     }
@@ -216,10 +226,12 @@ impl BatchFaults {
         }
     }
 
-    /// Counts a statement of `calls` at `point` and strikes it when it is the planned one.
+    /// Counts a statement of `calls` at each of `points` (those of the calls it carries: a
+    /// shard's statement of claims and settlements counts at both) and strikes it when it is the
+    /// planned one at one of them.
     pub(crate) async fn apply<C, S, F>(
         &self,
-        point: BatchPoint,
+        points: &[BatchPoint],
         calls: Vec<C>,
         send: &S,
     ) -> Applied<C>
@@ -232,18 +244,25 @@ impl BatchFaults {
         }
         let kind = {
             let mut state = self.lock();
-            let nth = {
-                let count = state.batches.entry(point).or_insert(0);
-                *count += 1;
-                *count
-            };
-            state.sizes.push((point, calls.len()));
-            let planned = state.planned.filter(|f| f.point == point && f.nth == nth);
-            if let Some(fault) = planned {
-                state.planned = None;
-                state.fired.push(fault);
+            if points.len() > 1 {
+                state.shared += 1;
             }
-            planned.map(|f| f.kind)
+            let mut struck = None;
+            for &point in points {
+                let nth = {
+                    let count = state.batches.entry(point).or_insert(0);
+                    *count += 1;
+                    *count
+                };
+                state.sizes.push((point, calls.len()));
+                let planned = state.planned.filter(|f| f.point == point && f.nth == nth);
+                if let Some(fault) = planned {
+                    state.planned = None;
+                    state.fired.push(fault);
+                    struck = Some(fault.kind);
+                }
+            }
+            struck
         };
         let lost = |n: usize| -> Vec<Answer> {
             let e = StoreError::Unavailable("database connection lost mid-batch".into());

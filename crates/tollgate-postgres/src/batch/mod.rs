@@ -1,12 +1,12 @@
 //! Calls batched into one statement and one commit (spec/performance.md, H-32).
 //!
-//! The claims (or the settlements) of calls outside a root that arrive while an earlier one of
-//! their queue is in flight wait in the queue, and the queue's runner, once free, sends all of
-//! them, up to [`MAX_CALLS_PER_BATCH`], as one statement of the batch function (`batch.sql`),
-//! whose one commit they share. No call waits for a timer: a call that finds its queue idle goes
-//! at once, alone, as the single function (the statement it would be without batches), and
-//! batches form only while the queue's statements are in flight. The stores keep one queue per
-//! shard of the consumers and kind (`Batches` in `lib.rs`).
+//! The claims and settlements of calls outside a root that arrive while an earlier one of their
+//! queue is in flight wait in the queue, and the queue's runner, once free, sends all of them, up
+//! to [`MAX_CALLS_PER_BATCH`], as one statement of a batch function (`batch.sql`), whose one
+//! commit they share (claims and settlements together: `shard.rs`, H-43). No call waits for a
+//! timer: a call that finds its queue idle goes at once, alone, as the single function (the
+//! statement it would be without batches), and batches form only while the queue's statements
+//! are in flight. The stores keep one queue per shard of the consumers (`Batches` in `lib.rs`).
 //!
 //! Each call of a batch is decided as the single function decides it: the batch function first
 //! decides the batch as a whole, one statement per table (H-38), and when a call would be decided
@@ -20,6 +20,9 @@
 
 #[cfg(feature = "test-support")]
 pub mod faults;
+mod shard;
+
+pub(crate) use shard::ShardCall;
 
 use crate::error::ends_connection;
 use crate::PgStores;
@@ -33,7 +36,7 @@ use std::time::Duration;
 use tokio::sync::{oneshot, Semaphore};
 use tollgate_store::{StoreError, StoreResult};
 
-/// The most calls one batch statement carries.
+/// The most calls of one kind one batch statement carries.
 pub(crate) const MAX_CALLS_PER_BATCH: usize = 16;
 
 /// How long a batch waits for a lock from its second call on before it leaves that call out.
@@ -126,19 +129,22 @@ pub(crate) fn by_place(rows: Vec<PgRow>, column: &str, places: usize) -> Vec<Opt
 /// calls hold content (a prompt's output, a binding).
 pub(crate) struct Batcher<C> {
     queue: Mutex<Queue<C>>,
-    /// The shard's gate (H-34), shared with the shard's other batcher: one statement (a batch or
-    /// a call alone) in flight among them, so a claim batch and a settlement batch of one shard
-    /// never wait for each other's locks. The runner takes its place at the gate before it
-    /// takes its calls, so the calls that arrive while it waits join its batch.
+    /// The gate its statements take (one permit), which other batchers may share: one statement
+    /// (a batch or a call alone) in flight among them (a shard's queue has a gate of its own,
+    /// H-34). The runner takes its place at the gate before it takes its calls, so the calls that
+    /// arrive while it waits join its batch.
     gate: Arc<Semaphore>,
     /// The longest one statement may hold the gate: past it the statement is given up (its
     /// connection closed, its calls answered `Unavailable`, their outcome unknown) and the gate
     /// goes to the next, so a connection that stopped answering (a half-open route, a failover)
     /// cannot stop the shard (SC-206).
     deadline: Duration,
-    /// The fault matrix's hook and this queue's batch point (feature `test-support`).
+    /// The kind of each call (below [`CALL_KINDS`]): a statement carries up to
+    /// [`MAX_CALLS_PER_BATCH`] calls of each kind.
+    kind_of: fn(&C) -> usize,
+    /// The fault matrix's hook and the batch point of each call (feature `test-support`).
     #[cfg(feature = "test-support")]
-    hook: Option<(faults::BatchPoint, Arc<faults::BatchFaults>)>,
+    hook: Option<(faults::PointOf<C>, Arc<faults::BatchFaults>)>,
 }
 
 /// Calls one queue holds waiting at most; a call beyond them is refused at once with
@@ -147,8 +153,14 @@ pub(crate) struct Batcher<C> {
 /// default; the harness's 10,000 in flight), so only a database too slow for them fills it.
 pub(crate) const BATCH_QUEUE_CALLS_MAX: usize = 16_384;
 
+/// A call waiting in a queue, with where its answer goes.
+type Waiting<C> = (C, oneshot::Sender<(Answer, C)>);
+
+/// The most waiting calls a runner looks at to fill its statement.
+const BATCH_SCAN_MAX: usize = 4 * CALL_KINDS * MAX_CALLS_PER_BATCH;
+
 struct Queue<C> {
-    waiting: VecDeque<(C, oneshot::Sender<(Answer, C)>)>,
+    waiting: VecDeque<Waiting<C>>,
     /// 1 while the runner runs, else 0.
     running: usize,
 }
@@ -194,10 +206,23 @@ fn lost() -> StoreError {
     StoreError::Unavailable("database batch lost".into())
 }
 
+/// The kinds of calls one queue may hold (a shard's claims and settlements).
+pub(crate) const CALL_KINDS: usize = 2;
+
 impl<C: Send + 'static> Batcher<C> {
     /// A batcher whose statements take `gate` (one permit): one statement in flight among this
     /// batcher and every other one given the same gate, each for at most `deadline`.
     pub(crate) fn new(gate: &Arc<Semaphore>, deadline: Duration) -> Arc<Self> {
+        Self::of_kinds(gate, deadline, |_| 0)
+    }
+
+    /// A batcher like [`Batcher::new`] of calls of several kinds (`kind_of`, each below
+    /// [`CALL_KINDS`]), whose statements carry up to [`MAX_CALLS_PER_BATCH`] calls of each.
+    pub(crate) fn of_kinds(
+        gate: &Arc<Semaphore>,
+        deadline: Duration,
+        kind_of: fn(&C) -> usize,
+    ) -> Arc<Self> {
         Arc::new(Self {
             queue: Mutex::new(Queue {
                 waiting: VecDeque::new(),
@@ -205,17 +230,20 @@ impl<C: Send + 'static> Batcher<C> {
             }),
             gate: Arc::clone(gate),
             deadline,
+            kind_of,
             #[cfg(feature = "test-support")]
             hook: None,
         })
     }
 
-    /// A batcher like [`Batcher::new`] whose statements at `point` go through `hook`.
+    /// A batcher like [`Batcher::of_kinds`] whose statements go through `hook`, each at the
+    /// points of the calls it carries (`point`).
     #[cfg(feature = "test-support")]
     pub(crate) fn hooked(
         gate: &Arc<Semaphore>,
         deadline: Duration,
-        point: faults::BatchPoint,
+        kind_of: fn(&C) -> usize,
+        point: faults::PointOf<C>,
         hook: &Arc<faults::BatchFaults>,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -225,8 +253,39 @@ impl<C: Send + 'static> Batcher<C> {
             }),
             gate: Arc::clone(gate),
             deadline,
+            kind_of,
             hook: Some((point, Arc::clone(hook))),
         })
+    }
+
+    /// The calls of the next statement, taken from the front of `waiting`: up to
+    /// [`MAX_CALLS_PER_BATCH`] of each kind, in their order; the calls of a kind already full
+    /// stay, in their order, for the next. At most [`BATCH_SCAN_MAX`] calls are looked at.
+    fn take(&self, waiting: &mut VecDeque<Waiting<C>>) -> Vec<Waiting<C>> {
+        let mut counts = [0usize; CALL_KINDS];
+        let mut taken = Vec::new();
+        let mut left = Vec::new();
+        let mut looked = 0;
+        while looked < BATCH_SCAN_MAX {
+            let Some(call) = waiting.pop_front() else {
+                break;
+            };
+            looked += 1;
+            let kind = (self.kind_of)(&call.0).min(CALL_KINDS - 1);
+            if counts[kind] < MAX_CALLS_PER_BATCH {
+                counts[kind] += 1;
+                taken.push(call);
+                if counts.iter().all(|&n| n >= MAX_CALLS_PER_BATCH) {
+                    break;
+                }
+            } else {
+                left.push(call);
+            }
+        }
+        for call in left.into_iter().rev() {
+            waiting.push_front(call);
+        }
+        taken
     }
 
     /// One statement of `calls`, given up at the deadline (`None`); with the fault hook, `Err`
@@ -238,11 +297,16 @@ impl<C: Send + 'static> Batcher<C> {
     {
         #[cfg(feature = "test-support")]
         let calls = match &self.hook {
-            Some((point, hook)) => match hook.apply(*point, calls, send).await {
-                faults::Applied::Pass(calls) => calls,
-                faults::Applied::Answered(answered) => return Ok(Some(answered)),
-                faults::Applied::Died => return Err(()),
-            },
+            Some((point, hook)) => {
+                let mut points: Vec<faults::BatchPoint> = calls.iter().map(point).collect();
+                points.sort_unstable();
+                points.dedup();
+                match hook.apply(&points, calls, send).await {
+                    faults::Applied::Pass(calls) => calls,
+                    faults::Applied::Answered(answered) => return Ok(Some(answered)),
+                    faults::Applied::Died => return Err(()),
+                }
+            }
             None => calls,
         };
         Ok(tokio::time::timeout(self.deadline, send(calls)).await.ok())
@@ -301,7 +365,7 @@ impl<C: Send + 'static> Batcher<C> {
                 hook.gather(|| self.queue.lock().map_or(0, |q| q.waiting.len()))
                     .await;
             }
-            let taken: Vec<(C, oneshot::Sender<(Answer, C)>)> = {
+            let taken: Vec<Waiting<C>> = {
                 let Ok(mut queue) = self.queue.lock() else {
                     return;
                 };
@@ -312,8 +376,7 @@ impl<C: Send + 'static> Batcher<C> {
                     running.armed = false;
                     return;
                 }
-                let n = queue.waiting.len().min(MAX_CALLS_PER_BATCH);
-                queue.waiting.drain(..n).collect()
+                self.take(&mut queue.waiting)
             };
             let (calls, senders): (Vec<C>, Vec<oneshot::Sender<(Answer, C)>>) =
                 taken.into_iter().unzip();
@@ -625,11 +688,57 @@ mod tests {
         assert_eq!(batcher.queue.lock().unwrap().running, 0);
     }
 
+    #[test]
+    fn h_43_a_statement_takes_up_to_the_most_of_each_kind_in_order() {
+        // Calls 0..40, odd ones of kind 1: the first statement takes the first 16 of each kind
+        // (0..32), in order; the next one takes the rest.
+        let batcher =
+            Batcher::<usize>::of_kinds(&Arc::new(Semaphore::new(1)), TEST_DEADLINE, |n: &usize| {
+                n % 2
+            });
+        let mut waiting: VecDeque<Waiting<usize>> =
+            (0..40).map(|n| (n, oneshot::channel().0)).collect();
+        let first: Vec<usize> = batcher
+            .take(&mut waiting)
+            .into_iter()
+            .map(|c| c.0)
+            .collect();
+        assert_eq!(first, (0..32).collect::<Vec<_>>());
+        let next: Vec<usize> = batcher
+            .take(&mut waiting)
+            .into_iter()
+            .map(|c| c.0)
+            .collect();
+        assert_eq!(next, (32..40).collect::<Vec<_>>());
+        // One kind past its most: the other kind's later calls join; the full kind's wait, in
+        // their order.
+        let mut waiting: VecDeque<Waiting<usize>> = (0..20)
+            .map(|n| n * 2)
+            .chain([1, 3])
+            .map(|n| (n, oneshot::channel().0))
+            .collect();
+        let first: Vec<usize> = batcher
+            .take(&mut waiting)
+            .into_iter()
+            .map(|c| c.0)
+            .collect();
+        let expected: Vec<usize> = (0..16).map(|n| n * 2).chain([1, 3]).collect();
+        assert_eq!(first, expected);
+        let left: Vec<usize> = waiting.iter().map(|c| c.0).collect();
+        assert_eq!(left, vec![32, 34, 36, 38]);
+        // One kind only: at most MAX_CALLS_PER_BATCH.
+        let single = Batcher::<usize>::new(&Arc::new(Semaphore::new(1)), TEST_DEADLINE);
+        let mut waiting: VecDeque<Waiting<usize>> =
+            (0..40).map(|n| (n, oneshot::channel().0)).collect();
+        assert_eq!(single.take(&mut waiting).len(), MAX_CALLS_PER_BATCH);
+        assert_eq!(waiting.len(), 40 - MAX_CALLS_PER_BATCH);
+    }
+
     #[tokio::test]
     async fn h_34_the_two_queues_of_one_gate_never_have_two_statements_in_flight() {
-        // A shard's claim and settlement queues share one gate: whatever arrives on either,
-        // one statement is in flight at a time, and the calls that arrive meanwhile on both
-        // queues are carried by the next statements of each.
+        // Two queues that share one gate: whatever arrives on either, one statement is in
+        // flight at a time, and the calls that arrive meanwhile on both queues are carried by
+        // the next statements of each.
         let gate = Arc::new(Semaphore::new(1));
         let claims = Batcher::<usize>::new(&gate, TEST_DEADLINE);
         let settles = Batcher::<usize>::new(&gate, TEST_DEADLINE);

@@ -4,6 +4,7 @@
 //! audit chain, its two spend rows) are held for the function and the commit only (H-17).
 
 use crate::batch;
+use crate::batch::ShardCall;
 use crate::configs;
 use crate::error::{db, sqlstate, DbResultExt};
 use crate::executions;
@@ -12,7 +13,10 @@ use crate::rows::{execution_columns_but_binding, ExecutionRow, SpendRow};
 use crate::spend::{self, SpendKeys};
 use crate::PgStores;
 use rust_decimal::Decimal;
-use sqlx::postgres::PgArguments;
+use sqlx::encode::IsNull;
+use sqlx::error::BoxDynError;
+use sqlx::postgres::types::PgRecordEncoder;
+use sqlx::postgres::{PgArgumentBuffer, PgArguments, PgHasArrayType, PgTypeInfo};
 use sqlx::query::Query;
 use sqlx::types::Json;
 use sqlx::{FromRow, Postgres};
@@ -211,7 +215,69 @@ impl batch::Call for ClaimCall {
     }
 }
 
+/// A claim as one `tollgate_claim_call` value, its fields in the type's order (a shard batch binds
+/// its claims as one array, H-43).
+impl sqlx::Type<Postgres> for ClaimCall {
+    fn type_info() -> PgTypeInfo {
+        PgTypeInfo::with_name("tollgate_claim_call")
+    }
+}
+
+impl PgHasArrayType for ClaimCall {
+    fn array_type_info() -> PgTypeInfo {
+        PgTypeInfo::array_of("tollgate_claim_call")
+    }
+}
+
+impl sqlx::Encode<'_, Postgres> for ClaimCall {
+    fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
+        let (subjects, values, tokens) = limits::ClaimLimitArgs::binds(self.limits.as_ref());
+        PgRecordEncoder::new(buf)
+            .encode(self.id)?
+            .encode(&self.scope)?
+            .encode(&self.operation_key)?
+            .encode(self.kind)?
+            .encode(&self.binding)?
+            .encode(&self.binding_digest)?
+            .encode(self.accounting_day)?
+            .encode(self.state)?
+            .encode(self.fence)?
+            .encode(self.lease_now)?
+            .encode(self.lease_ms)?
+            .encode(self.hold)?
+            .encode(self.created_at)?
+            .encode(self.updated_at)?
+            .encode(self.chain)?
+            .encode(self.chains)?
+            .encode(&self.audit.prefix)?
+            .encode(&self.audit.mid)?
+            .encode(&self.audit.kinds)?
+            .encode(Json(&self.audit.details))?
+            .encode(&self.audit.ats)?
+            .encode(&self.audit.tails)?
+            .encode(&self.consumer)?
+            .encode(&self.session)?
+            .encode(&self.currency)?
+            .encode(self.session_block)?
+            .encode(self.daily_block)?
+            .encode(subjects)?
+            .encode(values)?
+            .encode(tokens)?
+            .encode(&self.config_digest)?
+            .finish();
+        Ok(IsNull::No)
+    }
+}
+
 impl PgStores {
+    /// Claims alone, as the claim batch (or the single function for one), answered in order.
+    pub(crate) async fn send_claims(
+        &self,
+        calls: Vec<ClaimCall>,
+    ) -> (Vec<batch::Answer>, Vec<ClaimCall>) {
+        self.send_batch(CLAIM, claim_batches(), calls).await
+    }
+
     /// The claim of `record` (new, outside a root) by `tollgate_claim`: `Claimed`, `Existing`
     /// when the key already has a row, `Blocked` when a block cap refuses the hold, or `Limited`
     /// when a rate or concurrency limit refuses the call (nothing written either way). With batches, claims that arrive together share one statement and one commit.
@@ -258,14 +324,15 @@ impl PgStores {
         };
         let (answer, call) = match &self.batches {
             Some(batches) => {
-                let stores = self.clone();
-                let queue = batches.claims(&call.scope, &call.consumer);
-                queue
-                    .submit(call, move |calls| {
-                        let stores = stores.clone();
-                        async move { stores.send_batch(CLAIM, claim_batches(), calls).await }
-                    })
-                    .await?
+                let queue = batches.shard(&call.scope, &call.consumer);
+                match self.submit_to_shard(queue, ShardCall::Claim(call)).await? {
+                    (answer, ShardCall::Claim(call)) => (answer, call),
+                    (_, ShardCall::Settle(_)) => {
+                        return Err(StoreError::Corrupt(
+                            "a claim given back as another call".into(),
+                        ))
+                    }
+                }
             }
             None => (self.send_alone(CLAIM, &call).await, call),
         };

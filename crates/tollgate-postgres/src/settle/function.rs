@@ -4,6 +4,7 @@
 
 use super::duplicate;
 use crate::batch;
+use crate::batch::ShardCall;
 use crate::error::sqlstate;
 use crate::error::{is_unique_violation, DbResultExt};
 use crate::rows::{
@@ -11,7 +12,10 @@ use crate::rows::{
 };
 use crate::settlements;
 use crate::PgStores;
-use sqlx::postgres::PgArguments;
+use sqlx::encode::IsNull;
+use sqlx::error::BoxDynError;
+use sqlx::postgres::types::PgRecordEncoder;
+use sqlx::postgres::{PgArgumentBuffer, PgArguments, PgHasArrayType, PgTypeInfo};
 use sqlx::query::Query;
 use sqlx::types::Json;
 use sqlx::{FromRow, Postgres, Row};
@@ -199,7 +203,80 @@ impl batch::Call for SettleCall {
     }
 }
 
+/// A settlement as one `tollgate_settle_call` value, its fields in the type's order (a shard
+/// batch binds its settlements as one array, H-43).
+impl sqlx::Type<Postgres> for SettleCall {
+    fn type_info() -> PgTypeInfo {
+        PgTypeInfo::with_name("tollgate_settle_call")
+    }
+}
+
+impl PgHasArrayType for SettleCall {
+    fn array_type_info() -> PgTypeInfo {
+        PgTypeInfo::array_of("tollgate_settle_call")
+    }
+}
+
+impl sqlx::Encode<'_, Postgres> for SettleCall {
+    fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
+        PgRecordEncoder::new(buf)
+            .encode(self.id)?
+            .encode(self.fence)?
+            .encode(&self.states)?
+            .encode(&self.binding_digest)?
+            .encode(self.hold)?
+            .encode(self.provider_ref.as_deref())?
+            .encode(self.now)?
+            .encode(self.evidence_id)?
+            .encode(self.evidence_provider_ref.as_deref())?
+            .encode(self.evidence_tokens.as_deref())?
+            .encode(self.evidence_exact)?
+            .encode(self.evidence_source)?
+            .encode(self.evidence_at)?
+            .encode(self.acknowledged_at)?
+            .encode(self.settlement_id)?
+            .encode(&self.consumer)?
+            .encode(&self.session_id)?
+            .encode(&self.provider)?
+            .encode(&self.model)?
+            .encode(&self.price_version)?
+            .encode(&self.policy_version)?
+            .encode(&self.currency)?
+            .encode(&self.tokens)?
+            .encode(self.amount)?
+            .encode(self.source)?
+            .encode(self.outcome)?
+            .encode(self.stop.as_deref())?
+            .encode(self.output.as_deref())?
+            .encode(self.step.as_deref())?
+            .encode(self.retention_expires_at)?
+            .encode(self.session_warn)?
+            .encode(self.session_block)?
+            .encode(self.daily_warn)?
+            .encode(self.daily_block)?
+            .encode(self.chain)?
+            .encode(&self.prefix)?
+            .encode(&self.mid)?
+            .encode(self.at)?
+            .encode(Json(&self.detail))?
+            .encode(&self.tail)?
+            .encode(Json(&self.blocked_detail))?
+            .encode(&self.blocked_tail)?
+            .finish();
+        Ok(IsNull::No)
+    }
+}
+
 impl PgStores {
+    /// Settlements alone, as the settlement batch (or the single function for one), answered in
+    /// order.
+    pub(crate) async fn send_settles(
+        &self,
+        calls: Vec<SettleCall>,
+    ) -> (Vec<batch::Answer>, Vec<SettleCall>) {
+        self.send_batch(SETTLE, settle_batches(), calls).await
+    }
+
     /// The settlement of a call outside a root by `tollgate_settle`, from the row as the
     /// settler last read it (`seen`); `None` when the function hands it to [`Self::settle_tx`]
     /// (the stored row is no longer that one, or a spend row does not hold the hold): nothing
@@ -300,14 +377,15 @@ impl PgStores {
         };
         let answer = match &self.batches {
             Some(batches) => {
-                let stores = self.clone();
-                let queue = batches.settles(seen.scope.as_str(), &call.consumer);
-                queue
-                    .submit(call, move |calls| {
-                        let stores = stores.clone();
-                        async move { stores.send_batch(SETTLE, settle_batches(), calls).await }
-                    })
-                    .await?
+                let queue = batches.shard(seen.scope.as_str(), &call.consumer);
+                match self.submit_to_shard(queue, ShardCall::Settle(call)).await? {
+                    (answer, ShardCall::Settle(call)) => (answer, call),
+                    (_, ShardCall::Claim(_)) => {
+                        return Err(StoreError::Corrupt(
+                            "a settlement given back as another call".into(),
+                        ))
+                    }
+                }
             }
             None => {
                 let answer = self.send_alone(SETTLE, &call).await;
