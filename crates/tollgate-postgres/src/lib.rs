@@ -82,6 +82,7 @@ mod rows;
 mod seen_keys;
 mod settle;
 mod settlements;
+mod shard;
 mod spend;
 #[cfg(feature = "test-support")]
 pub mod test_support;
@@ -90,6 +91,7 @@ mod work;
 pub use definitions::{Definition, DEFINITIONS};
 use error::{db, sqlstate, DbResultExt, UNDEFINED_TABLE};
 use lane::{CallConnection, Lane};
+pub(crate) use shard::ShardCall;
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -288,7 +290,7 @@ pub(crate) async fn begin(
 /// chain's head or one consumer's spend rows.
 #[derive(Debug)]
 pub(crate) struct Batches {
-    shards: Vec<Arc<batch::Batcher<batch::ShardCall>>>,
+    shards: Vec<Arc<batch::Batcher<ShardCall>>>,
 }
 
 /// Connections a lane gives to the lease renewals alone (SC-205): one statement each, a few per
@@ -313,7 +315,7 @@ impl Batches {
                     batch::Batcher::of_kinds(
                         &Arc::new(Semaphore::new(1)),
                         deadline,
-                        batch::ShardCall::kind,
+                        ShardCall::kind,
                     )
                 })
                 .collect(),
@@ -334,8 +336,8 @@ impl Batches {
                     batch::Batcher::hooked(
                         &Arc::new(Semaphore::new(1)),
                         deadline,
-                        batch::ShardCall::kind,
-                        batch::ShardCall::point,
+                        ShardCall::kind,
+                        ShardCall::point,
                         hook,
                     )
                 })
@@ -350,11 +352,7 @@ impl Batches {
     }
 
     /// The queue of `consumer`'s shard.
-    pub(crate) fn shard(
-        &self,
-        scope: &str,
-        consumer: &str,
-    ) -> &Arc<batch::Batcher<batch::ShardCall>> {
+    pub(crate) fn shard(&self, scope: &str, consumer: &str) -> &Arc<batch::Batcher<ShardCall>> {
         &self.shards[self.shard_index(scope, consumer)]
     }
 }

@@ -3,7 +3,7 @@
 //! The claims and settlements of calls outside a root that arrive while an earlier one of their
 //! queue is in flight wait in the queue, and the queue's runner, once free, sends all of them, up
 //! to [`MAX_CALLS_PER_BATCH`], as one statement of a batch function (`batch.sql`), whose one
-//! commit they share (claims and settlements together: `shard.rs`, H-43). No call waits for a
+//! commit they share (claims and settlements together: `crate::shard`, H-43). No call waits for a
 //! timer: a call that finds its queue idle goes at once, alone, as the single function (the
 //! statement it would be without batches), and batches form only while the queue's statements
 //! are in flight. The stores keep one queue per shard of the consumers (`Batches` in `lib.rs`).
@@ -20,9 +20,6 @@
 
 #[cfg(feature = "test-support")]
 pub mod faults;
-mod shard;
-
-pub(crate) use shard::ShardCall;
 
 use crate::error::ends_connection;
 use crate::PgStores;

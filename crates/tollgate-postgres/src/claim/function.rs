@@ -4,7 +4,6 @@
 //! audit chain, its two spend rows) are held for the function and the commit only (H-17).
 
 use crate::batch;
-use crate::batch::ShardCall;
 use crate::configs;
 use crate::error::{db, sqlstate, DbResultExt};
 use crate::executions;
@@ -12,6 +11,7 @@ use crate::limits;
 use crate::rows::{execution_columns_but_binding, ExecutionRow, SpendRow};
 use crate::spend::{self, SpendKeys};
 use crate::PgStores;
+use crate::ShardCall;
 use rust_decimal::Decimal;
 use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;

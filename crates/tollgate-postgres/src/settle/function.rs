@@ -4,7 +4,6 @@
 
 use super::duplicate;
 use crate::batch;
-use crate::batch::ShardCall;
 use crate::error::sqlstate;
 use crate::error::{is_unique_violation, DbResultExt};
 use crate::rows::{
@@ -12,6 +11,7 @@ use crate::rows::{
 };
 use crate::settlements;
 use crate::PgStores;
+use crate::ShardCall;
 use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
 use sqlx::postgres::types::PgRecordEncoder;

@@ -5,7 +5,7 @@
 //! so a shard whose calls both start and end at once pays one commit for each round of them
 //! instead of two.
 
-use super::{answers, failed, Answer};
+use crate::batch::{answers, failed, Answer, Batcher, BATCH_LOCK_TIMEOUT_MS};
 use crate::claim::ClaimCall;
 use crate::error::ends_connection;
 use crate::rows::execution_columns_but_binding;
@@ -33,10 +33,10 @@ impl ShardCall {
 
     /// The batch point of the fault matrix this call's statements count at.
     #[cfg(feature = "test-support")]
-    pub(crate) fn point(&self) -> super::faults::BatchPoint {
+    pub(crate) fn point(&self) -> crate::batch::faults::BatchPoint {
         match self {
-            Self::Claim(_) => super::faults::BatchPoint::Claim,
-            Self::Settle(_) => super::faults::BatchPoint::Settle,
+            Self::Claim(_) => crate::batch::faults::BatchPoint::Claim,
+            Self::Settle(_) => crate::batch::faults::BatchPoint::Settle,
         }
     }
 }
@@ -58,7 +58,7 @@ fn shard_statement() -> &'static str {
         }
         sql.push_str(&format!(
             " FROM tollgate_shard_batch($1, $2, {}) b ORDER BY b.call_index",
-            super::BATCH_LOCK_TIMEOUT_MS
+            BATCH_LOCK_TIMEOUT_MS
         ));
         sql
     })
@@ -69,10 +69,10 @@ impl PgStores {
     /// given back.
     ///
     /// # Errors
-    /// As [`super::Batcher::submit`].
+    /// As [`Batcher::submit`].
     pub(crate) async fn submit_to_shard(
         &self,
-        queue: &Arc<super::Batcher<ShardCall>>,
+        queue: &Arc<Batcher<ShardCall>>,
         call: ShardCall,
     ) -> StoreResult<(Answer, ShardCall)> {
         let stores = self.clone();
