@@ -81,6 +81,11 @@ pub(crate) const RENEW_LEASES: &str = concat!(
     execution_columns!()
 );
 
+/// The most lease renewals one statement carries (H-36): its arrays take any number, and with
+/// thousands of calls in flight, renewals that wait go in a few statements rather than in
+/// hundreds, each holding the renewals' one connection.
+pub(crate) const RENEWALS_PER_STATEMENT_MAX: usize = 1_024;
+
 /// One lease renewal waiting in the renewals' queue.
 pub(crate) struct Renewal {
     fence: Fence,

@@ -315,7 +315,7 @@ impl Batches {
                     batch::Batcher::of_kinds(
                         &Arc::new(Semaphore::new(1)),
                         deadline,
-                        ShardCall::kind,
+                        Some(ShardCall::kind),
                     )
                 })
                 .collect(),
@@ -336,7 +336,7 @@ impl Batches {
                     batch::Batcher::hooked(
                         &Arc::new(Semaphore::new(1)),
                         deadline,
-                        ShardCall::kind,
+                        Some(ShardCall::kind),
                         ShardCall::point,
                         hook,
                     )
@@ -464,9 +464,13 @@ impl PgStores {
             .as_ref()
             .map(|_| Arc::new(Batches::new(calls, self.statement_deadline)));
         // One renewal statement in flight; the renewals that arrive meanwhile go together.
-        let renewals = leases
-            .as_ref()
-            .map(|_| batch::Batcher::new(&Arc::new(Semaphore::new(1)), self.statement_deadline));
+        let renewals = leases.as_ref().map(|_| {
+            batch::Batcher::with_most_calls(
+                &Arc::new(Semaphore::new(1)),
+                self.statement_deadline,
+                journal::RENEWALS_PER_STATEMENT_MAX,
+            )
+        });
         // One read statement in flight; the reads that arrive meanwhile go together.
         let reads = lane
             .as_ref()

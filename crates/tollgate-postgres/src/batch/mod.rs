@@ -136,9 +136,11 @@ pub(crate) struct Batcher<C> {
     /// goes to the next, so a connection that stopped answering (a half-open route, a failover)
     /// cannot stop the shard (SC-206).
     deadline: Duration,
-    /// The kind of each call (below [`CALL_KINDS`]): a statement carries up to
-    /// [`MAX_CALLS_PER_BATCH`] calls of each kind.
-    kind_of: fn(&C) -> usize,
+    /// The kind of each call (below [`CALL_KINDS`]; `None`: one kind): a statement carries up
+    /// to [`MAX_CALLS_PER_BATCH`] calls of each kind.
+    kind_of: Option<fn(&C) -> usize>,
+    /// The most calls of one kind a statement carries.
+    most_calls: usize,
     /// The fault matrix's hook and the batch point of each call (feature `test-support`).
     #[cfg(feature = "test-support")]
     hook: Option<(faults::PointOf<C>, Arc<faults::BatchFaults>)>,
@@ -210,15 +212,34 @@ impl<C: Send + 'static> Batcher<C> {
     /// A batcher whose statements take `gate` (one permit): one statement in flight among this
     /// batcher and every other one given the same gate, each for at most `deadline`.
     pub(crate) fn new(gate: &Arc<Semaphore>, deadline: Duration) -> Arc<Self> {
-        Self::of_kinds(gate, deadline, |_| 0)
+        Self::of_kinds(gate, deadline, None)
     }
 
-    /// A batcher like [`Batcher::new`] of calls of several kinds (`kind_of`, each below
-    /// [`CALL_KINDS`]), whose statements carry up to [`MAX_CALLS_PER_BATCH`] calls of each.
+    /// A batcher like [`Batcher::new`] whose statements carry up to `most_calls` calls (at
+    /// least 1), for statements whose size does not shape their text.
+    pub(crate) fn with_most_calls(
+        gate: &Arc<Semaphore>,
+        deadline: Duration,
+        most_calls: usize,
+    ) -> Arc<Self> {
+        Self::made(gate, deadline, None, most_calls.max(1))
+    }
+
+    /// A batcher like [`Batcher::new`] of calls of [`CALL_KINDS`] kinds (`kind_of`; `None`: one
+    /// kind), whose statements carry up to [`MAX_CALLS_PER_BATCH`] calls of each.
     pub(crate) fn of_kinds(
         gate: &Arc<Semaphore>,
         deadline: Duration,
-        kind_of: fn(&C) -> usize,
+        kind_of: Option<fn(&C) -> usize>,
+    ) -> Arc<Self> {
+        Self::made(gate, deadline, kind_of, MAX_CALLS_PER_BATCH)
+    }
+
+    fn made(
+        gate: &Arc<Semaphore>,
+        deadline: Duration,
+        kind_of: Option<fn(&C) -> usize>,
+        most_calls: usize,
     ) -> Arc<Self> {
         Arc::new(Self {
             queue: Mutex::new(Queue {
@@ -228,6 +249,7 @@ impl<C: Send + 'static> Batcher<C> {
             gate: Arc::clone(gate),
             deadline,
             kind_of,
+            most_calls,
             #[cfg(feature = "test-support")]
             hook: None,
         })
@@ -239,7 +261,7 @@ impl<C: Send + 'static> Batcher<C> {
     pub(crate) fn hooked(
         gate: &Arc<Semaphore>,
         deadline: Duration,
-        kind_of: fn(&C) -> usize,
+        kind_of: Option<fn(&C) -> usize>,
         point: faults::PointOf<C>,
         hook: &Arc<faults::BatchFaults>,
     ) -> Arc<Self> {
@@ -251,6 +273,7 @@ impl<C: Send + 'static> Batcher<C> {
             gate: Arc::clone(gate),
             deadline,
             kind_of,
+            most_calls: MAX_CALLS_PER_BATCH,
             hook: Some((point, Arc::clone(hook))),
         })
     }
@@ -259,6 +282,10 @@ impl<C: Send + 'static> Batcher<C> {
     /// [`MAX_CALLS_PER_BATCH`] of each kind, in their order; the calls of a kind already full
     /// stay, in their order, for the next. At most [`BATCH_SCAN_MAX`] calls are looked at.
     fn take(&self, waiting: &mut VecDeque<Waiting<C>>) -> Vec<Waiting<C>> {
+        let Some(kind_of) = self.kind_of else {
+            let n = waiting.len().min(self.most_calls);
+            return waiting.drain(..n).collect();
+        };
         let mut counts = [0usize; CALL_KINDS];
         let mut taken = Vec::new();
         let mut left = Vec::new();
@@ -268,11 +295,11 @@ impl<C: Send + 'static> Batcher<C> {
                 break;
             };
             looked += 1;
-            let kind = (self.kind_of)(&call.0).min(CALL_KINDS - 1);
-            if counts[kind] < MAX_CALLS_PER_BATCH {
+            let kind = kind_of(&call.0).min(CALL_KINDS - 1);
+            if counts[kind] < self.most_calls {
                 counts[kind] += 1;
                 taken.push(call);
-                if counts.iter().all(|&n| n >= MAX_CALLS_PER_BATCH) {
+                if counts.iter().all(|&n| n >= self.most_calls) {
                     break;
                 }
             } else {
@@ -689,10 +716,11 @@ mod tests {
     fn h_43_a_statement_takes_up_to_the_most_of_each_kind_in_order() {
         // Calls 0..40, odd ones of kind 1: the first statement takes the first 16 of each kind
         // (0..32), in order; the next one takes the rest.
+        fn parity(n: &usize) -> usize {
+            n % 2
+        }
         let batcher =
-            Batcher::<usize>::of_kinds(&Arc::new(Semaphore::new(1)), TEST_DEADLINE, |n: &usize| {
-                n % 2
-            });
+            Batcher::<usize>::of_kinds(&Arc::new(Semaphore::new(1)), TEST_DEADLINE, Some(parity));
         let mut waiting: VecDeque<Waiting<usize>> =
             (0..40).map(|n| (n, oneshot::channel().0)).collect();
         let first: Vec<usize> = batcher
@@ -729,6 +757,28 @@ mod tests {
             (0..40).map(|n| (n, oneshot::channel().0)).collect();
         assert_eq!(single.take(&mut waiting).len(), MAX_CALLS_PER_BATCH);
         assert_eq!(waiting.len(), 40 - MAX_CALLS_PER_BATCH);
+    }
+
+    #[test]
+    fn h_36_a_batcher_of_its_own_most_takes_up_to_it() {
+        let batcher = Batcher::<usize>::with_most_calls(
+            &Arc::new(Semaphore::new(1)),
+            TEST_DEADLINE,
+            crate::journal::RENEWALS_PER_STATEMENT_MAX,
+        );
+        let calls = crate::journal::RENEWALS_PER_STATEMENT_MAX + 10;
+        let mut waiting: VecDeque<Waiting<usize>> =
+            (0..calls).map(|n| (n, oneshot::channel().0)).collect();
+        let first: Vec<usize> = batcher
+            .take(&mut waiting)
+            .into_iter()
+            .map(|c| c.0)
+            .collect();
+        assert_eq!(
+            first,
+            (0..crate::journal::RENEWALS_PER_STATEMENT_MAX).collect::<Vec<_>>()
+        );
+        assert_eq!(batcher.take(&mut waiting).len(), 10);
     }
 
     #[tokio::test]
