@@ -761,23 +761,17 @@ mod tests {
 
     #[test]
     fn h_36_a_batcher_of_its_own_most_takes_up_to_it() {
-        let batcher = Batcher::<usize>::with_most_calls(
-            &Arc::new(Semaphore::new(1)),
-            TEST_DEADLINE,
-            crate::journal::RENEWALS_PER_STATEMENT_MAX,
-        );
-        let calls = crate::journal::RENEWALS_PER_STATEMENT_MAX + 10;
+        const MOST: usize = 1_024;
+        let batcher =
+            Batcher::<usize>::with_most_calls(&Arc::new(Semaphore::new(1)), TEST_DEADLINE, MOST);
         let mut waiting: VecDeque<Waiting<usize>> =
-            (0..calls).map(|n| (n, oneshot::channel().0)).collect();
+            (0..MOST + 10).map(|n| (n, oneshot::channel().0)).collect();
         let first: Vec<usize> = batcher
             .take(&mut waiting)
             .into_iter()
             .map(|c| c.0)
             .collect();
-        assert_eq!(
-            first,
-            (0..crate::journal::RENEWALS_PER_STATEMENT_MAX).collect::<Vec<_>>()
-        );
+        assert_eq!(first, (0..MOST).collect::<Vec<_>>());
         assert_eq!(batcher.take(&mut waiting).len(), 10);
     }
 
