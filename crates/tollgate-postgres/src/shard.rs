@@ -5,9 +5,8 @@
 //! so a shard whose calls both start and end at once pays one commit for each round of them
 //! instead of two.
 
-use crate::batch::{answers, failed, Answer, Batcher, BATCH_LOCK_TIMEOUT_MS};
+use crate::batch::{Answer, Batcher, BATCH_LOCK_TIMEOUT_MS};
 use crate::claim::ClaimCall;
-use crate::error::ends_connection;
 use crate::rows::execution_columns_but_binding;
 use crate::settle::SettleCall;
 use crate::PgStores;
@@ -140,28 +139,8 @@ impl PgStores {
     /// Settlements, then claims, as one `tollgate_shard_batch` statement: their answers in that
     /// order.
     async fn send_both(&self, settles: &[SettleCall], claims: &[ClaimCall]) -> Vec<Answer> {
-        let calls = settles.len() + claims.len();
-        let mut conn = match self.call_connection().await {
-            Ok(conn) => conn,
-            Err(e) => return failed(&e, calls),
-        };
-        let on = match conn.conn() {
-            Ok(on) => on,
-            Err(e) => return failed(&e, calls),
-        };
-        let rows = sqlx::query(shard_statement())
-            .bind(settles)
-            .bind(claims)
-            .fetch_all(on)
-            .await;
-        let rows = conn.check(rows);
-        drop(conn);
-        if let Err(e) = &rows {
-            if ends_connection(e) {
-                let lost = StoreError::Unavailable("database connection lost mid-batch".into());
-                return (0..calls).map(|_| Answer::Lost(lost.clone())).collect();
-            }
-        }
-        answers(rows, calls)
+        let query = sqlx::query(shard_statement()).bind(settles).bind(claims);
+        self.batch_statement(query, settles.len() + claims.len())
+            .await
     }
 }

@@ -470,31 +470,40 @@ impl PgStores {
                 return (answers, calls);
             }
         };
-        let mut conn = match self.call_connection().await {
-            Ok(conn) => conn,
-            Err(e) => return (failed(&e, calls.len()), calls),
-        };
-        let on = match conn.conn() {
-            Ok(on) => on,
-            Err(e) => return (failed(&e, calls.len()), calls),
-        };
         let mut query = sqlx::query(statement);
         for call in &calls {
             query = call.bind(query);
         }
+        let answers = self.batch_statement(query, calls.len()).await;
+        (answers, calls)
+    }
+
+    /// One batch statement of `calls` calls on a call connection, answered one per call in
+    /// order: [`Answer::Lost`] for every call when the statement ended its connection (whether
+    /// it committed is unknown), else as [`answers`] reads its rows.
+    pub(crate) async fn batch_statement(
+        &self,
+        query: Query<'_, Postgres, PgArguments>,
+        calls: usize,
+    ) -> Vec<Answer> {
+        let mut conn = match self.call_connection().await {
+            Ok(conn) => conn,
+            Err(e) => return failed(&e, calls),
+        };
+        let on = match conn.conn() {
+            Ok(on) => on,
+            Err(e) => return failed(&e, calls),
+        };
         let rows = query.fetch_all(on).await;
         let rows = conn.check(rows);
         drop(conn);
         if let Err(e) = &rows {
             if ends_connection(e) {
                 let lost = StoreError::Unavailable("database connection lost mid-batch".into());
-                let answers = (0..calls.len())
-                    .map(|_| Answer::Lost(lost.clone()))
-                    .collect();
-                return (answers, calls);
+                return (0..calls).map(|_| Answer::Lost(lost.clone())).collect();
             }
         }
-        (answers(rows, calls.len()), calls)
+        answers(rows, calls)
     }
 }
 
